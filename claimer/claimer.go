@@ -1,0 +1,405 @@
+// Package claimer takes due jobs of one queue and runs them.
+//
+// A Claimer sleeps until it is woken (by the listener, by a freed executor
+// slot while work remains, by the earliest known future run_at, or by the
+// slow fallback tick), then claims in one statement at most as many due jobs
+// as it has free executor slots, with FOR UPDATE SKIP LOCKED. Each job runs in
+// its own goroutine under a lease that a heartbeat renews; outcomes are
+// written back in batches, in id order.
+//
+// Stopping is in two steps, as in River's producer: when Run's context ends
+// the claimer stops claiming and lets running jobs finish for
+// ShutdownTimeout; then it cancels them, gives the unfinished ones back to
+// pending at once, and flushes the outcomes it holds.
+package claimer
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+)
+
+const (
+	defaultConcurrency      = 10
+	defaultLease            = 30 * time.Second
+	defaultPollInterval     = 30 * time.Second
+	defaultJobTimeout       = 5 * time.Minute
+	defaultMaxAttempts      = 5
+	defaultShutdownTimeout  = 30 * time.Second
+	defaultStatementTimeout = 10 * time.Second
+	defaultRetryBackoff     = 30 * time.Second
+	maxRetryBackoff         = 24 * time.Hour
+	maxCompletionBatch      = 1000
+	// abandonGrace is how long a cancelled executor has to return before its
+	// job is given back without it.
+	abandonGrace = 2 * time.Second
+)
+
+// Config configures a Claimer. The zero value of every optional field means
+// its default.
+type Config struct {
+	// Pool runs every statement. Required.
+	Pool *pgxpool.Pool
+	// JobsTable is the quoted, schema-qualified jobs table, as
+	// pgx.Identifier{schema, "jobs"}.Sanitize() gives it. Required.
+	JobsTable string
+	// Queue is the queue this claimer takes jobs from. Required.
+	Queue string
+	// WorkerID names this worker in locked_by. Required.
+	WorkerID string
+	// Registry picks the executor for each job's kind. Required.
+	Registry *executors.Registry
+
+	// Concurrency is how many jobs run at once. Default: 10.
+	Concurrency int
+	// Lease is how long a claimed job stays this worker's without a
+	// heartbeat. The heartbeat renews it every Lease/3. Default: 30s.
+	Lease time.Duration
+	// PollInterval is the fallback tick that claims even when no
+	// notification came. Default: 30s.
+	PollInterval time.Duration
+	// JobTimeout bounds one attempt unless the payload's "timeout" field says
+	// otherwise. Default: 5m.
+	JobTimeout time.Duration
+	// MaxAttempts applies to jobs whose max_attempts is NULL. Default: 5.
+	MaxAttempts int
+	// RetryBackoff is the delay before the retry that follows attempt n.
+	// Default: 30s * 4^(n-1), capped at 24h, plus up to 10 % jitter.
+	RetryBackoff func(attempt int) time.Duration
+	// DeleteDone deletes jobs as soon as they are done instead of keeping
+	// them for the sweeper to purge.
+	DeleteDone bool
+	// ShutdownTimeout is how long running jobs may go on after Run's context
+	// ends before they are cancelled and given back. Default: 30s.
+	ShutdownTimeout time.Duration
+	// StatementTimeout bounds each database call. Default: 10s.
+	StatementTimeout time.Duration
+	// Logger receives the claimer's logs. Default: no logging.
+	Logger *zap.Logger
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("claimer: Pool is required")
+	case c.JobsTable == "":
+		return errors.New("claimer: JobsTable is required")
+	case c.Queue == "":
+		return errors.New("claimer: Queue is required")
+	case c.WorkerID == "":
+		return errors.New("claimer: WorkerID is required")
+	case c.Registry == nil:
+		return errors.New("claimer: Registry is required")
+	case c.Concurrency < 0, c.Lease < 0, c.PollInterval < 0, c.JobTimeout < 0,
+		c.MaxAttempts < 0, c.ShutdownTimeout < 0, c.StatementTimeout < 0:
+		return errors.New("claimer: durations and counts must not be negative")
+	}
+	return nil
+}
+
+// Stats are counters of a claimer's life, for logs and metrics.
+type Stats struct {
+	Claimed   int64 // jobs claimed
+	Completed int64 // outcomes written
+	Ticks     int64 // fallback ticks
+	TickHits  int64 // fallback ticks that found due work: missed notifications
+}
+
+// Claimer claims and runs the jobs of one queue. Create it with New.
+type Claimer struct {
+	cfg    Config
+	logger *zap.Logger
+
+	claimSQL, heartbeatSQL, completeSQL string
+
+	wake      chan struct{} // notifications and timers; capacity 1
+	slotFreed chan struct{} // an executor slot came free; capacity 1
+	flush     chan struct{} // outcomes wait in pending; capacity 1
+
+	mu       sync.Mutex
+	running  int                // executors running now
+	inflight map[int64]*running // claimed and not yet recorded, by id
+	pending  []outcome          // outcomes not yet written
+	stopping bool               // hard stop: cancellations are shutdowns
+
+	claimed, completed, ticks, tickHits atomic.Int64
+}
+
+// New checks cfg, fills defaults and returns a Claimer.
+func New(cfg Config) (*Claimer, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaultConcurrency)
+	cfg.Lease = cmp.Or(cfg.Lease, defaultLease)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, defaultPollInterval)
+	cfg.JobTimeout = cmp.Or(cfg.JobTimeout, defaultJobTimeout)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, defaultShutdownTimeout)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
+	if cfg.RetryBackoff == nil {
+		cfg.RetryBackoff = DefaultRetryBackoff
+	}
+	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
+	return &Claimer{
+		cfg:          cfg,
+		logger:       logger,
+		claimSQL:     withTable(claimSQL, cfg.JobsTable),
+		heartbeatSQL: withTable(heartbeatSQL, cfg.JobsTable),
+		completeSQL:  withTable(completeSQL, cfg.JobsTable),
+		wake:         make(chan struct{}, 1),
+		slotFreed:    make(chan struct{}, 1),
+		flush:        make(chan struct{}, 1),
+		inflight:     map[int64]*running{},
+	}, nil
+}
+
+// DefaultRetryBackoff waits 30s after the first attempt and four times longer
+// after each one after (30s, 2m, 8m, 32m, ...), capped at 24h, plus up to 10 %
+// jitter so that jobs that failed together do not retry together.
+func DefaultRetryBackoff(attempt int) time.Duration {
+	return ExponentialBackoff(defaultRetryBackoff)(attempt)
+}
+
+// ExponentialBackoff returns a RetryBackoff that starts at base and grows
+// fourfold per attempt, capped at 24h, plus up to 10 % jitter.
+func ExponentialBackoff(base time.Duration) func(attempt int) time.Duration {
+	return func(attempt int) time.Duration {
+		d := base
+		for i := 1; i < attempt && d < maxRetryBackoff; i++ {
+			d *= 4
+		}
+		d = min(d, maxRetryBackoff)
+		return d + rand.N(d/10+1) //nolint:gosec // jitter needs no crypto
+	}
+}
+
+// Queue is the queue this claimer serves.
+func (c *Claimer) Queue() string { return c.cfg.Queue }
+
+// Wake asks the claimer to claim now. It never blocks; wake-ups that arrive
+// while one is pending fold into it.
+func (c *Claimer) Wake() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stats returns the claimer's counters.
+func (c *Claimer) Stats() Stats {
+	return Stats{
+		Claimed:   c.claimed.Load(),
+		Completed: c.completed.Load(),
+		Ticks:     c.ticks.Load(),
+		TickHits:  c.tickHits.Load(),
+	}
+}
+
+// Run claims and runs jobs until ctx ends, then shuts down as the package doc
+// describes. It returns nil after a clean shutdown.
+func (c *Claimer) Run(ctx context.Context) error {
+	// Jobs run under workCtx, which outlives ctx until the hard stop.
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelWork()
+
+	// The completer and the heartbeat outlive the hard stop: the last
+	// outcomes must still be written and their leases kept meanwhile.
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var bg sync.WaitGroup
+	bg.Add(2)
+	go func() { defer bg.Done(); c.runCompleter(bgCtx) }()
+	go func() { defer bg.Done(); c.runHeartbeat(bgCtx) }()
+
+	var jobs sync.WaitGroup
+	c.claimLoop(ctx, workCtx, &jobs)
+
+	c.shutdown(cancelWork, &jobs)
+	stopBackground() // the completer flushes what it holds before it returns
+	bg.Wait()
+	c.logger.Info("claimer stopped", zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completed.Load()))
+	return nil
+}
+
+func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) {
+	c.logger.Info("claimer started", zap.Int("concurrency", c.cfg.Concurrency),
+		zap.Duration("poll_interval", c.cfg.PollInterval))
+	tick := time.NewTicker(c.cfg.PollInterval)
+	defer tick.Stop()
+	sched := time.NewTimer(0) // claim once at start
+	defer sched.Stop()
+	var (
+		backlog  bool // the last claim was cut short by free slots
+		fromTick bool
+		failures int
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-sched.C:
+		case <-tick.C:
+			fromTick = true
+			c.ticks.Add(1)
+		case <-c.slotFreed:
+			if !backlog {
+				continue
+			}
+		}
+
+		free := c.freeSlots()
+		if free == 0 {
+			backlog = true // claim again when a slot frees
+			continue
+		}
+		claimed, next, err := c.claim(ctx, free)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			failures++
+			delay := claimRetryDelay(failures)
+			c.logger.Warn("claim failed", zap.Error(err), zap.Int("failures", failures), zap.Duration("retry_in", delay))
+			resetTimer(sched, delay)
+			continue
+		}
+		failures = 0
+		if fromTick && len(claimed) > 0 {
+			c.tickHits.Add(1)
+			c.logger.Info("fallback tick found due jobs: a notification was missed",
+				zap.Int("num_claimed", len(claimed)), zap.Int64("tick_hits", c.tickHits.Load()))
+		}
+		fromTick = false
+		for _, job := range claimed {
+			jobs.Add(1)
+			go func() { defer jobs.Done(); c.execute(workCtx, job) }()
+		}
+		backlog = len(claimed) == free
+		switch {
+		case backlog:
+			// More may be due: the next freed slot claims again.
+		case next != nil:
+			resetTimer(sched, time.Until(*next))
+		}
+	}
+}
+
+func claimRetryDelay(failures int) time.Duration {
+	d := 100 * time.Millisecond << min(failures-1, 7)
+	return min(d, 10*time.Second)
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	t.Stop()
+	t.Reset(max(d, 0))
+}
+
+func (c *Claimer) freeSlots() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cfg.Concurrency - c.running
+}
+
+// claim takes up to limit due jobs and marks them running. It also returns
+// the earliest future run_at of the queue when it claimed fewer than limit.
+func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
+	defer cancel()
+	rows, err := c.cfg.Pool.Query(ctx, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID,
+		c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	defer rows.Close()
+	var (
+		claimed []*executors.Job
+		next    *time.Time
+	)
+	for rows.Next() {
+		var (
+			id                    *int64
+			kind                  *string
+			payload               []byte
+			priority              *int16
+			attempt, maxAttempts  *int32
+			runAt, createdAt, nxt *time.Time
+		)
+		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nxt); err != nil {
+			return nil, nil, fmt.Errorf("claim jobs: scan: %w", err)
+		}
+		next = nxt
+		if id == nil {
+			continue // the one row of a claim that found nothing
+		}
+		claimed = append(claimed, &executors.Job{
+			ID: *id, Queue: c.cfg.Queue, Kind: *kind, Payload: payload, Priority: *priority,
+			Attempt: int(*attempt), MaxAttempts: int(*maxAttempts), RunAt: *runAt, CreatedAt: *createdAt,
+		})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	if len(claimed) == 0 {
+		return nil, next, nil
+	}
+	c.claimed.Add(int64(len(claimed)))
+	c.mu.Lock()
+	c.running += len(claimed)
+	for _, j := range claimed {
+		c.inflight[j.ID] = &running{attempt: j.Attempt}
+	}
+	c.mu.Unlock()
+	c.logger.Debug("claimed jobs", zap.Int("num_claimed", len(claimed)))
+	return claimed, next, nil
+}
+
+// runHeartbeat renews the leases of this claimer's jobs every Lease/3.
+func (c *Claimer) runHeartbeat(ctx context.Context) {
+	t := time.NewTicker(c.cfg.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ids := c.inflightIDs()
+		if len(ids) == 0 {
+			continue
+		}
+		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
+		tag, err := c.cfg.Pool.Exec(callCtx, c.heartbeatSQL, ids, c.cfg.WorkerID, c.cfg.Lease.Seconds())
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				c.logger.Warn("heartbeat failed", zap.Error(err), zap.Int("num_jobs", len(ids)))
+			}
+			continue
+		}
+		if n := tag.RowsAffected(); n < int64(len(ids)) {
+			c.logger.Debug("heartbeat renewed fewer leases than jobs held",
+				zap.Int64("renewed", n), zap.Int("num_jobs", len(ids)))
+		}
+	}
+}
+
+func (c *Claimer) inflightIDs() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := make([]int64, 0, len(c.inflight))
+	for id := range c.inflight {
+		ids = append(ids, id)
+	}
+	return ids
+}

@@ -1,0 +1,105 @@
+package claimer
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// finalFlushTimeout bounds the writes of the last outcomes at shutdown.
+const finalFlushTimeout = 15 * time.Second
+
+// runCompleter writes outcomes as they come, each wake-up's worth in one
+// statement per maxCompletionBatch rows. When ctx ends it writes what is left
+// and returns.
+func (c *Claimer) runCompleter(ctx context.Context) {
+	for {
+		select {
+		case <-c.flush:
+			c.flushPending(ctx)
+		case <-ctx.Done():
+			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalFlushTimeout)
+			c.flushPending(final)
+			cancel()
+			if n := c.pendingCount(); n > 0 {
+				c.logger.Error("outcomes not written at shutdown; the sweeper will rescue their jobs when their leases expire",
+					zap.Int("num_outcomes", n))
+			}
+			return
+		}
+	}
+}
+
+func (c *Claimer) pendingCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending)
+}
+
+// flushPending writes every pending outcome, retrying with backoff while the
+// database fails, until ctx ends.
+func (c *Claimer) flushPending(ctx context.Context) {
+	failures := 0
+	for {
+		c.mu.Lock()
+		batch := c.pending[:min(len(c.pending), maxCompletionBatch)]
+		c.mu.Unlock()
+		if len(batch) == 0 {
+			return
+		}
+		err := c.complete(ctx, batch)
+		if err == nil {
+			failures = 0
+			c.mu.Lock()
+			c.pending = c.pending[len(batch):]
+			for _, o := range batch {
+				delete(c.inflight, o.id)
+			}
+			c.mu.Unlock()
+			c.completed.Add(int64(len(batch)))
+			continue
+		}
+		failures++
+		delay := claimRetryDelay(failures)
+		c.logger.Warn("writing outcomes failed", zap.Error(err), zap.Int("num_outcomes", len(batch)),
+			zap.Int("failures", failures), zap.Duration("retry_in", delay))
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// complete writes one batch of outcomes in one statement.
+func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
+	n := len(batch)
+	var (
+		ids      = make([]int64, n)
+		attempts = make([]int32, n)
+		statuses = make([]string, n)
+		delays   = make([]float64, n)
+		errs     = make([]*string, n)
+		releases = make([]bool, n)
+	)
+	for i, o := range batch {
+		ids[i], attempts[i], statuses[i] = o.id, int32(o.attempt), o.status
+		delays[i], errs[i], releases[i] = o.delay.Seconds(), o.err, o.release
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
+	defer cancel()
+	tag, err := c.cfg.Pool.Exec(ctx, c.completeSQL, ids, attempts, statuses, delays, errs, releases,
+		c.cfg.DeleteDone, c.cfg.WorkerID)
+	if err != nil {
+		return fmt.Errorf("record outcomes: %w", err)
+	}
+	if written := tag.RowsAffected(); !c.cfg.DeleteDone && written < int64(n) {
+		c.logger.Info("some outcomes were not written: their leases had been lost",
+			zap.Int("num_outcomes", n), zap.Int64("num_written", written))
+	}
+	return nil
+}

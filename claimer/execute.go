@@ -1,0 +1,206 @@
+package claimer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+)
+
+// maxErrorLen bounds last_error, in bytes.
+const maxErrorLen = 2000
+
+// running is the claimer's record of a claimed job until its outcome is written.
+type running struct {
+	attempt   int
+	reported  bool // its outcome is in pending
+	abandoned bool // given back at shutdown while its executor still ran
+}
+
+// outcome is what becomes of one attempt.
+type outcome struct {
+	id      int64
+	attempt int
+	status  string        // done, pending (retry or release) or dead
+	delay   time.Duration // before the retry
+	err     *string       // last_error; nil keeps the one before
+	release bool          // interrupted by shutdown: give the attempt back
+}
+
+// execute runs one claimed job and queues its outcome.
+func (c *Claimer) execute(workCtx context.Context, job *executors.Job) {
+	o := c.run(workCtx, job)
+	c.mu.Lock()
+	c.running--
+	if r := c.inflight[job.ID]; r != nil && !r.abandoned {
+		r.reported = true
+		c.pending = append(c.pending, o)
+	}
+	c.mu.Unlock()
+	signal(c.flush)
+	signal(c.slotFreed)
+}
+
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
+	log := c.logger.With(zap.Int64("job_id", job.ID), zap.String("kind", job.Kind), zap.Int("attempt", job.Attempt))
+	exec, ok := c.cfg.Registry.Lookup(job.Kind)
+	if !ok {
+		err := fmt.Errorf("unknown kind %q: no executor is registered for it (known kinds: %s)",
+			job.Kind, strings.Join(c.cfg.Registry.Kinds(), ", "))
+		return c.classify(log, job, executors.Permanent(err), false)
+	}
+	timeout, set, err := executors.PayloadDuration(job.Payload, "timeout")
+	if err != nil {
+		return c.classify(log, job, executors.Permanent(err), false)
+	}
+	if !set || timeout == 0 {
+		timeout = c.cfg.JobTimeout
+	}
+	job.Timeout = timeout
+
+	log.Debug("job started")
+	ctx, cancel := context.WithTimeout(workCtx, timeout)
+	start := time.Now()
+	err = safeExecute(ctx, exec, job)
+	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
+	cancel()
+	if err != nil && timedOut {
+		err = fmt.Errorf("timed out after %s: %w", timeout, err)
+	}
+	released := err != nil && workCtx.Err() != nil && c.isStopping()
+	log.Debug("job returned", zap.Duration("duration", time.Since(start)), zap.Bool("ok", err == nil))
+	return c.classify(log, job, err, released)
+}
+
+// safeExecute turns a panic in the executor into an error of this job alone.
+func safeExecute(ctx context.Context, exec executors.Executor, job *executors.Job) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("executor panicked: %v\n%s", r, firstLines(string(debug.Stack()), 12))
+		}
+	}()
+	return exec.Execute(ctx, job)
+}
+
+func (c *Claimer) classify(log *zap.Logger, job *executors.Job, err error, released bool) outcome {
+	o := outcome{id: job.ID, attempt: job.Attempt}
+	var (
+		permanent  *executors.PermanentError
+		retryAfter *executors.RetryAfterError
+	)
+	switch {
+	case err == nil:
+		o.status = "done"
+		log.Debug("job done")
+	case released:
+		o.status, o.release = "pending", true
+		o.err = errText(fmt.Errorf("interrupted by worker shutdown: %w", err))
+		log.Info("job given back at shutdown", zap.Error(err))
+	case errors.As(err, &permanent):
+		o.status, o.err = "dead", errText(err)
+		log.Warn("job dead: permanent error", zap.Error(err))
+	case job.Attempt >= job.MaxAttempts:
+		o.status = "dead"
+		o.err = errText(fmt.Errorf("attempt %d of %d: %w", job.Attempt, job.MaxAttempts, err))
+		log.Warn("job dead: attempts used up", zap.Error(err), zap.Int("max_attempts", job.MaxAttempts))
+	default:
+		o.status, o.err = "pending", errText(err)
+		o.delay = c.cfg.RetryBackoff(job.Attempt)
+		if errors.As(err, &retryAfter) {
+			o.delay = retryAfter.Delay
+		}
+		log.Warn("job failed: will retry", zap.Error(err), zap.Duration("retry_in", o.delay))
+	}
+	return o
+}
+
+// errText makes err fit last_error: valid UTF-8 without NUL, at most
+// maxErrorLen bytes.
+func errText(err error) *string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	if len(s) > maxErrorLen {
+		cut := maxErrorLen
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return &s
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
+}
+
+func (c *Claimer) isStopping() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stopping
+}
+
+// shutdown lets running jobs finish for ShutdownTimeout, then cancels them and
+// gives back at once those whose executors do not return within abandonGrace.
+func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() { jobs.Wait(); close(done) }()
+	if n := c.runningCount(); n > 0 {
+		c.logger.Info("stopping: waiting for running jobs", zap.Int("num_running", n),
+			zap.Duration("shutdown_timeout", c.cfg.ShutdownTimeout))
+	}
+	grace := time.NewTimer(c.cfg.ShutdownTimeout)
+	defer grace.Stop()
+	select {
+	case <-done:
+		return
+	case <-grace.C:
+	}
+
+	c.mu.Lock()
+	c.stopping = true
+	c.mu.Unlock()
+	c.logger.Info("stopping: shutdown timeout reached, cancelling running jobs", zap.Int("num_running", c.runningCount()))
+	cancelWork()
+
+	abandon := time.NewTimer(abandonGrace)
+	defer abandon.Stop()
+	select {
+	case <-done:
+		return
+	case <-abandon.C:
+	}
+	c.mu.Lock()
+	for id, r := range c.inflight {
+		if r.reported || r.abandoned {
+			continue
+		}
+		r.abandoned = true
+		msg := "interrupted by worker shutdown: the executor did not return after cancellation"
+		c.pending = append(c.pending, outcome{id: id, attempt: r.attempt, status: "pending", err: &msg, release: true})
+		c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", id), zap.Int("attempt", r.attempt))
+	}
+	c.mu.Unlock()
+	signal(c.flush)
+}
+
+func (c *Claimer) runningCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.running
+}

@@ -1,0 +1,133 @@
+// Package executors defines how a job is run: the Executor interface, the
+// errors an executor returns to say what should happen next, and the Registry
+// that picks an executor by the job's kind.
+//
+// An executor returns nil when the job is done. Any other error means retry
+// with backoff, unless it is wrapped by Permanent (the job goes dead at once)
+// or RetryAfter (the next attempt is at a time the executor chooses).
+package executors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Job is what an executor sees of a claimed job.
+type Job struct {
+	ID          int64
+	Queue       string
+	Kind        string
+	Payload     json.RawMessage
+	Priority    int16
+	Attempt     int // 1 on the first attempt
+	MaxAttempts int
+	RunAt       time.Time
+	CreatedAt   time.Time
+	// Timeout bounds this attempt; the context passed to Execute already
+	// carries it as a deadline.
+	Timeout time.Duration
+}
+
+// Executor runs jobs of one kind. Execute must honour ctx: its deadline is the
+// job's timeout, and it is cancelled when the worker stops hard.
+type Executor interface {
+	Execute(ctx context.Context, job *Job) error
+}
+
+// Func adapts a function to Executor.
+type Func func(ctx context.Context, job *Job) error
+
+// Execute calls f.
+func (f Func) Execute(ctx context.Context, job *Job) error { return f(ctx, job) }
+
+// PermanentError marks a failure that no retry can fix. See Permanent.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent wraps err so that the job goes dead at once, without retries.
+// A nil err stays nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// Permanentf is Permanent(fmt.Errorf(format, args...)).
+func Permanentf(format string, args ...any) error {
+	return Permanent(fmt.Errorf(format, args...))
+}
+
+// RetryAfterError asks for the next attempt after Delay. See RetryAfter.
+type RetryAfterError struct {
+	Delay time.Duration
+	Err   error
+}
+
+func (e *RetryAfterError) Error() string { return e.Err.Error() }
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// RetryAfter wraps err so that the next attempt runs after d instead of after
+// the worker's backoff. The attempt still counts toward max_attempts.
+func RetryAfter(d time.Duration, err error) error {
+	if err == nil {
+		err = errors.New("retry requested")
+	}
+	return &RetryAfterError{Delay: max(d, 0), Err: err}
+}
+
+// Registry maps kinds to executors. It is safe for concurrent use; executors
+// are usually registered before the worker starts.
+type Registry struct {
+	mu sync.RWMutex
+	m  map[string]Executor
+}
+
+// NewRegistry returns a registry holding the built-in executors that need no
+// configuration: noop.
+func NewRegistry() *Registry {
+	r := &Registry{m: map[string]Executor{}}
+	r.Register(KindNoop, Noop{})
+	return r
+}
+
+// Register makes e run the jobs of kind, replacing any executor registered
+// for it before.
+func (r *Registry) Register(kind string, e Executor) {
+	if kind == "" || e == nil {
+		panic("executors: Register needs a kind and an executor")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]Executor{}
+	}
+	r.m[kind] = e
+}
+
+// Lookup returns the executor for kind.
+func (r *Registry) Lookup(kind string) (Executor, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	e, ok := r.m[kind]
+	return e, ok
+}
+
+// Kinds lists the registered kinds in order.
+func (r *Registry) Kinds() []string {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	kinds := make([]string, 0, len(r.m))
+	for k := range r.m {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	return kinds
+}

@@ -1,0 +1,179 @@
+// Package pgcluster starts a throwaway PostgreSQL cluster from the server
+// binaries installed on the machine: initdb and pg_ctl in a temporary
+// directory, on a free port, removed by Stop. initdb and postgres refuse to
+// run as root, so under root the cluster runs as the "postgres" user.
+package pgcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// ErrNoServer means no PostgreSQL server binaries were found.
+var ErrNoServer = errors.New("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or under /usr/lib/postgresql/*/bin: " +
+	"install them (Debian: apt-get install postgresql) or point DATABASE_URL at a server")
+
+// Options tunes a cluster.
+type Options struct {
+	// Durable keeps fsync on. Off by default: a throwaway cluster need not
+	// survive a machine crash, and tests run faster without it.
+	Durable bool
+	// Settings are extra postgres -c settings, such as "max_connections=300".
+	Settings []string
+}
+
+// Cluster is a running throwaway cluster.
+type Cluster struct {
+	dir  string
+	data string
+	bin  string
+	port int
+	cred *syscall.Credential
+}
+
+// Start creates and starts a cluster.
+func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+	bin, err := findBin()
+	if err != nil {
+		return nil, err
+	}
+	cred, err := credential()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "pgdispatch-pg-")
+	if err != nil {
+		return nil, fmt.Errorf("throwaway cluster: %w", err)
+	}
+	c = &Cluster{dir: dir, data: filepath.Join(dir, "data"), bin: bin, cred: cred}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, fmt.Errorf("throwaway cluster: hand %s to the postgres user: %w", dir, err)
+		}
+	}
+	if out, err := c.command(ctx, "initdb", "-D", c.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("throwaway cluster: initdb: %w\n%s", err, out)
+	}
+	c.port, err = freePort()
+	if err != nil {
+		return nil, fmt.Errorf("throwaway cluster: %w", err)
+	}
+	settings := []string{"listen_addresses=127.0.0.1", "max_connections=300"}
+	if !opts.Durable {
+		settings = append(settings, "fsync=off", "full_page_writes=off")
+	}
+	settings = append(settings, opts.Settings...)
+	args := fmt.Sprintf("-p %d -k %s", c.port, dir)
+	for _, s := range settings {
+		args += " -c " + s
+	}
+	if out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-l", filepath.Join(dir, "postgres.log"), "-w", "-t", "60", "-o", args, "start").CombinedOutput(); err != nil {
+		logText, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
+		return nil, fmt.Errorf("throwaway cluster: pg_ctl start: %w\n%s\n%s", err, out, logText)
+	}
+	return c, nil
+}
+
+// URL is a connection string for the cluster's postgres database.
+func (c *Cluster) URL() string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+}
+
+// Restart restarts the server with pg_ctl restart -m fast, dropping every
+// connection.
+func (c *Cluster) Restart(ctx context.Context) error {
+	if out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-w", "-t", "60", "-m", "fast", "restart").CombinedOutput(); err != nil {
+		return fmt.Errorf("throwaway cluster: pg_ctl restart: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// Stop stops the server and removes its directory.
+func (c *Cluster) Stop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-w", "-m", "fast", "stop").CombinedOutput()
+	rmErr := os.RemoveAll(c.dir)
+	if err != nil {
+		return fmt.Errorf("throwaway cluster: pg_ctl stop: %w\n%s", err, out)
+	}
+	return rmErr
+}
+
+func (c *Cluster) command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, name), args...)
+	cmd.Dir = c.dir
+	// Stay out of the caller's process group, so that a Ctrl-C meant for the
+	// caller does not stop the server before the caller's shutdown is done.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: c.cred}
+	return cmd
+}
+
+// findBin finds the directory of initdb and pg_ctl: PATH first, then the
+// newest /usr/lib/postgresql/*/bin.
+func findBin() (string, error) {
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if _, err := exec.LookPath("pg_ctl"); err == nil {
+			return filepath.Dir(p), nil
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	for _, d := range dirs {
+		if isExec(filepath.Join(d, "initdb")) && isExec(filepath.Join(d, "pg_ctl")) {
+			return d, nil
+		}
+	}
+	return "", ErrNoServer
+}
+
+func version(binDir string) float64 {
+	v, _ := strconv.ParseFloat(filepath.Base(filepath.Dir(binDir)), 64)
+	return v
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+// credential is nil for an ordinary user, and the postgres user under root.
+func credential() (*syscall.Credential, error) {
+	if os.Geteuid() != 0 {
+		return nil, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return nil, fmt.Errorf("throwaway cluster: running as root, and PostgreSQL refuses root; no \"postgres\" user to run it as: %w", err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("throwaway cluster: postgres user: %w", err)
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

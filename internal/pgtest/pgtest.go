@@ -1,0 +1,157 @@
+// Package pgtest gives tests a real PostgreSQL and an isolated pgdispatch
+// schema per test.
+//
+// The server is TEST_DATABASE_URL when set, else the one on 127.0.0.1:5432
+// when it answers, else a throwaway cluster started for the test binary (see
+// package pgcluster). With none of them the tests fail with a clear message;
+// they never pass by skipping.
+//
+// Each test gets its own schema, migrated, and dropped when the test ends.
+// The NOTIFY channel and the advisory locks are keyed by the schema, so tests
+// running in parallel never hear or block each other.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+	"github.com/pgdispatch/pgdispatch/migrations"
+)
+
+const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+var (
+	url     string
+	cluster *pgcluster.Cluster
+	pool    *pgxpool.Pool
+	poolMu  sync.Mutex
+)
+
+// Main is for TestMain: it finds or starts a server, runs the tests, and
+// stops a throwaway server again.
+func Main(m *testing.M) {
+	code, err := run(m)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pgtest:", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var err error
+	url, err = resolve(ctx)
+	if err != nil {
+		return 1, err
+	}
+	defer func() {
+		if pool != nil {
+			pool.Close()
+		}
+		if cluster != nil {
+			if err := cluster.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "pgtest:", err)
+			}
+		}
+	}()
+	return m.Run(), nil
+}
+
+func resolve(ctx context.Context) (string, error) {
+	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
+		if err := ping(ctx, u); err != nil {
+			return "", fmt.Errorf("TEST_DATABASE_URL is set but does not answer: %w", err)
+		}
+		return u, nil
+	}
+	if err := ping(ctx, localURL); err == nil {
+		return localURL, nil
+	}
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if err != nil {
+		return "", fmt.Errorf("no PostgreSQL for the tests: TEST_DATABASE_URL is unset, nothing answers on 127.0.0.1:5432, "+
+			"and a throwaway cluster could not start: %w", err)
+	}
+	cluster = c
+	return c.URL(), nil
+}
+
+func ping(ctx context.Context, u string) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
+// URL is the server's connection string. It is valid once Main has started.
+func URL() string { return url }
+
+// Cluster is the throwaway cluster, or nil when the tests use another server.
+func Cluster() *pgcluster.Cluster { return cluster }
+
+// Pool is the test binary's shared pool.
+func Pool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	poolMu.Lock()
+	defer poolMu.Unlock()
+	if pool == nil {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		cfg.MaxConns = 20
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "30s"
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = "10s"
+		pool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
+	return pool
+}
+
+// Schema creates a migrated schema for this test alone and drops it when the
+// test ends.
+func Schema(t testing.TB) string {
+	t.Helper()
+	schema := EmptySchemaName(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, _, err := migrations.Migrate(ctx, Pool(t), migrations.Config{Schema: schema}); err != nil {
+		t.Fatalf("pgtest: migrate %s: %v", schema, err)
+	}
+	return schema
+}
+
+// EmptySchemaName returns a fresh schema name, and drops that schema, if
+// anything created it, when the test ends.
+func EmptySchemaName(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	schema := "pgdt_" + hex.EncodeToString(b)
+	p := Pool(t)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := p.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+			t.Errorf("pgtest: drop schema %s: %v", schema, err)
+		}
+	})
+	return schema
+}

@@ -1,0 +1,177 @@
+// Package migrations holds pgdispatch's schema as embedded tern migrations and
+// applies them to a schema of the caller's choosing.
+//
+// Migrate is safe to run from many processes at once: it takes an advisory
+// lock scoped to the schema, and every DDL statement runs under a lock_timeout
+// so that a migration never makes the application's writers queue behind it.
+package migrations
+
+import (
+	"cmp"
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/tern/v2/migrate"
+)
+
+//go:embed sql/*.sql
+var files embed.FS
+
+// DefaultSchema is the schema pgdispatch lives in unless told otherwise.
+const DefaultSchema = "pgdispatch"
+
+const (
+	versionTable        = "schema_version"
+	defaultLockTimeout  = 5 * time.Second
+	defaultTotalTimeout = 2 * time.Minute
+)
+
+// ErrSchemaMissing is returned by Check when the schema or its version table
+// does not exist.
+var ErrSchemaMissing = errors.New("schema is missing")
+
+// ErrSchemaOutdated is returned by Check when the schema is older than the
+// migrations embedded in this binary.
+var ErrSchemaOutdated = errors.New("schema is older than this binary")
+
+// Config configures Migrate.
+type Config struct {
+	// Schema is the schema to migrate. Default: DefaultSchema.
+	Schema string
+	// LockTimeout bounds how long any DDL statement waits for a lock.
+	// Default: 5s.
+	LockTimeout time.Duration
+	// Timeout bounds the whole migration, including waiting for another
+	// migrating process. Default: 2m.
+	Timeout time.Duration
+}
+
+func (c *Config) withDefaults() Config {
+	return Config{
+		Schema:      cmp.Or(c.Schema, DefaultSchema),
+		LockTimeout: cmp.Or(c.LockTimeout, defaultLockTimeout),
+		Timeout:     cmp.Or(c.Timeout, defaultTotalTimeout),
+	}
+}
+
+// Latest is the version the embedded migrations bring a schema to.
+func Latest() int32 {
+	names, err := migrate.FindMigrations(sqlFS())
+	if err != nil {
+		panic(fmt.Sprintf("embedded migrations: %v", err)) // impossible: checked by tests
+	}
+	return int32(len(names))
+}
+
+func sqlFS() fs.FS {
+	sub, err := fs.Sub(files, "sql")
+	if err != nil {
+		panic(err)
+	}
+	return sub
+}
+
+// Migrate brings cfg.Schema up to Latest on a connection from pool. It returns
+// the version it found and the version it left.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) (from, to int32, err error) {
+	cfg = cfg.withDefaults()
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrate: acquire connection: %w", err)
+	}
+	// Session settings and locks must not leak back into the pool.
+	defer conn.Hijack().Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a private connection
+
+	return migrateConn(ctx, conn.Conn(), cfg)
+}
+
+func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int32, err error) {
+	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)",
+		fmt.Sprintf("%dms", cfg.LockTimeout.Milliseconds())); err != nil {
+		return 0, 0, fmt.Errorf("migrate: set lock_timeout: %w", err)
+	}
+	// One migrator per schema at a time. tern's own lock is global; this one
+	// also covers CREATE SCHEMA, which is not safe to race.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext('pgdispatch.migrate'), hashtext($1))", cfg.Schema); err != nil {
+		return 0, 0, fmt.Errorf("migrate: wait for migration lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), //nolint:errcheck // the connection is closed right after
+		"SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))", cfg.Schema)
+
+	schema := pgx.Identifier{cfg.Schema}.Sanitize()
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {
+		return 0, 0, fmt.Errorf("migrate: create schema %s: %w", schema, describe(err))
+	}
+
+	m, err := migrate.NewMigrator(ctx, conn, pgx.Identifier{cfg.Schema, versionTable}.Sanitize())
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrate: version table: %w", describe(err))
+	}
+	m.Data = map[string]any{"schema": schema}
+	if err := m.LoadMigrations(sqlFS()); err != nil {
+		return 0, 0, fmt.Errorf("migrate: load migrations: %w", err)
+	}
+	from, err = m.GetCurrentVersion(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("migrate: read version: %w", err)
+	}
+	if err := m.Migrate(ctx); err != nil {
+		return from, 0, fmt.Errorf("migrate: %w", describe(err))
+	}
+	to, err = m.GetCurrentVersion(ctx)
+	if err != nil {
+		return from, 0, fmt.Errorf("migrate: read version: %w", err)
+	}
+	return from, to, nil
+}
+
+// describe adds a hint to the errors a migration meets most.
+func describe(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return fmt.Errorf("%w (a lock was held too long by another session; retry when it is released)", err)
+	}
+	return err
+}
+
+// Check reports whether schema exists at the version this binary needs. It
+// returns the version found; ErrSchemaMissing or ErrSchemaOutdated wrap the
+// reason when it cannot be used. A newer schema is accepted: migrations only
+// add, so an older binary keeps working during a rolling upgrade.
+func Check(ctx context.Context, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, schema string,
+) (int32, error) {
+	schema = cmp.Or(schema, DefaultSchema)
+	var exists bool
+	err := db.QueryRow(ctx,
+		"SELECT to_regclass($1) IS NOT NULL",
+		pgx.Identifier{schema, versionTable}.Sanitize()).Scan(&exists)
+	if err != nil {
+		return 0, fmt.Errorf("check schema: %w", err)
+	}
+	if !exists {
+		return 0, fmt.Errorf("%w: %q has no %s table", ErrSchemaMissing, schema, versionTable)
+	}
+	var version int32
+	if err := db.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{schema, versionTable}.Sanitize()).Scan(&version); err != nil {
+		return 0, fmt.Errorf("check schema: read version: %w", err)
+	}
+	if version == 0 {
+		return 0, fmt.Errorf("%w: %q has no migrations applied", ErrSchemaMissing, schema)
+	}
+	if version < Latest() {
+		return version, fmt.Errorf("%w: %q is at version %d, this binary needs %d", ErrSchemaOutdated, schema, version, Latest())
+	}
+	return version, nil
+}

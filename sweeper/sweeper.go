@@ -1,0 +1,253 @@
+// Package sweeper gives back the jobs of workers that died and purges
+// finished jobs.
+//
+// Every worker runs a Sweeper; a transaction-scoped advisory lock, keyed by
+// the schema, lets one of them work at a time. A pass runs in one
+// transaction unless there is more to purge than one batch:
+//   - a running job whose lease has expired goes back to pending, or to dead
+//     when its attempts are used up. The UPDATE is guarded by
+//     status = 'running' AND locked_until < now(), so a live worker whose
+//     heartbeat renewed the lease keeps its job;
+//   - done jobs older than RetainDone, and dead or cancelled jobs older than
+//     RetainDead, are deleted in batches.
+package sweeper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+const (
+	defaultInterval         = 30 * time.Second
+	defaultRetainDone       = 24 * time.Hour
+	defaultRetainDead       = 7 * 24 * time.Hour
+	defaultMaxAttempts      = 5
+	defaultBatchSize        = 1000
+	defaultStatementTimeout = 10 * time.Second
+	maxBatchesPerPass       = 100
+)
+
+// Config configures a Sweeper.
+type Config struct {
+	// Pool runs every statement. Required.
+	Pool *pgxpool.Pool
+	// Schema is the pgdispatch schema; it names the jobs table and scopes the
+	// advisory lock. Required.
+	Schema string
+	// Interval between passes. Default: 30s.
+	Interval time.Duration
+	// RetainDone is how long done jobs are kept. Default: 24h.
+	RetainDone time.Duration
+	// PurgeDoneAtOnce deletes done jobs at the next pass whatever their age,
+	// for workers that delete jobs as they finish (RETAIN_DONE=0).
+	PurgeDoneAtOnce bool
+	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
+	RetainDead time.Duration
+	// MaxAttempts applies to rescued jobs whose max_attempts is NULL. Default: 5.
+	MaxAttempts int
+	// BatchSize bounds the rows one statement changes. Default: 1000.
+	BatchSize int
+	// StatementTimeout bounds each pass's transaction. Default: 10s.
+	StatementTimeout time.Duration
+	// Logger receives the sweeper's logs. Default: no logging.
+	Logger *zap.Logger
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Pool == nil:
+		return errors.New("sweeper: Pool is required")
+	case c.Schema == "":
+		return errors.New("sweeper: Schema is required")
+	case c.Interval < 0, c.RetainDone < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.BatchSize < 0, c.StatementTimeout < 0:
+		return errors.New("sweeper: durations and counts must not be negative")
+	}
+	return nil
+}
+
+// Result is what one pass did.
+type Result struct {
+	Locked  bool  // false when another sweeper held the lock and this pass did nothing
+	Rescued int64 // expired leases given back to pending
+	Killed  int64 // expired leases whose attempts were used up: now dead
+	Purged  int64 // finished jobs deleted
+}
+
+// Sweeper rescues expired leases and purges old jobs. Create it with New.
+type Sweeper struct {
+	cfg    Config
+	logger *zap.Logger
+	rescue string
+	purge  string
+}
+
+// New checks cfg, fills defaults and returns a Sweeper.
+func New(cfg Config) (*Sweeper, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg.Interval = cmp.Or(cfg.Interval, defaultInterval)
+	cfg.RetainDone = cmp.Or(cfg.RetainDone, defaultRetainDone)
+	if cfg.PurgeDoneAtOnce {
+		cfg.RetainDone = 0
+	}
+	cfg.RetainDead = cmp.Or(cfg.RetainDead, defaultRetainDead)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
+	jobs := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
+	return &Sweeper{
+		cfg:    cfg,
+		logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("sweeper"),
+		rescue: strings.ReplaceAll(rescueSQL, "{jobs}", jobs),
+		purge:  strings.ReplaceAll(purgeSQL, "{jobs}", jobs),
+	}, nil
+}
+
+const lockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('pgdispatch.sweeper'), hashtext($1))`
+
+const rescueSQL = `
+WITH s AS (
+    SELECT id FROM {jobs}
+    WHERE status = 'running' AND locked_until < now()
+    ORDER BY id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {jobs} j
+SET status = CASE WHEN j.attempts >= coalesce(j.max_attempts, $1) THEN 'dead' ELSE 'pending' END,
+    run_at = now(),
+    last_error = format('lease expired: worker %s stopped renewing it during attempt %s of %s',
+                        j.locked_by, j.attempts, coalesce(j.max_attempts, $1)),
+    finished_at = CASE WHEN j.attempts >= coalesce(j.max_attempts, $1) THEN now() END,
+    locked_by = NULL,
+    locked_until = NULL,
+    updated_at = now()
+FROM s
+WHERE j.id = s.id AND j.status = 'running' AND j.locked_until < now()
+RETURNING j.id, j.status, j.attempts`
+
+const purgeSQL = `
+WITH d AS (
+    SELECT id FROM {jobs}
+    WHERE status = ANY($1::text[]) AND finished_at <= now() - make_interval(secs => $2::float8)
+    ORDER BY id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {jobs} j USING d WHERE j.id = d.id`
+
+// Run sweeps every Interval until ctx ends, starting at once. It returns nil
+// when ctx is cancelled.
+func (s *Sweeper) Run(ctx context.Context) error {
+	s.logger.Info("sweeper started", zap.Duration("interval", s.cfg.Interval))
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
+			s.logger.Warn("sweep failed", zap.Error(err))
+		}
+		t.Reset(s.cfg.Interval)
+	}
+}
+
+// Sweep runs one pass now.
+func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
+	var total Result
+	for range maxBatchesPerPass {
+		res, more, err := s.sweepOnce(ctx)
+		total.Locked = total.Locked || res.Locked
+		total.Rescued += res.Rescued
+		total.Killed += res.Killed
+		total.Purged += res.Purged
+		if err != nil || !more {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+// sweepOnce runs one transaction: one batch of each kind of work. more
+// reports that a batch was full.
+func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+	defer cancel()
+	tx, err := s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return res, false, fmt.Errorf("sweep: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit this is a no-op
+
+	if err := tx.QueryRow(ctx, lockSQL, s.cfg.Schema).Scan(&res.Locked); err != nil {
+		return res, false, fmt.Errorf("sweep: take lock: %w", err)
+	}
+	if !res.Locked {
+		s.logger.Debug("another sweeper is working")
+		return res, false, nil
+	}
+
+	rows, err := tx.Query(ctx, s.rescue, s.cfg.MaxAttempts, s.cfg.BatchSize)
+	if err != nil {
+		return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
+	}
+	var n int
+	for rows.Next() {
+		var (
+			id       int64
+			status   string
+			attempts int32
+		)
+		if err := rows.Scan(&id, &status, &attempts); err != nil {
+			rows.Close()
+			return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
+		}
+		n++
+		if status == "dead" {
+			res.Killed++
+			s.logger.Warn("lease expired and attempts used up: job dead", zap.Int64("job_id", id), zap.Int32("attempt", attempts))
+		} else {
+			res.Rescued++
+			s.logger.Warn("lease expired: job back to pending", zap.Int64("job_id", id), zap.Int32("attempt", attempts))
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
+	}
+	more = n == s.cfg.BatchSize
+
+	for _, p := range []struct {
+		statuses []string
+		retain   time.Duration
+	}{
+		{[]string{"done"}, s.cfg.RetainDone},
+		{[]string{"dead", "cancelled"}, s.cfg.RetainDead},
+	} {
+		tag, err := tx.Exec(ctx, s.purge, p.statuses, p.retain.Seconds(), s.cfg.BatchSize)
+		if err != nil {
+			return res, false, fmt.Errorf("sweep: purge %s jobs: %w", strings.Join(p.statuses, "/"), err)
+		}
+		res.Purged += tag.RowsAffected()
+		more = more || tag.RowsAffected() == int64(s.cfg.BatchSize)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return res, false, fmt.Errorf("sweep: commit: %w", err)
+	}
+	if res.Purged > 0 {
+		s.logger.Debug("purged finished jobs", zap.Int64("num_purged", res.Purged))
+	}
+	return res, more, nil
+}

@@ -1,0 +1,226 @@
+// Package pgdispatch dispatches jobs from a PostgreSQL table with low latency.
+//
+// Any writer creates a job with an INSERT into the jobs table, a call to the
+// enqueue() SQL function, or Enqueue from Go. A trigger sends NOTIFY; a
+// Worker's listener wakes the claimer of the job's queue, which claims due
+// jobs with FOR UPDATE SKIP LOCKED and runs each through the executor
+// registered for its kind. See the README for the SQL interface.
+package pgdispatch
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgdispatch/pgdispatch/claimer"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/listener"
+	"github.com/pgdispatch/pgdispatch/migrations"
+	"github.com/pgdispatch/pgdispatch/sweeper"
+	"github.com/pgdispatch/pgdispatch/triggers"
+)
+
+// DefaultSchema is the schema pgdispatch lives in unless configured otherwise.
+const DefaultSchema = migrations.DefaultSchema
+
+// DefaultQueue is the queue of jobs that name none.
+const DefaultQueue = "default"
+
+// Queue is a queue a worker serves, with its own executor slots.
+type Queue struct {
+	Name string
+	// Concurrency is how many of its jobs run at once. Default: Config.Concurrency.
+	Concurrency int
+}
+
+// Config configures a Worker. The zero value of every optional field means
+// its default.
+type Config struct {
+	// Pool runs the claims, completions and sweeps. Required.
+	Pool *pgxpool.Pool
+	// ListenConnConfig is where the listener connects, for a setup whose pool
+	// goes through a transaction-pooling proxy. Default: the pool's config.
+	ListenConnConfig *pgx.ConnConfig
+	// Schema holds the jobs table. Default: "pgdispatch".
+	Schema string
+	// WorkerID names this worker in locked_by and the logs. Default: the
+	// hostname.
+	WorkerID string
+	// Queues lists the queues to serve. Default: the "default" queue.
+	Queues []Queue
+	// Concurrency is each queue's executor slots unless it sets its own.
+	// Default: 10.
+	Concurrency int
+	// Registry picks executors by kind. Default: executors.NewRegistry().
+	Registry *executors.Registry
+
+	// PollInterval is the fallback tick. Default: 30s.
+	PollInterval time.Duration
+	// Lease is how long a claimed job stays this worker's without a
+	// heartbeat. Default: 30s.
+	Lease time.Duration
+	// JobTimeout bounds one attempt unless the payload's "timeout" says
+	// otherwise. Default: 5m.
+	JobTimeout time.Duration
+	// MaxAttempts applies to jobs whose max_attempts is NULL. Default: 5.
+	MaxAttempts int
+	// RetryBackoff is the delay before the retry after attempt n. Default:
+	// claimer.DefaultRetryBackoff.
+	RetryBackoff func(attempt int) time.Duration
+	// SweepInterval is how often expired leases are given back and finished
+	// jobs purged. Default: 30s.
+	SweepInterval time.Duration
+	// RetainDone is how long done jobs are kept. Default: 24h.
+	RetainDone time.Duration
+	// DeleteDone deletes jobs as soon as they are done (RETAIN_DONE=0).
+	DeleteDone bool
+	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
+	RetainDead time.Duration
+	// ShutdownTimeout is how long running jobs may finish after Run's
+	// context ends. Default: 30s.
+	ShutdownTimeout time.Duration
+	// StatementTimeout bounds each database call. Default: 10s.
+	StatementTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the listener's reconnect backoff.
+	// Defaults: 100ms and 10s.
+	ReconnectMin, ReconnectMax time.Duration
+	// Logger receives all logs. Default: no logging.
+	Logger *zap.Logger
+}
+
+// Worker runs a listener, a claimer per queue and a sweeper. Create it with
+// NewWorker and start it with Run.
+type Worker struct {
+	cfg      Config
+	logger   *zap.Logger
+	listener *listener.Listener
+	claimers map[string]*claimer.Claimer
+	sweeper  *sweeper.Sweeper
+}
+
+// NewWorker checks cfg and builds a Worker.
+func NewWorker(cfg Config) (*Worker, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("pgdispatch: Pool is required")
+	}
+	cfg.Schema = cmp.Or(cfg.Schema, DefaultSchema)
+	if cfg.WorkerID == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("pgdispatch: WorkerID not set and no hostname: %w", err)
+		}
+		cfg.WorkerID = host
+	}
+	if len(cfg.Queues) == 0 {
+		cfg.Queues = []Queue{{Name: DefaultQueue}}
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = executors.NewRegistry()
+	}
+	if cfg.ListenConnConfig == nil {
+		cfg.ListenConnConfig = cfg.Pool.Config().ConnConfig
+	}
+	logger := cmp.Or(cfg.Logger, zap.NewNop()).With(zap.String("worker_id", cfg.WorkerID))
+	w := &Worker{cfg: cfg, logger: logger, claimers: map[string]*claimer.Claimer{}}
+
+	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
+	for _, q := range cfg.Queues {
+		if _, dup := w.claimers[q.Name]; dup {
+			return nil, fmt.Errorf("pgdispatch: queue %q is listed twice", q.Name)
+		}
+		c, err := claimer.New(claimer.Config{
+			Pool: cfg.Pool, JobsTable: jobsTable, Queue: q.Name, WorkerID: cfg.WorkerID,
+			Registry: cfg.Registry, Concurrency: cmp.Or(q.Concurrency, cfg.Concurrency),
+			Lease: cfg.Lease, PollInterval: cfg.PollInterval, JobTimeout: cfg.JobTimeout,
+			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, DeleteDone: cfg.DeleteDone,
+			ShutdownTimeout: cfg.ShutdownTimeout, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("pgdispatch: queue %q: %w", q.Name, err)
+		}
+		w.claimers[q.Name] = c
+	}
+
+	var err error
+	w.listener, err = listener.New(listener.Config{
+		ConnConfig: cfg.ListenConnConfig, Channel: triggers.Channel(cfg.Schema),
+		Wake: w.wake, WakeAll: w.wakeAll,
+		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Logger: logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgdispatch: %w", err)
+	}
+	w.sweeper, err = sweeper.New(sweeper.Config{
+		Pool: cfg.Pool, Schema: cfg.Schema, Interval: cfg.SweepInterval,
+		RetainDone: cfg.RetainDone, PurgeDoneAtOnce: cfg.DeleteDone, RetainDead: cfg.RetainDead,
+		MaxAttempts: cfg.MaxAttempts, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgdispatch: %w", err)
+	}
+	return w, nil
+}
+
+func (w *Worker) wake(queue string) {
+	if c, ok := w.claimers[queue]; ok {
+		c.Wake()
+	}
+}
+
+func (w *Worker) wakeAll() {
+	for _, c := range w.claimers {
+		c.Wake()
+	}
+}
+
+// Run checks the schema, then serves the queues until ctx ends and shuts down
+// gracefully: it stops claiming, lets running jobs finish for
+// ShutdownTimeout, gives the rest back to pending and writes the last
+// outcomes. It returns nil after a clean shutdown.
+func (w *Worker) Run(ctx context.Context) error {
+	checkCtx, cancel := context.WithTimeout(ctx, cmp.Or(w.cfg.StatementTimeout, 10*time.Second))
+	_, err := migrations.Check(checkCtx, w.cfg.Pool, w.cfg.Schema)
+	cancel()
+	if err != nil {
+		return err
+	}
+	queues := make([]string, 0, len(w.claimers))
+	for q := range w.claimers {
+		queues = append(queues, q)
+	}
+	w.logger.Info("worker started", zap.String("schema", w.cfg.Schema), zap.Strings("queues", queues),
+		zap.Strings("kinds", w.cfg.Registry.Kinds()))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return w.listener.Run(gctx) })
+	g.Go(func() error { return w.sweeper.Run(gctx) })
+	for _, c := range w.claimers {
+		g.Go(func() error { return c.Run(gctx) })
+	}
+	err = g.Wait()
+	w.logger.Info("worker stopped")
+	return err
+}
+
+// Listener is the worker's listener, for health checks.
+func (w *Worker) Listener() *listener.Listener { return w.listener }
+
+// Claimer returns the claimer of queue, for its stats.
+func (w *Worker) Claimer(queue string) *claimer.Claimer { return w.claimers[queue] }
+
+// Sweeper is the worker's sweeper.
+func (w *Worker) Sweeper() *sweeper.Sweeper { return w.sweeper }
+
+// Migrate brings schema up to date on pool; see package migrations.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
+	_, _, err := migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
+	return err
+}
