@@ -92,6 +92,9 @@ type Config struct {
 	// ReconnectMin and ReconnectMax bound the listener's reconnect backoff.
 	// Defaults: 100ms and 10s.
 	ReconnectMin, ReconnectMax time.Duration
+	// OnListen, when set, is called each time the listener has (re)connected
+	// and LISTEN is in place. It must not block. For health checks and tests.
+	OnListen func()
 	// Logger receives all logs. Default: no logging.
 	Logger *zap.Logger
 }
@@ -153,7 +156,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w.listener, err = listener.New(listener.Config{
 		ConnConfig: cfg.ListenConnConfig, Channel: triggers.Channel(cfg.Schema),
 		Wake: w.wake, WakeAll: w.wakeAll,
-		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, Logger: logger,
+		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, OnListen: cfg.OnListen, Logger: logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgdispatch: %w", err)

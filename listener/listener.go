@@ -49,6 +49,9 @@ type Config struct {
 	// ConnectTimeout bounds one connection attempt, including LISTEN.
 	// Default: 10s.
 	ConnectTimeout time.Duration
+	// OnListen, when set, is called after every successful LISTEN, after
+	// WakeAll. It must not block. For health checks and tests.
+	OnListen func()
 	// Logger receives connection errors. Default: no logging.
 	Logger *zap.Logger
 }
@@ -74,7 +77,8 @@ type Listener struct {
 	connected atomic.Bool
 	// failures counts connection attempts since the last good connection.
 	failures    atomic.Int32
-	connections atomic.Int64
+	connections   atomic.Int64
+	notifications atomic.Int64
 }
 
 // New checks cfg and returns a Listener.
@@ -94,6 +98,9 @@ func (l *Listener) Connected() bool { return l.connected.Load() }
 
 // Connections counts the connections on which LISTEN succeeded.
 func (l *Listener) Connections() int64 { return l.connections.Load() }
+
+// Notifications counts the notifications received.
+func (l *Listener) Notifications() int64 { return l.notifications.Load() }
 
 // Run listens until ctx is done, reconnecting by itself. It returns nil when
 // ctx is cancelled.
@@ -149,6 +156,7 @@ func (l *Listener) backoff(n int) time.Duration {
 type handler struct{ l *Listener }
 
 func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.l.notifications.Add(1)
 	h.l.cfg.Wake(n.Payload)
 	return nil
 }
@@ -161,5 +169,8 @@ func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	h.l.connections.Add(1)
 	h.l.logger.Debug("listening", zap.String("channel", h.l.cfg.Channel))
 	h.l.cfg.WakeAll()
+	if h.l.cfg.OnListen != nil {
+		h.l.cfg.OnListen()
+	}
 	return nil
 }

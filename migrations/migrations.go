@@ -85,14 +85,15 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) (from, to int3
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 
-	conn, err := pool.Acquire(ctx)
+	pooled, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrate: acquire connection: %w", err)
 	}
 	// Session settings and locks must not leak back into the pool.
-	defer conn.Hijack().Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a private connection
+	conn := pooled.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a private connection
 
-	return migrateConn(ctx, conn.Conn(), cfg)
+	return migrateConn(ctx, conn, cfg)
 }
 
 func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int32, err error) {

@@ -39,7 +39,7 @@ var (
 
 // Main is for TestMain: it finds or starts a server, runs the tests, and
 // stops a throwaway server again.
-func Main(m *testing.M) {
+func Main(m interface{ Run() int }) {
 	code, err := run(m)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "pgtest:", err)
@@ -48,7 +48,7 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-func run(m *testing.M) (int, error) {
+func run(m interface{ Run() int }) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var err error

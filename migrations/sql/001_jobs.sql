@@ -62,6 +62,7 @@ CREATE FUNCTION {{.schema}}.enqueue(
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     job_id bigint;
 BEGIN

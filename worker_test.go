@@ -1,0 +1,498 @@
+package pgdispatch_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+const (
+	hour    = time.Hour
+	waitFor = 20 * time.Second
+)
+
+type bundle struct {
+	schema   string
+	jobs     string // quoted jobs table
+	registry *executors.Registry
+	rec      *recorder
+	watch    *pgtest.Watcher
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	rec := newRecorder()
+	reg := executors.NewRegistry()
+	reg.Register("record", rec)
+	return &bundle{
+		schema:   schema,
+		jobs:     pgx.Identifier{schema, "jobs"}.Sanitize(),
+		registry: reg,
+		rec:      rec,
+		watch:    pgtest.Watch(t, schema),
+	}
+}
+
+// config is a worker config for the test's schema with the fallback tick at
+// an hour, so that nothing the test sees comes from polling.
+func (b *bundle) config(t *testing.T, id string) pgdispatch.Config {
+	return pgdispatch.Config{
+		Pool:         pgtest.Pool(t),
+		Schema:       b.schema,
+		WorkerID:     id,
+		Registry:     b.registry,
+		PollInterval: hour,
+		Logger:       zaptest.NewLogger(t),
+	}
+}
+
+// start runs a worker until the test ends and returns a channel that receives
+// each time its listener is listening.
+func start(t *testing.T, cfg pgdispatch.Config) (stop func(), listening <-chan struct{}) {
+	t.Helper()
+	ch := make(chan struct{}, 16)
+	cfg.OnListen = func() {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	w, err := pgdispatch.NewWorker(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(time.Minute):
+				t.Error("worker did not stop within a minute")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	waitListening(t, ch)
+	return stop, ch
+}
+
+func waitListening(t *testing.T, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(waitFor):
+		t.Fatal("listener did not connect")
+	}
+}
+
+func (b *bundle) insert(t *testing.T, sql string, args ...any) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var id int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, sql, args...).Scan(&id))
+	return id
+}
+
+func (b *bundle) row(t *testing.T, id int64) (status string, attempts int, lastError *string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
+		"SELECT status, attempts, last_error FROM "+b.jobs+" WHERE id = $1", id).Scan(&status, &attempts, &lastError))
+	return status, attempts, lastError
+}
+
+// recorder is an executor that records each start. Its behaviour per job is
+// set by the payload: {"fail": N} fails the first N attempts, {"permanent":
+// true} fails permanently, {"block": true} waits for its context.
+type recorder struct {
+	mu      sync.Mutex
+	starts  map[int64]int
+	started chan int64
+	total   atomic.Int64
+}
+
+func newRecorder() *recorder {
+	return &recorder{starts: map[int64]int{}, started: make(chan int64, 20000)}
+}
+
+func (r *recorder) Execute(ctx context.Context, job *executors.Job) error {
+	r.mu.Lock()
+	r.starts[job.ID]++
+	r.mu.Unlock()
+	r.total.Add(1)
+	r.started <- job.ID
+	p := string(job.Payload)
+	switch {
+	case p == `{"permanent": true}`:
+		return executors.Permanentf("refused for good")
+	case p == `{"block": true}`:
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}
+	var fail int
+	if _, err := fmt.Sscanf(p, `{"fail": %d}`, &fail); err == nil && job.Attempt <= fail {
+		return fmt.Errorf("failing attempt %d on purpose", job.Attempt)
+	}
+	return nil
+}
+
+func (r *recorder) startsOf(id int64) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.starts[id]
+}
+
+// waitStart waits for job id to start and returns when it did.
+func (r *recorder) waitStart(t *testing.T, id int64, timeout time.Duration) time.Time {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case got := <-r.started:
+			if got == id {
+				return time.Now()
+			}
+		case <-deadline:
+			t.Fatalf("job %d did not start within %s", id, timeout)
+		}
+	}
+}
+
+// Acceptance 1: a plain INSERT on another connection runs at once, with the
+// fallback tick an hour away.
+func TestInsertWakesWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "w1")
+	w, err := pgdispatch.NewWorker(cfg)
+	require.NoError(t, err)
+	_ = w
+	start(t, cfg)
+
+	// A first job drains any wake-up left over from start.
+	first := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	b.rec.waitStart(t, first, waitFor)
+
+	conn, err := pgx.Connect(context.Background(), pgtest.URL())
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	var id int64
+	require.NoError(t, conn.QueryRow(context.Background(),
+		"INSERT INTO "+b.jobs+" (kind, payload) VALUES ('record', '{\"n\": 2}') RETURNING id").Scan(&id))
+	committed := time.Now()
+	startedAt := b.rec.waitStart(t, id, 10*time.Second)
+	t.Logf("commit to start: %s", startedAt.Sub(committed))
+	b.watch.Status(t, id, "done", waitFor)
+	require.Equal(t, 1, b.rec.startsOf(id))
+}
+
+// Acceptance 2: three workers share 10,000 jobs; each runs exactly once.
+func TestThreeWorkersRunEachJobOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 10000
+	var stops []func()
+	for i := range 3 {
+		cfg := b.config(t, fmt.Sprintf("worker-%d", i))
+		cfg.Concurrency = 20
+		stop, _ := start(t, cfg)
+		stops = append(stops, stop)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := pgtest.Pool(t).Exec(ctx, "INSERT INTO "+b.jobs+" (kind) SELECT 'record' FROM generate_series(1, $1)", n)
+	require.NoError(t, err)
+
+	deadline := time.After(2 * time.Minute)
+	for b.rec.total.Load() < n {
+		select {
+		case <-b.rec.started:
+		case <-deadline:
+			t.Fatalf("only %d of %d jobs started", b.rec.total.Load(), n)
+		}
+	}
+	for _, stop := range stops {
+		stop() // graceful: writes every outcome
+	}
+	require.Equal(t, int64(n), b.rec.total.Load(), "executions")
+	b.rec.mu.Lock()
+	require.Len(t, b.rec.starts, n)
+	for id, c := range b.rec.starts {
+		require.Equal(t, 1, c, "job %d ran %d times", id, c)
+	}
+	b.rec.mu.Unlock()
+
+	var done, attempts1, workers int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'done'),
+		count(*) FILTER (WHERE attempts = 1), 0 FROM `+b.jobs).Scan(&done, &attempts1, &workers))
+	require.Equal(t, n, done)
+	require.Equal(t, n, attempts1)
+}
+
+// Acceptance 3 in process: a job whose worker stopped renewing its lease (its
+// claim left behind as a crash leaves it) runs again elsewhere once the lease
+// expires, and ends done with attempts = 2. The subprocess version with a
+// real kill -9 is in cmd/pgdispatch.
+func TestExpiredLeaseIsRescued(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The crashed worker's claim: running, attempt 1, lease about to expire.
+	id := b.insert(t, `INSERT INTO `+b.jobs+` (kind, status, attempts, locked_by, locked_until)
+		VALUES ('record', 'running', 1, 'crashed-worker', now() + interval '1 second') RETURNING id`)
+	cfg := b.config(t, "rescuer")
+	cfg.SweepInterval = 200 * time.Millisecond
+	start(t, cfg)
+	states := b.watch.Status(t, id, "done", waitFor)
+	require.Equal(t, 2, states.Attempts)
+	require.Equal(t, 1, b.rec.startsOf(id))
+	var rescued bool
+	for _, s := range b.watch.History(id) {
+		if s.Status == "pending" && s.Error != nil {
+			require.Contains(t, *s.Error, "lease expired: worker crashed-worker")
+			rescued = true
+		}
+	}
+	require.True(t, rescued, "the sweeper gave the job back")
+}
+
+// A live worker's lease is renewed by the heartbeat, so the sweeper never
+// takes a long job from it (river issue #1302).
+func TestHeartbeatKeepsLongJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slow := executors.Func(func(ctx context.Context, job *executors.Job) error {
+		select {
+		case <-time.After(2 * time.Second): // the job's work: four leases long
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	b.registry.Register("slow", slow)
+	cfg := b.config(t, "w")
+	cfg.Lease = 500 * time.Millisecond
+	cfg.SweepInterval = 100 * time.Millisecond
+	start(t, cfg)
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('slow') RETURNING id")
+	s := b.watch.Status(t, id, "done", waitFor)
+	require.Equal(t, 1, s.Attempts)
+	for _, h := range b.watch.History(id)[1:] { // after the insert
+		require.NotEqual(t, "pending", h.Status, "the job was never given back: %+v", b.watch.History(id))
+	}
+}
+
+// Acceptance 4: after pg_terminate_backend of the listener, a job inserted in
+// the gap runs within the reconnect delay, not at the fallback tick.
+func TestListenerReconnects(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "w")
+	app := "pgdispatch-listener-" + b.schema
+	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
+	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
+	cfg.ReconnectMin = 200 * time.Millisecond
+	_, listening := start(t, cfg)
+
+	ctx := context.Background()
+	var terminated bool
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
+		"SELECT bool_and(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&terminated))
+	require.True(t, terminated)
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	inserted := time.Now()
+	waitListening(t, listening)
+	startedAt := b.rec.waitStart(t, id, 10*time.Second)
+	t.Logf("insert during the gap to start: %s", startedAt.Sub(inserted))
+	b.watch.Status(t, id, "done", waitFor)
+}
+
+// Acceptance 5: retries, permanent errors, attempts used up, unknown kinds.
+func TestRetriesAndDeadJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "w")
+	cfg.RetryBackoff = func(attempt int) time.Duration { return time.Duration(attempt) * 300 * time.Millisecond }
+	start(t, cfg)
+
+	flaky := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload) VALUES ('record', '{"fail": 2}') RETURNING id`)
+	permanent := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload) VALUES ('record', '{"permanent": true}') RETURNING id`)
+	exhausted := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload, max_attempts) VALUES ('record', '{"fail": 99}', 2) RETURNING id`)
+	unknown := b.insert(t, `INSERT INTO `+b.jobs+` (kind) VALUES ('no_such_kind') RETURNING id`)
+
+	s := b.watch.Status(t, flaky, "done", waitFor)
+	require.Equal(t, 3, s.Attempts)
+	var delays []float64
+	for _, h := range b.watch.History(flaky) {
+		if h.Status == "pending" && h.Attempts > 0 {
+			delays = append(delays, h.Delay)
+		}
+	}
+	require.Len(t, delays, 2, "two retries")
+	require.InDelta(t, 0.3, delays[0], 0.01, "backoff after attempt 1")
+	require.InDelta(t, 0.6, delays[1], 0.01, "backoff after attempt 2")
+
+	s = b.watch.Status(t, permanent, "dead", waitFor)
+	require.Equal(t, 1, s.Attempts)
+	require.Contains(t, *s.Error, "refused for good")
+
+	s = b.watch.Status(t, exhausted, "dead", waitFor)
+	require.Equal(t, 2, s.Attempts)
+	require.Contains(t, *s.Error, "attempt 2 of 2")
+	require.Contains(t, *s.Error, "failing attempt 2 on purpose")
+
+	s = b.watch.Status(t, unknown, "dead", waitFor)
+	require.Equal(t, 1, s.Attempts)
+	require.Contains(t, *s.Error, `unknown kind "no_such_kind"`)
+	require.Zero(t, b.rec.startsOf(unknown))
+
+	// The worker kept serving through all of it.
+	ok := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	b.watch.Status(t, ok, "done", waitFor)
+}
+
+// An executor's panic fails that job alone; a payload timeout bounds it.
+func TestPanicAndTimeout(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.registry.Register("panics", executors.Func(func(context.Context, *executors.Job) error { panic("boom") }))
+	cfg := b.config(t, "w")
+	start(t, cfg)
+	panics := b.insert(t, `INSERT INTO `+b.jobs+` (kind, max_attempts) VALUES ('panics', 1) RETURNING id`)
+	slow := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload, max_attempts) VALUES ('record', '{"block": true, "timeout": "200ms"}', 1) RETURNING id`)
+	badTimeout := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload) VALUES ('record', '{"timeout": "soon"}') RETURNING id`)
+
+	s := b.watch.Status(t, panics, "dead", waitFor)
+	require.Contains(t, *s.Error, "executor panicked: boom")
+	s = b.watch.Status(t, badTimeout, "dead", waitFor)
+	require.Contains(t, *s.Error, "payload.timeout:")
+	require.Equal(t, 1, s.Attempts)
+	_ = slow
+}
+
+// Acceptance 6: one dedup_key makes one job, from SQL and from Go.
+func TestDedupKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	fn := pgx.Identifier{b.schema, "enqueue"}.Sanitize()
+
+	first := b.insert(t, "SELECT "+fn+"('record', '{\"a\": 1}', dedup_key => 'order-1')")
+	again := b.insert(t, "SELECT "+fn+"('record', '{\"a\": 2}', dedup_key => 'order-1')")
+	require.Equal(t, first, again)
+
+	tag, err := pool.Exec(ctx, "INSERT INTO "+b.jobs+" (kind, dedup_key) VALUES ('record', 'order-1') "+
+		"ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING")
+	require.NoError(t, err)
+	require.Zero(t, tag.RowsAffected())
+
+	s := pgdispatch.Schema(b.schema)
+	goID, err := s.Enqueue(ctx, pool, pgdispatch.Job{Kind: "record", DedupKey: "order-2", Payload: map[string]int{"a": 3}})
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	goAgain, err := s.Enqueue(ctx, tx, pgdispatch.Job{Kind: "record", DedupKey: "order-2"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, goID, goAgain)
+
+	var count int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+b.jobs).Scan(&count))
+	require.Equal(t, 2, count)
+
+	// Inside a transaction that rolls back, the job goes with it.
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = s.Enqueue(ctx, tx, pgdispatch.Job{Kind: "record", DedupKey: "order-3"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+b.jobs).Scan(&count))
+	require.Equal(t, 2, count)
+}
+
+// Acceptance 7: a job due in 2 s runs at about 2 s, not at the tick.
+func TestScheduledJobRunsWhenDue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	start(t, b.config(t, "w"))
+	id := b.insert(t, `INSERT INTO `+b.jobs+` (kind, run_at) VALUES ('record', now() + interval '2 seconds') RETURNING id`)
+	committed := time.Now()
+	startedAt := b.rec.waitStart(t, id, 10*time.Second)
+	took := startedAt.Sub(committed)
+	t.Logf("scheduled +2s, started after %s", took)
+	require.Greater(t, took, 1900*time.Millisecond)
+	require.Less(t, took, 3500*time.Millisecond)
+}
+
+// An operator's UPDATE that makes a job pending and due wakes a worker too.
+func TestUpdateToPendingWakesWorker(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	start(t, b.config(t, "w"))
+	id := b.insert(t, `INSERT INTO `+b.jobs+` (kind, status, finished_at) VALUES ('record', 'dead', now()) RETURNING id`)
+	b.watch.Status(t, id, "dead", waitFor)
+	ctx := context.Background()
+	_, err := pgtest.Pool(t).Exec(ctx, "UPDATE "+b.jobs+" SET status = 'pending', run_at = now() WHERE id = $1", id)
+	require.NoError(t, err)
+	b.watch.Status(t, id, "done", waitFor)
+}
+
+// Graceful shutdown in process: finished jobs are done, a job that outlives
+// ShutdownTimeout is back to pending at once with its attempt given back.
+func TestShutdownGivesBackUnfinishedJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "w")
+	cfg.ShutdownTimeout = 300 * time.Millisecond
+	stop, _ := start(t, cfg)
+	quick := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	long := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload) VALUES ('record', '{"block": true}') RETURNING id`)
+	b.rec.waitStart(t, long, waitFor)
+	b.watch.Status(t, quick, "done", waitFor)
+	stop()
+	status, attempts, lastError := b.row(t, long)
+	require.Equal(t, "pending", status)
+	require.Equal(t, 0, attempts)
+	require.NotNil(t, lastError)
+	require.Contains(t, *lastError, "interrupted by worker shutdown")
+}
+
+// RETAIN_DONE=0: done jobs are deleted at once.
+func TestDeleteDone(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "w")
+	cfg.DeleteDone = true
+	start(t, cfg)
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	b.watch.Until(t, waitFor, "job deleted", func(m map[int64]pgtest.JobState) bool { return m[id].Deleted })
+}
+
+// A worker refuses a schema that was never migrated.
+func TestRunNeedsSchema(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.EmptySchemaName(t)
+	w, err := pgdispatch.NewWorker(pgdispatch.Config{Pool: pgtest.Pool(t), Schema: schema, WorkerID: "w"})
+	require.NoError(t, err)
+	err = w.Run(context.Background())
+	require.Error(t, err)
+	require.True(t, errors.Is(err, migrationsErrMissing()), "got %v", err)
+}
