@@ -227,3 +227,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 	_, _, err := migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
 	return err
 }
+
+// ID is the worker's id, as it appears in locked_by.
+func (w *Worker) ID() string { return w.cfg.WorkerID }

@@ -39,7 +39,8 @@ func (c *Claimer) pendingCount() int {
 }
 
 // flushPending writes every pending outcome, retrying with backoff while the
-// database fails, until ctx ends.
+// database fails, until ctx ends. A write under way is not cut short by ctx:
+// each is bounded by StatementTimeout.
 func (c *Claimer) flushPending(ctx context.Context) {
 	failures := 0
 	for {
@@ -49,7 +50,7 @@ func (c *Claimer) flushPending(ctx context.Context) {
 		if len(batch) == 0 {
 			return
 		}
-		err := c.complete(ctx, batch)
+		err := c.complete(context.WithoutCancel(ctx), batch)
 		if err == nil {
 			failures = 0
 			c.mu.Lock()

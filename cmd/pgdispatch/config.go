@@ -1,0 +1,205 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/pgdispatch/pgdispatch"
+)
+
+// setting is one configuration value: an environment variable and the flag
+// that overrides it. Flags win over the environment, which wins over .env.
+type setting struct {
+	env, flag, def, help string
+}
+
+// The settings every command that talks to the database reads.
+var connSettings = []setting{
+	{"DATABASE_URL", "database-url", "", "PostgreSQL connection string; when empty, built from DB_HOST, DB_PORT, DB_USER, DB_PASSWORD, DB_NAME and DB_SSLMODE"},
+	{"DB_SCHEMA", "schema", pgdispatch.DefaultSchema, "schema that holds pgdispatch's tables"},
+	{"STATEMENT_TIMEOUT", "statement-timeout", "10s", "bound on every database call (also the server's statement_timeout)"},
+	{"LOG_LEVEL", "log-level", "info", "debug, info, warn or error"},
+	{"LOG_FORMAT", "log-format", "json", "json or console"},
+}
+
+// The worker's settings, for run and demo.
+var workerSettings = []setting{
+	{"LISTEN_DATABASE_URL", "listen-database-url", "", "where the listener connects, to bypass a transaction-pooling proxy (default: DATABASE_URL)"},
+	{"WORKER_ID", "worker-id", "", "this worker's name in locked_by and the logs (default: the hostname)"},
+	{"QUEUES", "queues", "default", "comma-separated queues to serve, each optionally name:concurrency"},
+	{"CONCURRENCY", "concurrency", "10", "jobs run at once per queue"},
+	{"POLL_INTERVAL", "poll-interval", "30s", "fallback tick that claims even without a notification"},
+	{"LEASE", "lease", "30s", "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)"},
+	{"SWEEP_INTERVAL", "sweep-interval", "30s", "how often expired leases are given back and old jobs purged"},
+	{"MAX_ATTEMPTS", "max-attempts", "5", "attempts for jobs whose max_attempts is NULL"},
+	{"JOB_TIMEOUT", "job-timeout", "5m", "bound on one attempt unless the payload's \"timeout\" says otherwise"},
+	{"RETRY_BACKOFF", "retry-backoff", "30s", "delay before the first retry; each later one waits 4x longer (capped at 24h), plus up to 10% jitter"},
+	{"RETAIN_DONE", "retain-done", "24h", "how long done jobs are kept; 0 deletes a job as soon as it is done"},
+	{"RETAIN_DEAD", "retain-dead", "168h", "how long dead and cancelled jobs are kept"},
+	{"SHUTDOWN_TIMEOUT", "shutdown-timeout", "30s", "how long running jobs may finish after SIGINT/SIGTERM before they are given back"},
+}
+
+// values holds the settings of one command once flags are parsed.
+type values struct {
+	fs   *flag.FlagSet
+	vals map[string]*string // by env name
+}
+
+func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
+	v := &values{fs: fs, vals: map[string]*string{}}
+	for _, g := range groups {
+		for _, s := range g {
+			def := s.def
+			if e, ok := os.LookupEnv(s.env); ok {
+				def = e
+			}
+			v.vals[s.env] = fs.String(s.flag, def, s.help+" ($"+s.env+")")
+		}
+	}
+	return v
+}
+
+func (v *values) str(env string) string { return strings.TrimSpace(*v.vals[env]) }
+
+func (v *values) duration(env string, errs *[]error) time.Duration {
+	d, err := parseDuration(v.str(env))
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("invalid %s %q: %w", env, v.str(env), err))
+	}
+	return d
+}
+
+func (v *values) positiveDuration(env string, errs *[]error) time.Duration {
+	d, err := parseDuration(v.str(env))
+	if err == nil && d == 0 {
+		err = errors.New("must be more than 0")
+	}
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("invalid %s %q: %w", env, v.str(env), err))
+	}
+	return d
+}
+
+func (v *values) positiveInt(env string, errs *[]error) int {
+	n, err := strconv.Atoi(v.str(env))
+	if err != nil || n <= 0 {
+		*errs = append(*errs, fmt.Errorf("invalid %s %q: must be a whole number above 0", env, v.str(env)))
+	}
+	return n
+}
+
+// parseDuration reads a Go duration ("30s", "5m") or a whole number of
+// seconds, as the AT Worker's settings were.
+func parseDuration(s string) (time.Duration, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		if n < 0 {
+			return 0, errors.New("must not be negative")
+		}
+		return time.Duration(n) * time.Second, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, errors.New(`want a duration such as "30s" or "5m", or a number of seconds`)
+	}
+	if d < 0 {
+		return 0, errors.New("must not be negative")
+	}
+	return d, nil
+}
+
+// databaseURL is DATABASE_URL, or the URL the AT Worker's DB_* variables
+// describe when it is empty.
+func (v *values) databaseURL() string {
+	if u := v.str("DATABASE_URL"); u != "" {
+		return u
+	}
+	if !anyEnv("DB_HOST", "DB_PORT", "DB_USER", "DB_PASSWORD", "DB_NAME", "DB_SSLMODE") {
+		return ""
+	}
+	u := url.URL{
+		Scheme: "postgres",
+		User:   url.UserPassword(envOr("DB_USER", "postgres"), envOr("DB_PASSWORD", "postgres")),
+		Host:   envOr("DB_HOST", "localhost") + ":" + envOr("DB_PORT", "5432"),
+		Path:   "/" + envOr("DB_NAME", "at_scheduler"),
+	}
+	u.RawQuery = url.Values{"sslmode": {envOr("DB_SSLMODE", "disable")}}.Encode()
+	return u.String()
+}
+
+func anyEnv(names ...string) bool {
+	for _, n := range names {
+		if os.Getenv(n) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// parseQueues reads QUEUES: "default,emails:4".
+func parseQueues(s string) ([]pgdispatch.Queue, error) {
+	var qs []pgdispatch.Queue
+	seen := map[string]bool{}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, conc, hasConc := strings.Cut(part, ":")
+		q := pgdispatch.Queue{Name: strings.TrimSpace(name)}
+		if q.Name == "" {
+			return nil, fmt.Errorf("invalid QUEUES %q: a queue has no name", s)
+		}
+		if seen[q.Name] {
+			return nil, fmt.Errorf("invalid QUEUES %q: %q is listed twice", s, q.Name)
+		}
+		seen[q.Name] = true
+		if hasConc {
+			n, err := strconv.Atoi(strings.TrimSpace(conc))
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("invalid QUEUES %q: concurrency of %q must be a whole number above 0", s, q.Name)
+			}
+			q.Concurrency = n
+		}
+		qs = append(qs, q)
+	}
+	if len(qs) == 0 {
+		return nil, fmt.Errorf("invalid QUEUES %q: no queue named", s)
+	}
+	return qs, nil
+}
+
+func newLogger(level, format string) (*zap.Logger, error) {
+	var lvl zapcore.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("invalid LOG_LEVEL %q: want debug, info, warn or error", level)
+	}
+	var cfg zap.Config
+	switch format {
+	case "json":
+		cfg = zap.NewProductionConfig()
+	case "console":
+		cfg = zap.NewDevelopmentConfig()
+		cfg.DisableStacktrace = true
+	default:
+		return nil, fmt.Errorf("invalid LOG_FORMAT %q: want json or console", format)
+	}
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.Sampling = nil
+	return cfg.Build()
+}

@@ -1,0 +1,112 @@
+// Command pgdispatch runs pgdispatch workers and manages their schema.
+//
+//	pgdispatch run        serve the queues until SIGINT or SIGTERM
+//	pgdispatch migrate    create or upgrade the schema
+//	pgdispatch enqueue    add a job
+//	pgdispatch demo       a worker on a throwaway PostgreSQL, printing each dispatch
+//
+// Configuration comes from the environment, an optional .env file in the
+// working directory, and flags; flags win. `pgdispatch COMMAND --help` lists
+// each command's flags with the variables they override.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/joho/godotenv"
+)
+
+const usage = `pgdispatch dispatches jobs from PostgreSQL with low latency.
+
+Usage:
+  pgdispatch run [flags]       serve the queues until SIGINT or SIGTERM
+  pgdispatch migrate [flags]   create or upgrade the schema
+  pgdispatch enqueue [flags]   add a job
+  pgdispatch demo [flags]      run a worker on a throwaway PostgreSQL and print each dispatch
+
+Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
+set by the environment variable named in its help, or in a .env file.
+`
+
+type command struct {
+	run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+var commands = map[string]command{
+	"run":     {runCommand},
+	"migrate": {migrateCommand},
+	"enqueue": {enqueueCommand},
+	"demo":    {demoCommand},
+}
+
+func main() {
+	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func realMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	cmd, ok := commands[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "pgdispatch: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if err := godotenv.Load(); err != nil && !errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(stderr, "pgdispatch: read .env: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := cmd.run(ctx, args[1:], stdout, stderr)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	default:
+		fmt.Fprintf(stderr, "pgdispatch %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+// errUsage is returned after a flag error was already printed.
+var errUsage = errors.New("usage")
+
+func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("pgdispatch "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: pgdispatch %s [flags]\n\n%s\n\nFlags:\n", name, summary)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
+		fs.Usage()
+		return errUsage
+	}
+	return nil
+}

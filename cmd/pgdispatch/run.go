@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/claimer"
+	"github.com/pgdispatch/pgdispatch/migrations"
+)
+
+// conn is what every database command shares: the pool, schema and logger.
+type conn struct {
+	pool    *pgxpool.Pool
+	schema  string
+	timeout time.Duration
+	logger  *zap.Logger
+}
+
+// openConn validates the connection settings, connects and pings.
+func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
+	var errs []error
+	timeout := v.positiveDuration("STATEMENT_TIMEOUT", &errs)
+	schema := v.str("DB_SCHEMA")
+	if schema == "" {
+		errs = append(errs, errors.New("invalid DB_SCHEMA: must not be empty"))
+	}
+	logger, err := newLogger(v.str("LOG_LEVEL"), v.str("LOG_FORMAT"))
+	errs = append(errs, err)
+	if dbURL == "" {
+		errs = append(errs, errors.New("no database: set DATABASE_URL (or DB_HOST and friends), or pass --database-url"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	pool, err := newPool(ctx, dbURL, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &conn{pool: pool, schema: schema, timeout: timeout, logger: logger}, nil
+}
+
+// newPool connects with every call bounded: connect_timeout, and the
+// server-side statement, lock and idle-in-transaction timeouts, unless the URL
+// sets them itself.
+func newPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("invalid DATABASE_URL: %w", err) // pgx's message never repeats the password
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	params := cfg.ConnConfig.RuntimeParams
+	setDefault(params, "application_name", "pgdispatch")
+	setDefault(params, "statement_timeout", strconv.FormatInt(timeout.Milliseconds(), 10))
+	setDefault(params, "lock_timeout", strconv.FormatInt(min(timeout, 5*time.Second).Milliseconds(), 10))
+	setDefault(params, "idle_in_transaction_session_timeout", "60000")
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout+timeout)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return pool, nil
+}
+
+func setDefault(m map[string]string, k, v string) {
+	if _, ok := m[k]; !ok {
+		m[k] = v
+	}
+}
+
+// workerConfig builds the worker's config from its settings.
+func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
+	var errs []error
+	queues, err := parseQueues(v.str("QUEUES"))
+	errs = append(errs, err)
+	cfg := pgdispatch.Config{
+		Pool:             c.pool,
+		Schema:           c.schema,
+		WorkerID:         v.str("WORKER_ID"),
+		Queues:           queues,
+		Concurrency:      v.positiveInt("CONCURRENCY", &errs),
+		PollInterval:     v.positiveDuration("POLL_INTERVAL", &errs),
+		Lease:            v.positiveDuration("LEASE", &errs),
+		SweepInterval:    v.positiveDuration("SWEEP_INTERVAL", &errs),
+		MaxAttempts:      v.positiveInt("MAX_ATTEMPTS", &errs),
+		JobTimeout:       v.positiveDuration("JOB_TIMEOUT", &errs),
+		RetryBackoff:     claimer.ExponentialBackoff(v.positiveDuration("RETRY_BACKOFF", &errs)),
+		RetainDone:       v.duration("RETAIN_DONE", &errs),
+		RetainDead:       v.positiveDuration("RETAIN_DEAD", &errs),
+		ShutdownTimeout:  v.duration("SHUTDOWN_TIMEOUT", &errs),
+		StatementTimeout: c.timeout,
+		Logger:           c.logger,
+	}
+	if cfg.RetainDone == 0 && len(errs) == 0 {
+		cfg.DeleteDone = true
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = time.Nanosecond // give jobs back at once
+	}
+	if u := v.str("LISTEN_DATABASE_URL"); u != "" {
+		lc, err := pgx.ParseConfig(u)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err))
+		} else {
+			cfg.ListenConnConfig = lc
+		}
+	}
+	if cfg.ListenConnConfig == nil {
+		cfg.ListenConnConfig = c.pool.Config().ConnConfig.Copy()
+	}
+	if cfg.ListenConnConfig.ConnectTimeout == 0 {
+		cfg.ListenConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	cfg.ListenConnConfig.RuntimeParams["application_name"] = "pgdispatch-listener"
+	return cfg, errors.Join(errs...)
+}
+
+func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
+	fs := newFlagSet("run", "Serve the queues until SIGINT or SIGTERM, then shut down gracefully.", stderr)
+	v := newValues(fs, connSettings, workerSettings)
+	migrate := fs.Bool("migrate", false, "create or upgrade the schema before starting")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	cfg, err := workerConfig(v, c)
+	if err != nil {
+		return err
+	}
+	if *migrate {
+		if err := runMigrate(ctx, c); err != nil {
+			return err
+		}
+	}
+	w, err := pgdispatch.NewWorker(cfg)
+	if err != nil {
+		return err
+	}
+	return explainSchema(w.Run(ctx), c.schema)
+}
+
+// explainSchema turns a missing or old schema into one line that says what
+// to run.
+func explainSchema(err error, schema string) error {
+	switch {
+	case errors.Is(err, migrations.ErrSchemaMissing):
+		return fmt.Errorf("schema %q is not installed in this database: run 'pgdispatch migrate' first, or start with 'pgdispatch run --migrate'", schema)
+	case errors.Is(err, migrations.ErrSchemaOutdated):
+		return fmt.Errorf("%w: run 'pgdispatch migrate', or start with 'pgdispatch run --migrate'", err)
+	}
+	return err
+}
+
+func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("migrate", "Create or upgrade the schema. Safe to run from many processes at once.", stderr)
+	v := newValues(fs, connSettings)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	if err := runMigrate(ctx, c); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "schema %q is at version %d\n", c.schema, migrations.Latest())
+	return nil
+}
+
+func runMigrate(ctx context.Context, c *conn) error {
+	from, to, err := migrations.Migrate(ctx, c.pool, migrations.Config{Schema: c.schema, LockTimeout: min(c.timeout, 5*time.Second)})
+	if err != nil {
+		return err
+	}
+	if from != to {
+		c.logger.Info("migrated", zap.String("schema", c.schema), zap.Int32("from", from), zap.Int32("to", to))
+	}
+	return nil
+}
+
+func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("enqueue", "Add a job and print its id (the existing job's id on a dedup-key conflict).", stderr)
+	v := newValues(fs, connSettings)
+	kind := fs.String("kind", "", "the job's kind: http_callback, rabbitmq, email, noop or a custom one (required)")
+	payload := fs.String("payload", "{}", "the job's payload, as JSON")
+	queue := fs.String("queue", pgdispatch.DefaultQueue, "the queue")
+	runAt := fs.String("run-at", "", "when the job becomes due: RFC 3339 (2026-01-02T15:04:05Z) or a delay from now (90s, 2h)")
+	priority := fs.Int("priority", 0, "smaller runs first")
+	dedupKey := fs.String("dedup-key", "", "idempotency key: while a job with it exists, no new one is made")
+	maxAttempts := fs.Int("max-attempts", 0, "attempts allowed (default: the worker's MAX_ATTEMPTS)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var errs []error
+	if *kind == "" {
+		errs = append(errs, errors.New("--kind is required"))
+	}
+	if !json.Valid([]byte(*payload)) {
+		errs = append(errs, fmt.Errorf("--payload is not valid JSON: %q", *payload))
+	}
+	if *priority < -32768 || *priority > 32767 {
+		errs = append(errs, errors.New("--priority must fit in a smallint"))
+	}
+	if *maxAttempts < 0 {
+		errs = append(errs, errors.New("--max-attempts must not be negative"))
+	}
+	var at time.Time
+	if *runAt != "" {
+		if d, err := time.ParseDuration(*runAt); err == nil {
+			at = time.Now().Add(d)
+		} else if t, err := time.Parse(time.RFC3339, *runAt); err == nil {
+			at = t
+		} else {
+			errs = append(errs, fmt.Errorf("--run-at %q: want RFC 3339 or a duration such as 90s", *runAt))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	id, err := pgdispatch.Schema(c.schema).Enqueue(callCtx, c.pool, pgdispatch.Job{
+		Kind: *kind, Payload: json.RawMessage(*payload), Queue: *queue, RunAt: at,
+		Priority: int16(*priority), DedupKey: *dedupKey, MaxAttempts: *maxAttempts,
+	})
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42883") { // no such schema, no such function
+			return explainSchema(migrations.ErrSchemaMissing, c.schema)
+		}
+		return err
+	}
+	fmt.Fprintln(stdout, id)
+	return nil
+}
