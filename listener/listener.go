@@ -76,7 +76,7 @@ type Listener struct {
 	logger    *zap.Logger
 	connected atomic.Bool
 	// failures counts connection attempts since the last good connection.
-	failures    atomic.Int32
+	failures      atomic.Int32
 	connections   atomic.Int64
 	notifications atomic.Int64
 }

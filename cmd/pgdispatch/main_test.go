@@ -1,0 +1,331 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/migrations"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pgdispatch-bin-")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "pgdispatch")
+	if out, err := exec.Command("go", "build", "-race", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build pgdispatch: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+	pgtest.Main(m)
+}
+
+// proc is a pgdispatch subprocess.
+type proc struct {
+	cmd            *exec.Cmd
+	stdout, stderr *syncBuffer
+	done           chan struct{}
+	err            error
+}
+
+// syncBuffer collects a process's output and tells waiters about each write.
+type syncBuffer struct {
+	mu      sync.Mutex
+	b       bytes.Buffer
+	written chan struct{} // closed and replaced on every write
+}
+
+func newSyncBuffer() *syncBuffer { return &syncBuffer{written: make(chan struct{})} }
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(s.written)
+	s.written = make(chan struct{})
+	return s.b.Write(p)
+}
+
+// waitFor waits until the output contains substr.
+func (s *syncBuffer) waitFor(t *testing.T, substr string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		s.mu.Lock()
+		found, written := strings.Contains(s.b.String(), substr), s.written
+		s.mu.Unlock()
+		if found {
+			return
+		}
+		select {
+		case <-written:
+		case <-deadline:
+			t.Fatalf("output did not show %q within %s:\n%s", substr, timeout, s.String())
+		}
+	}
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// env is the environment of a subprocess: this one's, less every pgdispatch
+// setting, plus the test's.
+func env(extra ...string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if isSetting(name) {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, extra...)
+}
+
+func isSetting(name string) bool {
+	for _, g := range [][]setting{connSettings, workerSettings} {
+		for _, s := range g {
+			if s.env == name {
+				return true
+			}
+		}
+	}
+	return strings.HasPrefix(name, "DB_")
+}
+
+func start(t *testing.T, environ []string, args ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(binary, args...), stdout: newSyncBuffer(), stderr: newSyncBuffer(), done: make(chan struct{})}
+	p.cmd.Env = environ
+	p.cmd.Dir = t.TempDir() // no stray .env
+	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
+	require.NoError(t, p.cmd.Start())
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			t.Logf("%s stderr:\n%s", args[0], p.stderr.String())
+		}
+	})
+	return p
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("process did not exit within %s; stderr:\n%s", timeout, p.stderr.String())
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func dbEnv(schema string, extra ...string) []string {
+	return env(append([]string{"DATABASE_URL=" + pgtest.URL(), "DB_SCHEMA=" + schema, "LOG_FORMAT=console", "LOG_LEVEL=debug"}, extra...)...)
+}
+
+func insert(t *testing.T, schema, sql string) int64 {
+	t.Helper()
+	var id int64
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
+		strings.ReplaceAll(sql, "{jobs}", pgx.Identifier{schema, "jobs"}.Sanitize())).Scan(&id))
+	return id
+}
+
+// Acceptance 9: three processes migrating at once all succeed.
+func TestMigrateFromThreeProcesses(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.EmptySchemaName(t)
+	var procs []*proc
+	for range 3 {
+		procs = append(procs, start(t, dbEnv(schema), "migrate"))
+	}
+	for _, p := range procs {
+		require.Equal(t, 0, p.wait(t, time.Minute), p.stderr.String())
+		require.Contains(t, p.stdout.String(), fmt.Sprintf("is at version %d", migrations.Latest()))
+	}
+	v, err := migrations.Check(context.Background(), pgtest.Pool(t), schema)
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), v)
+}
+
+// Acceptance 9: run against a database without the schema exits non-zero
+// with one clear line.
+func TestRunWithoutSchema(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.EmptySchemaName(t)
+	p := start(t, dbEnv(schema), "run")
+	require.Equal(t, 1, p.wait(t, 30*time.Second))
+	lines := strings.Split(strings.TrimSpace(p.stderr.String()), "\n")
+	require.Len(t, lines, 1, p.stderr.String())
+	require.Contains(t, lines[0], "pgdispatch migrate")
+	require.Contains(t, lines[0], schema)
+
+	// --migrate makes the same command work.
+	p = start(t, dbEnv(schema), "run", "--migrate")
+	p.stderr.waitFor(t, "worker started", 30*time.Second)
+	w := pgtest.Watch(t, schema)
+	id := insert(t, schema, "INSERT INTO {jobs} (kind) VALUES ('noop') RETURNING id")
+	w.Status(t, id, "done", 30*time.Second)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.wait(t, 30*time.Second))
+}
+
+// Acceptance 8: SIGTERM during a long job. Finished jobs are done, the
+// unfinished one is pending at once, and the process exits 0 within
+// SHUTDOWN_TIMEOUT plus a margin.
+func TestSIGTERMDuringLongJob(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	w := pgtest.Watch(t, schema)
+	p := start(t, dbEnv(schema, "SHUTDOWN_TIMEOUT=1s", "POLL_INTERVAL=1h", "WORKER_ID=sigterm"), "run")
+	quick := insert(t, schema, "INSERT INTO {jobs} (kind) VALUES ('noop') RETURNING id")
+	long := insert(t, schema, `INSERT INTO {jobs} (kind, payload) VALUES ('noop', '{"sleep": "1h"}') RETURNING id`)
+	w.Status(t, quick, "done", 30*time.Second)
+	w.Status(t, long, "running", 30*time.Second)
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	sent := time.Now()
+	require.Equal(t, 0, p.wait(t, 30*time.Second), p.stderr.String())
+	took := time.Since(sent)
+	t.Logf("exited %s after SIGTERM (SHUTDOWN_TIMEOUT=1s)", took)
+	require.Less(t, took, 1*time.Second+3*time.Second)
+
+	var status string
+	var attempts int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"SELECT status, attempts FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE id = $1", long).Scan(&status, &attempts))
+	require.Equal(t, "pending", status)
+	require.Equal(t, 0, attempts)
+	require.Equal(t, "done", w.Status(t, quick, "done", time.Second).Status)
+}
+
+// Acceptance 3 with a real crash: kill -9 a worker mid-job; another worker
+// runs the job again once the lease expires, and it ends done with attempts 2.
+func TestKilledWorkersJobIsRescued(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	w := pgtest.Watch(t, schema)
+	a := start(t, dbEnv(schema, "LEASE=1s", "WORKER_ID=victim"), "run")
+	id := insert(t, schema, `INSERT INTO {jobs} (kind, payload) VALUES ('noop', '{"sleep": "1s"}') RETURNING id`)
+	w.Status(t, id, "running", 30*time.Second)
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGKILL))
+	a.wait(t, 10*time.Second)
+
+	start(t, dbEnv(schema, "LEASE=1s", "SWEEP_INTERVAL=200ms", "WORKER_ID=rescuer"), "run")
+	s := w.Status(t, id, "done", 30*time.Second)
+	require.Equal(t, 2, s.Attempts)
+	var lockedBy []string
+	for _, h := range w.History(id) {
+		if h.Error != nil && strings.Contains(*h.Error, "lease expired") {
+			lockedBy = append(lockedBy, *h.Error)
+		}
+	}
+	require.NotEmpty(t, lockedBy)
+	require.Contains(t, lockedBy[0], "worker victim")
+}
+
+func TestEnqueueCommand(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	run := func(args ...string) (string, string, int) {
+		p := start(t, dbEnv(schema), append([]string{"enqueue"}, args...)...)
+		code := p.wait(t, 30*time.Second)
+		return strings.TrimSpace(p.stdout.String()), p.stderr.String(), code
+	}
+	id1, _, code := run("--kind", "noop", "--payload", `{"a": 1}`, "--dedup-key", "k1", "--run-at", "1h", "--priority", "3")
+	require.Equal(t, 0, code)
+	id2, _, code := run("--kind", "noop", "--dedup-key", "k1")
+	require.Equal(t, 0, code)
+	require.Equal(t, id1, id2)
+
+	var kind, queue string
+	var priority int
+	var due bool
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"SELECT kind, queue, priority, run_at > now() + interval '50 minutes' FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE id = $1",
+		id1).Scan(&kind, &queue, &priority, &due))
+	require.Equal(t, []any{"noop", "default", 3, true}, []any{kind, queue, priority, due})
+
+	_, stderr, code := run("--kind", "noop", "--payload", "{not json")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--payload is not valid JSON")
+
+	p := start(t, dbEnv(pgtest.EmptySchemaName(t)), "enqueue", "--kind", "noop")
+	require.Equal(t, 1, p.wait(t, 30*time.Second))
+	require.Contains(t, p.stderr.String(), "pgdispatch migrate")
+}
+
+func TestBadConfigurationIsAClearError(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	for _, tc := range []struct{ env, want string }{
+		{"POLL_INTERVAL=soon", `invalid POLL_INTERVAL "soon"`},
+		{"CONCURRENCY=0", `invalid CONCURRENCY "0"`},
+		{"QUEUES=a,a", `"a" is listed twice`},
+		{"LOG_LEVEL=loud", `invalid LOG_LEVEL "loud"`},
+		{"LEASE=-1s", `invalid LEASE "-1s": must not be negative`},
+	} {
+		p := start(t, dbEnv(schema, tc.env), "run")
+		require.Equal(t, 1, p.wait(t, 30*time.Second), tc.env)
+		require.Contains(t, p.stderr.String(), tc.want)
+	}
+	// Flags win over the environment.
+	p := start(t, dbEnv(schema, "POLL_INTERVAL=soon"), "run", "--poll-interval", "also-soon")
+	require.Equal(t, 1, p.wait(t, 30*time.Second))
+	require.Contains(t, p.stderr.String(), `invalid POLL_INTERVAL "also-soon"`)
+
+	p = start(t, env("DATABASE_URL=postgres://nobody:s3cret-pass@127.0.0.1:1/none?connect_timeout=2"), "run")
+	require.Equal(t, 1, p.wait(t, 30*time.Second))
+	require.Contains(t, p.stderr.String(), "connect to database")
+	require.NotContains(t, p.stderr.String(), "s3cret-pass")
+}
+
+// The README's first command, as a user runs it: no DATABASE_URL, so the demo
+// starts and removes a throwaway PostgreSQL of its own.
+func TestDemoOnThrowawayCluster(t *testing.T) {
+	t.Parallel()
+	p := start(t, env(), "demo", "--count", "4", "--interval", "50ms")
+	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
+	out := p.stdout.String()
+	require.Contains(t, out, "starting a throwaway PostgreSQL")
+	require.Contains(t, out, "after commit")
+	m := regexp.MustCompile(`(\d+) dispatches`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	n, _ := strconv.Atoi(m[1])
+	require.GreaterOrEqual(t, n, 4)
+	require.Contains(t, out, "Throwaway PostgreSQL stopped and removed.")
+}
+
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"run", "migrate", "enqueue", "demo"} {
+		p := start(t, env(), cmd, "--help")
+		require.Equal(t, 0, p.wait(t, 30*time.Second), cmd)
+		require.Contains(t, p.stderr.String(), "Usage: pgdispatch "+cmd)
+	}
+}
