@@ -1,0 +1,31 @@
+package claimer
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestExponentialBackoff(t *testing.T) {
+	t.Parallel()
+	b := ExponentialBackoff(30 * time.Second)
+	for attempt, want := range map[int]time.Duration{1: 30 * time.Second, 2: 2 * time.Minute, 3: 8 * time.Minute, 30: 24 * time.Hour} {
+		got := b(attempt)
+		require.GreaterOrEqual(t, got, want, "attempt %d", attempt)
+		require.LessOrEqual(t, got, want+want/10, "attempt %d", attempt)
+	}
+}
+
+func TestErrText(t *testing.T) {
+	t.Parallel()
+	s := *errText(errors.New("bad\x00byte \xff here"))
+	require.True(t, utf8.ValidString(s))
+	require.NotContains(t, s, "\x00")
+	long := *errText(errors.New(strings.Repeat("é", maxErrorLen)))
+	require.True(t, utf8.ValidString(long))
+	require.LessOrEqual(t, len(long), maxErrorLen+len("…"))
+}

@@ -1,0 +1,120 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/migrations"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.EmptySchemaName(t)
+	_, err := migrations.Check(ctx, pgtest.Pool(t), schema)
+	require.ErrorIs(t, err, migrations.ErrSchemaMissing)
+
+	var g errgroup.Group
+	for range 3 {
+		g.Go(func() error {
+			_, to, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema})
+			if err == nil && to != migrations.Latest() {
+				t.Errorf("migrated to %d, want %d", to, migrations.Latest())
+			}
+			return err
+		})
+	}
+	require.NoError(t, g.Wait())
+	v, err := migrations.Check(ctx, pgtest.Pool(t), schema)
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), v)
+
+	from, to, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema})
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), from)
+	require.Equal(t, migrations.Latest(), to)
+}
+
+func TestCheckOutdated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	version := pgx.Identifier{schema, "schema_version"}.Sanitize()
+	_, err := pgtest.Pool(t).Exec(ctx, "UPDATE "+version+" SET version = version - 1")
+	require.NoError(t, err)
+	_, err = migrations.Check(ctx, pgtest.Pool(t), schema)
+	require.ErrorIs(t, err, migrations.ErrSchemaOutdated)
+	require.ErrorContains(t, err, fmt.Sprintf("is at version %d, this binary needs %d", migrations.Latest()-1, migrations.Latest()))
+
+	// A newer schema is accepted, for rolling upgrades.
+	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+version+" SET version = $1", migrations.Latest()+1)
+	require.NoError(t, err)
+	_, err = migrations.Check(ctx, pgtest.Pool(t), schema)
+	require.NoError(t, err)
+}
+
+// A schema name that needs quoting works: identifiers are quoted, never
+// formatted in.
+func TestQuotedSchemaName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.EmptySchemaName(t) + ` "odd" name; DROP TABLE x`
+	t.Cleanup(func() {
+		_, _ = pgtest.Pool(t).Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	_, _, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema})
+	require.NoError(t, err)
+	var id int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT "+pgx.Identifier{schema, "enqueue"}.Sanitize()+"('noop')").Scan(&id))
+	require.Positive(t, id)
+}
+
+// DDL runs under lock_timeout: a migration that meets a held lock fails fast
+// with a clear message instead of queueing the application's writers behind it.
+func TestMigrateFailsFastOnHeldLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, "schema_version"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	start := time.Now()
+	_, _, err = migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema, LockTimeout: 200 * time.Millisecond})
+	require.Error(t, err)
+	require.Less(t, time.Since(start), 5*time.Second)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "55P03", pgErr.Code)
+	require.Contains(t, err.Error(), "a lock was held too long")
+}
+
+func TestTableConstraints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	for _, tc := range []struct{ sql, constraint string }{
+		{"INSERT INTO " + jobs + " (kind, max_attempts) VALUES ('noop', -1)", "jobs_max_attempts_check"},
+		{"INSERT INTO " + jobs + " (kind) VALUES ('')", "jobs_kind_check"},
+		{"INSERT INTO " + jobs + " (kind, status) VALUES ('noop', 'finished')", "jobs_status_check"},
+		{"INSERT INTO " + jobs + " (kind, queue) VALUES ('noop', '')", "jobs_queue_check"},
+	} {
+		_, err := pgtest.Pool(t).Exec(ctx, tc.sql)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, tc.sql)
+		require.Equal(t, tc.constraint, pgErr.ConstraintName)
+	}
+}

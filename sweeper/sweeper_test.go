@@ -1,0 +1,109 @@
+package sweeper_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/sweeper"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(leakCheck{m}) }
+
+type leakCheck struct{ m *testing.M }
+
+func (l leakCheck) Run() int {
+	ignore := goleak.IgnoreCurrent()
+	if code := l.m.Run(); code != 0 {
+		return code
+	}
+	if err := goleak.Find(ignore, goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
+		println("goleak:", err.Error())
+		return 1
+	}
+	return 0
+}
+
+func TestSweep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, status, attempts, max_attempts, locked_by, locked_until, finished_at) VALUES
+		('expired',   'running', 1, 3,    'w1', now() - interval '1 second', NULL),
+		('exhausted', 'running', 3, 3,    'w1', now() - interval '1 second', NULL),
+		('default',   'running', 5, NULL, 'w1', now() - interval '1 second', NULL),
+		('live',      'running', 1, 3,    'w2', now() + interval '1 minute', NULL),
+		('old_done',  'done',    1, 3,    NULL, NULL, now() - interval '2 days'),
+		('new_done',  'done',    1, 3,    NULL, NULL, now() - interval '1 hour'),
+		('old_dead',  'dead',    3, 3,    NULL, NULL, now() - interval '8 days'),
+		('cancelled', 'cancelled', 0, 3,  NULL, NULL, now() - interval '8 days'),
+		('new_dead',  'dead',    3, 3,    NULL, NULL, now() - interval '1 day')`)
+	require.NoError(t, err)
+
+	s, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema, BatchSize: 2})
+	require.NoError(t, err)
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweeper.Result{Locked: true, Rescued: 1, Killed: 2, Purged: 3}, res)
+
+	rows, err := pool.Query(ctx, "SELECT kind, status, locked_by IS NULL, coalesce(last_error, '') FROM "+jobs+" ORDER BY id")
+	require.NoError(t, err)
+	type row struct {
+		Kind, Status string
+		Unlocked     bool
+		Error        string
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	require.NoError(t, err)
+	require.Len(t, got, 6)
+	require.Equal(t, row{"expired", "pending", true, "lease expired: worker w1 stopped renewing it during attempt 1 of 3"}, got[0])
+	require.Equal(t, "dead", got[1].Status)
+	require.Equal(t, "dead", got[2].Status, "max_attempts NULL means the default 5")
+	require.Equal(t, row{"live", "running", false, ""}, got[3])
+	require.Equal(t, "new_done", got[4].Kind)
+	require.Equal(t, "new_dead", got[5].Kind)
+}
+
+// While one sweeper holds the schema's lock, another does nothing.
+func TestOneSweeperAtATime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	var locked bool
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_try_advisory_xact_lock(hashtext('pgdispatch.sweeper'), hashtext($1))", schema).Scan(&locked))
+	require.True(t, locked)
+
+	s, err := sweeper.New(sweeper.Config{Pool: pgtest.Pool(t), Schema: schema})
+	require.NoError(t, err)
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.False(t, res.Locked)
+
+	// Another schema's sweeper is not blocked by this one.
+	other, err := sweeper.New(sweeper.Config{Pool: pgtest.Pool(t), Schema: pgtest.Schema(t)})
+	require.NoError(t, err)
+	res, err = other.Sweep(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Locked)
+}
+
+func TestRunStopsWithContext(t *testing.T) {
+	t.Parallel()
+	s, err := sweeper.New(sweeper.Config{Pool: pgtest.Pool(t), Schema: pgtest.Schema(t), Interval: time.Hour})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	cancel()
+	require.NoError(t, <-done)
+}
