@@ -1,0 +1,29 @@
+.DEFAULT_GOAL := help
+GO ?= go
+GOLANGCI_LINT_VERSION ?= v2.6.2
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: test
+test: ## run every test with the race detector, against a real PostgreSQL (TEST_DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster)
+	$(GO) test -race -count=1 ./...
+
+.PHONY: demo
+demo: ## run a worker on a throwaway PostgreSQL (or DATABASE_URL) and print each dispatch
+	$(GO) run ./cmd/pgdispatch demo
+
+.PHONY: build
+build: ## build bin/pgdispatch
+	$(GO) build -o bin/pgdispatch ./cmd/pgdispatch
+
+.PHONY: fuzz
+fuzz: ## fuzz the payload parsers for 30 s each
+	$(GO) test -run '^$$' -fuzz FuzzPayloadDuration -fuzztime 30s ./executors/
+
+.PHONY: lint
+lint: ## gofmt, go vet and golangci-lint
+	@test -z "$$(gofmt -l .)" || (gofmt -l .; echo "gofmt: the files above need formatting"; exit 1)
+	$(GO) vet ./...
+	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION) run ./...
