@@ -1,6 +1,6 @@
 .DEFAULT_GOAL := help
 GO ?= go
-GOLANGCI_LINT_VERSION ?= v2.6.2
+GOLANGCI_LINT_VERSION ?= v2.15.0
 
 .PHONY: help
 help: ## list the targets

@@ -2,7 +2,7 @@ package pgdispatch_test
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -16,6 +16,7 @@ import (
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 const (
@@ -139,16 +140,21 @@ func (r *recorder) Execute(ctx context.Context, job *executors.Job) error {
 	r.mu.Unlock()
 	r.total.Add(1)
 	r.started <- job.ID
-	p := string(job.Payload)
+	var p struct {
+		Fail      int  `json:"fail"`
+		Permanent bool `json:"permanent"`
+		Block     bool `json:"block"`
+	}
+	if err := json.Unmarshal(job.Payload, &p); err != nil {
+		return executors.Permanent(err)
+	}
 	switch {
-	case p == `{"permanent": true}`:
+	case p.Permanent:
 		return executors.Permanentf("refused for good")
-	case p == `{"block": true}`:
+	case p.Block:
 		<-ctx.Done()
 		return context.Cause(ctx)
-	}
-	var fail int
-	if _, err := fmt.Sscanf(p, `{"fail": %d}`, &fail); err == nil && job.Attempt <= fail {
+	case job.Attempt <= p.Fail:
 		return fmt.Errorf("failing attempt %d on purpose", job.Attempt)
 	}
 	return nil
@@ -182,9 +188,6 @@ func TestInsertWakesWorker(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := b.config(t, "w1")
-	w, err := pgdispatch.NewWorker(cfg)
-	require.NoError(t, err)
-	_ = w
 	start(t, cfg)
 
 	// A first job drains any wake-up left over from start.
@@ -193,7 +196,7 @@ func TestInsertWakesWorker(t *testing.T) {
 
 	conn, err := pgx.Connect(context.Background(), pgtest.URL())
 	require.NoError(t, err)
-	defer conn.Close(context.Background())
+	defer func() { _ = conn.Close(context.Background()) }()
 	var id int64
 	require.NoError(t, conn.QueryRow(context.Background(),
 		"INSERT INTO "+b.jobs+" (kind, payload) VALUES ('record', '{\"n\": 2}') RETURNING id").Scan(&id))
@@ -384,7 +387,39 @@ func TestPanicAndTimeout(t *testing.T) {
 	s = b.watch.Status(t, badTimeout, "dead", waitFor)
 	require.Contains(t, *s.Error, "payload.timeout:")
 	require.Equal(t, 1, s.Attempts)
-	_ = slow
+	s = b.watch.Status(t, slow, "dead", waitFor)
+	require.Contains(t, *s.Error, "timed out after 200ms")
+}
+
+// The fallback tick claims jobs whose notification never came, and counts
+// the ticks that found work.
+func TestFallbackTickFindsMissedJobs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cfg := b.config(t, "w")
+	cfg.PollInterval = 300 * time.Millisecond
+	w, err := pgdispatch.NewWorker(cfg)
+	require.NoError(t, err)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(runCtx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	// A first job, notified, uses up the wake-ups of the worker's start.
+	first := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	b.watch.Status(t, first, "done", waitFor)
+	notified := w.Listener().Notifications()
+	require.Zero(t, w.Claimer(pgdispatch.DefaultQueue).Stats().TickHits)
+
+	_, err = pgtest.Pool(t).Exec(ctx, "ALTER TABLE "+b.jobs+" DISABLE TRIGGER jobs_notify_insert")
+	require.NoError(t, err)
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	b.watch.Status(t, id, "done", waitFor)
+	stats := w.Claimer(pgdispatch.DefaultQueue).Stats()
+	require.GreaterOrEqual(t, stats.Ticks, int64(1))
+	require.Equal(t, int64(1), stats.TickHits)
+	require.Equal(t, notified, w.Listener().Notifications(), "the trigger was off: no notification")
 }
 
 // Acceptance 6: one dedup_key makes one job, from SQL and from Go.
@@ -494,5 +529,5 @@ func TestRunNeedsSchema(t *testing.T) {
 	require.NoError(t, err)
 	err = w.Run(context.Background())
 	require.Error(t, err)
-	require.True(t, errors.Is(err, migrationsErrMissing()), "got %v", err)
+	require.ErrorIs(t, err, migrations.ErrSchemaMissing)
 }

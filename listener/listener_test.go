@@ -10,8 +10,10 @@ import (
 
 func TestBackoffGrowsWithJitterAndCap(t *testing.T) {
 	t.Parallel()
-	l, err := New(Config{ConnConfig: &pgx.ConnConfig{}, Channel: "c", Wake: func(string) {}, WakeAll: func() {},
-		ReconnectMin: 100 * time.Millisecond, ReconnectMax: time.Second})
+	l, err := New(Config{
+		ConnConfig: &pgx.ConnConfig{}, Channel: "c", Wake: func(string) {}, WakeAll: func() {},
+		ReconnectMin: 100 * time.Millisecond, ReconnectMax: time.Second,
+	})
 	require.NoError(t, err)
 	for n, full := range map[int]time.Duration{1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 4: 800 * time.Millisecond, 5: time.Second, 60: time.Second} {
 		d := l.backoff(n)

@@ -155,7 +155,7 @@ func (d *demo) produce(ctx context.Context, dbURL, schema string, interval time.
 	if err != nil {
 		return fmt.Errorf("producer: %w", err)
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	enqueue := pgx.Identifier{schema, "enqueue"}.Sanitize()
 	samples := []string{

@@ -34,8 +34,18 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build pgdispatch: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(dir)
-	pgtest.Main(m)
+	pgtest.Main(cleanup{m, dir})
+}
+
+// cleanup removes the built binary after the tests (pgtest.Main exits).
+type cleanup struct {
+	m   *testing.M
+	dir string
+}
+
+func (c cleanup) Run() int {
+	defer func() { _ = os.RemoveAll(c.dir) }()
+	return c.m.Run()
 }
 
 // proc is a pgdispatch subprocess.

@@ -58,7 +58,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	c = &Cluster{dir: dir, data: filepath.Join(dir, "data"), bin: bin, cred: cred}
 	defer func() {
 		if err != nil {
-			os.RemoveAll(dir)
+			_ = os.RemoveAll(dir)
 		}
 	}()
 	if cred != nil {
@@ -174,6 +174,6 @@ func freePort() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("find a free port: %w", err)
 	}
-	defer l.Close()
+	defer func() { _ = l.Close() }()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
