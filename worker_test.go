@@ -60,9 +60,10 @@ func (b *bundle) config(t *testing.T, id string) pgdispatch.Config {
 	}
 }
 
-// start runs a worker until the test ends and returns a channel that receives
-// each time its listener is listening.
-func start(t *testing.T, cfg pgdispatch.Config) (stop func(), listening <-chan struct{}) {
+// start runs a worker until the test ends, once its listener is listening.
+// It returns the worker, a graceful stop, and a channel that receives each
+// time the listener (re)connects.
+func start(t *testing.T, cfg pgdispatch.Config) (w *pgdispatch.Worker, stop func(), listening <-chan struct{}) {
 	t.Helper()
 	ch := make(chan struct{}, 16)
 	cfg.OnListen = func() {
@@ -90,7 +91,7 @@ func start(t *testing.T, cfg pgdispatch.Config) (stop func(), listening <-chan s
 	}
 	t.Cleanup(stop)
 	waitListening(t, ch)
-	return stop, ch
+	return w, stop, ch
 }
 
 func waitListening(t *testing.T, ch <-chan struct{}) {
@@ -216,7 +217,7 @@ func TestThreeWorkersRunEachJobOnce(t *testing.T) {
 	for i := range 3 {
 		cfg := b.config(t, fmt.Sprintf("worker-%d", i))
 		cfg.Concurrency = 20
-		stop, _ := start(t, cfg)
+		_, stop, _ := start(t, cfg)
 		stops = append(stops, stop)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -312,7 +313,7 @@ func TestListenerReconnects(t *testing.T) {
 	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
 	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
 	cfg.ReconnectMin = 200 * time.Millisecond
-	_, listening := start(t, cfg)
+	_, _, listening := start(t, cfg)
 
 	ctx := context.Background()
 	var terminated bool
@@ -399,12 +400,7 @@ func TestFallbackTickFindsMissedJobs(t *testing.T) {
 	ctx := context.Background()
 	cfg := b.config(t, "w")
 	cfg.PollInterval = 300 * time.Millisecond
-	w, err := pgdispatch.NewWorker(cfg)
-	require.NoError(t, err)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(runCtx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	w, _, _ := start(t, cfg)
 
 	// A first job, notified, uses up the wake-ups of the worker's start.
 	first := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
@@ -412,7 +408,7 @@ func TestFallbackTickFindsMissedJobs(t *testing.T) {
 	notified := w.Listener().Notifications()
 	require.Zero(t, w.Claimer(pgdispatch.DefaultQueue).Stats().TickHits)
 
-	_, err = pgtest.Pool(t).Exec(ctx, "ALTER TABLE "+b.jobs+" DISABLE TRIGGER jobs_notify_insert")
+	_, err := pgtest.Pool(t).Exec(ctx, "ALTER TABLE "+b.jobs+" DISABLE TRIGGER jobs_notify_insert")
 	require.NoError(t, err)
 	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
 	b.watch.Status(t, id, "done", waitFor)
@@ -497,7 +493,7 @@ func TestShutdownGivesBackUnfinishedJobs(t *testing.T) {
 	b := setup(t)
 	cfg := b.config(t, "w")
 	cfg.ShutdownTimeout = 300 * time.Millisecond
-	stop, _ := start(t, cfg)
+	_, stop, _ := start(t, cfg)
 	quick := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
 	long := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload) VALUES ('record', '{"block": true}') RETURNING id`)
 	b.rec.waitStart(t, long, waitFor)
