@@ -15,7 +15,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
 
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	t.Parallel()

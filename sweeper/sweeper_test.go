@@ -7,27 +7,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/sweeper"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(leakCheck{m}) }
-
-type leakCheck struct{ m *testing.M }
-
-func (l leakCheck) Run() int {
-	ignore := goleak.IgnoreCurrent()
-	if code := l.m.Run(); code != 0 {
-		return code
-	}
-	if err := goleak.Find(ignore, goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
-		println("goleak:", err.Error())
-		return 1
-	}
-	return 0
-}
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
 
 func TestSweep(t *testing.T) {
 	t.Parallel()

@@ -23,6 +23,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
 	"github.com/pgdispatch/pgdispatch/migrations"
@@ -154,4 +155,23 @@ func EmptySchemaName(t testing.TB) string {
 		}
 	})
 	return schema
+}
+
+// MainNoLeaks is Main for packages that start goroutines: after the tests
+// pass, it fails the binary if they left any goroutine running.
+func MainNoLeaks(m *testing.M) { Main(leakCheck{m}) }
+
+type leakCheck struct{ m *testing.M }
+
+func (l leakCheck) Run() int {
+	ignore := goleak.IgnoreCurrent()
+	if code := l.m.Run(); code != 0 {
+		return code
+	}
+	// The shared pool lives until Main closes it.
+	if err := goleak.Find(ignore, goleak.IgnoreAnyFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
+		fmt.Fprintln(os.Stderr, "goleak:", err)
+		return 1
+	}
+	return 0
 }
