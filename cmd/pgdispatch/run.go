@@ -66,6 +66,10 @@ func newPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool
 	setDefault(params, "statement_timeout", strconv.FormatInt(timeout.Milliseconds(), 10))
 	setDefault(params, "lock_timeout", strconv.FormatInt(min(timeout, 5*time.Second).Milliseconds(), 10))
 	setDefault(params, "idle_in_transaction_session_timeout", "60000")
+	// pgxpool pings a connection idle for over a second before handing it
+	// out: one more statement per tick of an idle worker. A dead connection
+	// fails its call instead, which every caller retries.
+	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > 5*time.Minute }
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to database: %w", err)
