@@ -1,0 +1,364 @@
+// Package rabbitmq is the rabbitmq executor: it publishes a job's message to
+// RabbitMQ with publisher confirms, through amqp091-go.
+//
+// The payload is {"exchange": "", "routing_key": "...", "body": ...} with
+// optional "headers" and "content_type" (application/json). body follows the
+// http_callback rule: a JSON string is sent raw, any other value as JSON.
+//
+// Messages are persistent, published mandatory, and carry the job id as
+// message_id so that consumers can deduplicate. A job is done only when the
+// broker has confirmed its message: a nack, a return (unroutable), a closed
+// channel or no confirm before the job's deadline all mean retry.
+//
+// The executor keeps one connection and a small pool of confirm-mode
+// channels. When the broker closes the connection it reconnects on the next
+// job, backing off while the broker stays unreachable; jobs meanwhile fail
+// and retry.
+package rabbitmq
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+)
+
+// Kind is the job kind this executor runs.
+const Kind = "rabbitmq"
+
+const (
+	defaultChannels     = 4
+	defaultDialTimeout  = 10 * time.Second
+	defaultReconnectMin = 200 * time.Millisecond
+	defaultReconnectMax = 10 * time.Second
+	maxShortString      = 255
+)
+
+// Config configures the executor.
+type Config struct {
+	// URL is the broker, as amqp://user:password@host:5672/vhost. Required.
+	URL string
+	// Name is the connection name the broker shows. Default: "pgdispatch".
+	Name string
+	// Channels is how many confirm-mode channels publish at once. Default: 4.
+	Channels int
+	// DialTimeout bounds connecting. Default: 10s.
+	DialTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the backoff between failed
+	// connection attempts. Defaults: 200ms and 10s.
+	ReconnectMin, ReconnectMax time.Duration
+	// Logger receives connection events. Default: no logging.
+	Logger *zap.Logger
+}
+
+// Executor publishes rabbitmq jobs. Create it with New and Close it when the
+// worker has stopped.
+type Executor struct {
+	cfg    Config
+	logger *zap.Logger
+	slots  chan struct{} // one per channel allowed
+
+	mu       sync.Mutex
+	conn     *amqp.Connection
+	idle     []*channel
+	failures int
+	nextDial time.Time
+	lastErr  error
+	closed   bool
+}
+
+type channel struct {
+	ch      *amqp.Channel
+	returns chan amqp.Return
+}
+
+// New checks cfg and returns an Executor. It connects on the first job.
+func New(cfg Config) (*Executor, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("rabbitmq: URL is required")
+	}
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("rabbitmq: invalid URL: %w", redactErr(err, cfg.URL))
+	}
+	cfg.Name = cmp.Or(cfg.Name, "pgdispatch")
+	cfg.Channels = cmp.Or(cfg.Channels, defaultChannels)
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, defaultDialTimeout)
+	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, defaultReconnectMin)
+	cfg.ReconnectMax = max(cmp.Or(cfg.ReconnectMax, defaultReconnectMax), cfg.ReconnectMin)
+	if cfg.Channels < 0 || cfg.DialTimeout < 0 {
+		return nil, errors.New("rabbitmq: Channels and DialTimeout must not be negative")
+	}
+	return &Executor{
+		cfg:    cfg,
+		logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("rabbitmq"),
+		slots:  make(chan struct{}, cfg.Channels),
+	}, nil
+}
+
+type payload struct {
+	Exchange    string          `json:"exchange"`
+	RoutingKey  *string         `json:"routing_key"`
+	Body        json.RawMessage `json:"body"`
+	Headers     map[string]any  `json:"headers"`
+	ContentType string          `json:"content_type"`
+	Timeout     json.RawMessage `json:"timeout"` // read by the claimer; checked here
+}
+
+type message struct {
+	exchange, key string
+	publishing    amqp.Publishing
+}
+
+// parse validates a payload. Errors are permanent and name the field.
+func parse(raw json.RawMessage) (*message, error) {
+	var p payload
+	if err := executors.DecodePayload(raw, &p); err != nil {
+		return nil, err
+	}
+	if p.RoutingKey == nil {
+		return nil, executors.Invalid("routing_key", "is required (a queue name for the default exchange)")
+	}
+	if *p.RoutingKey == "" && p.Exchange == "" {
+		return nil, executors.Invalid("routing_key", "must name a queue when exchange is the default \"\"")
+	}
+	if len(*p.RoutingKey) > maxShortString {
+		return nil, executors.Invalid("routing_key", "must be at most %d bytes", maxShortString)
+	}
+	if len(p.Exchange) > maxShortString {
+		return nil, executors.Invalid("exchange", "must be at most %d bytes", maxShortString)
+	}
+	if len(p.Body) == 0 {
+		return nil, executors.Invalid("body", "is required")
+	}
+	if len(p.ContentType) > maxShortString {
+		return nil, executors.Invalid("content_type", "must be at most %d bytes", maxShortString)
+	}
+	headers := amqp.Table{}
+	for k, v := range p.Headers {
+		if k == "" || len(k) > maxShortString {
+			return nil, executors.Invalid("headers", "names must be 1 to %d bytes", maxShortString)
+		}
+		headers[k] = toAMQP(v)
+	}
+	if err := headers.Validate(); err != nil {
+		return nil, executors.Invalid("headers", "%v", err)
+	}
+	if _, _, err := executors.PayloadDuration(raw, "timeout"); err != nil {
+		return nil, executors.Permanent(err)
+	}
+	return &message{
+		exchange: p.Exchange,
+		key:      *p.RoutingKey,
+		publishing: amqp.Publishing{
+			Headers:      headers,
+			ContentType:  cmp.Or(p.ContentType, "application/json"),
+			DeliveryMode: amqp.Persistent,
+			Body:         executors.Body(p.Body),
+		},
+	}, nil
+}
+
+// toAMQP turns decoded JSON into values an AMQP table holds.
+func toAMQP(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		t := amqp.Table{}
+		for k, x := range v {
+			t[k] = toAMQP(x)
+		}
+		return t
+	case []any:
+		for i := range v {
+			v[i] = toAMQP(v[i])
+		}
+		return v
+	}
+	return v
+}
+
+// Validate reports whether payload is a valid rabbitmq payload.
+func Validate(payload json.RawMessage) error {
+	_, err := parse(payload)
+	return err
+}
+
+// Execute implements executors.Executor.
+func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
+	m, err := parse(job.Payload)
+	if err != nil {
+		return err
+	}
+	m.publishing.MessageId = strconv.FormatInt(job.ID, 10)
+	m.publishing.Timestamp = time.Now()
+
+	select {
+	case e.slots <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq: no channel free before the job's deadline: %w", context.Cause(ctx))
+	}
+	defer func() { <-e.slots }()
+	ch, err := e.acquire()
+	if err != nil {
+		return err
+	}
+	err = e.publish(ctx, ch, m)
+	e.release(ch, err == nil || isBrokerAnswer(err))
+	return err
+}
+
+// brokerAnswer is a failure the broker told us about on a healthy channel:
+// the channel can be used again.
+type brokerAnswer struct{ error }
+
+func isBrokerAnswer(err error) bool {
+	var b brokerAnswer
+	return errors.As(err, &b)
+}
+
+func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
+	target := fmt.Sprintf("exchange %q routing key %q", m.exchange, m.key)
+	dc, err := ch.ch.PublishWithDeferredConfirmWithContext(ctx, m.exchange, m.key, true, false, m.publishing)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: publish to %s: %w", target, err)
+	}
+	acked, err := dc.WaitContext(ctx)
+	if err != nil {
+		return fmt.Errorf("rabbitmq: no confirm from the broker for %s before the job's deadline: %w", target, err)
+	}
+	if !acked {
+		if ch.ch.IsClosed() {
+			return fmt.Errorf("rabbitmq: channel closed before the broker confirmed %s", target)
+		}
+		return brokerAnswer{fmt.Errorf("rabbitmq: the broker nacked the message to %s", target)}
+	}
+	// A mandatory message that no queue took comes back before its ack, on
+	// the same channel: it is already in returns.
+	for {
+		select {
+		case r := <-ch.returns:
+			if r.MessageId != m.publishing.MessageId {
+				continue // an earlier message's, its job already failed
+			}
+			return brokerAnswer{fmt.Errorf("rabbitmq: unroutable: %s matched no queue (%d %s)", target, r.ReplyCode, r.ReplyText)}
+		default:
+			return nil
+		}
+	}
+}
+
+// acquire returns an open channel, connecting first when needed.
+func (e *Executor) acquire() (*channel, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil, errors.New("rabbitmq: executor closed")
+	}
+	for len(e.idle) > 0 {
+		ch := e.idle[len(e.idle)-1]
+		e.idle = e.idle[:len(e.idle)-1]
+		if !ch.ch.IsClosed() {
+			return ch, nil
+		}
+	}
+	if e.conn == nil || e.conn.IsClosed() {
+		if err := e.dialLocked(); err != nil {
+			return nil, err
+		}
+	}
+	c, err := e.conn.Channel()
+	if err == nil {
+		err = c.Confirm(false)
+	}
+	if err != nil {
+		if c != nil {
+			_ = c.Close()
+		}
+		return nil, fmt.Errorf("rabbitmq: open channel: %w", err)
+	}
+	return &channel{ch: c, returns: c.NotifyReturn(make(chan amqp.Return, e.cfg.Channels+1))}, nil
+}
+
+func (e *Executor) dialLocked() error {
+	if wait := time.Until(e.nextDial); wait > 0 {
+		return fmt.Errorf("rabbitmq: broker unreachable, next connection attempt in %s: %w", wait.Round(time.Millisecond), e.lastErr)
+	}
+	conn, err := amqp.DialConfig(e.cfg.URL, amqp.Config{
+		Dial:       amqp.DefaultDial(e.cfg.DialTimeout),
+		Properties: amqp.Table{"connection_name": e.cfg.Name},
+	})
+	if err != nil {
+		e.failures++
+		d := e.cfg.ReconnectMin << min(e.failures-1, 20)
+		if d <= 0 || d > e.cfg.ReconnectMax {
+			d = e.cfg.ReconnectMax
+		}
+		d = d/2 + rand.N(d/2+1) //nolint:gosec // jitter needs no crypto
+		e.nextDial = time.Now().Add(d)
+		e.lastErr = redactErr(err, e.cfg.URL)
+		e.logger.Warn("connecting to the broker failed", zap.Error(e.lastErr), zap.Int("failures", e.failures), zap.Duration("retry_in", d))
+		return fmt.Errorf("rabbitmq: connect: %w", e.lastErr)
+	}
+	if e.failures > 0 || e.conn != nil {
+		e.logger.Info("reconnected to the broker", zap.Int("failed_attempts", e.failures))
+	}
+	e.conn, e.failures, e.idle = conn, 0, nil
+	return nil
+}
+
+func (e *Executor) release(ch *channel, reusable bool) {
+	if !reusable || ch.ch.IsClosed() {
+		_ = ch.ch.Close()
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		_ = ch.ch.Close()
+		return
+	}
+	e.idle = append(e.idle, ch)
+}
+
+// Close closes the connection. Jobs executed after it fail.
+func (e *Executor) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	e.idle = nil
+	if e.conn == nil || e.conn.IsClosed() {
+		return nil
+	}
+	return e.conn.Close()
+}
+
+// redactErr keeps the broker's password out of an error that might quote
+// the URL.
+func redactErr(err error, rawURL string) error {
+	uri, perr := amqp.ParseURI(rawURL)
+	if perr != nil || uri.Password == "" {
+		return err
+	}
+	return redacted{err, uri.Password}
+}
+
+type redacted struct {
+	err      error
+	password string
+}
+
+func (r redacted) Error() string {
+	return strings.ReplaceAll(r.err.Error(), r.password, "xxxxx")
+}
+
+func (r redacted) Unwrap() error { return r.err }

@@ -1,0 +1,226 @@
+package rabbitmq_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
+
+const waitFor = 30 * time.Second
+
+// brokerURL is the broker the tests use: RABBITMQ_TEST_URL, else the one on
+// 127.0.0.1:5672. Without one they skip, except under CI=true.
+func brokerURL(t *testing.T) string {
+	t.Helper()
+	u := os.Getenv("RABBITMQ_TEST_URL")
+	if u == "" {
+		u = "amqp://guest:guest@127.0.0.1:5672/"
+	}
+	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("RabbitMQ is required under CI=true and is not reachable: %v", err)
+		}
+		t.Skipf("RabbitMQ is not reachable (%v); start it, or set RABBITMQ_TEST_URL", err)
+	}
+	require.NoError(t, conn.Close())
+	return u
+}
+
+type bundle struct {
+	url, queue string
+	jobs       string
+	watch      *pgtest.Watcher
+	exec       *rabbitmq.Executor
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	u := brokerURL(t)
+	schema := pgtest.Schema(t)
+	b := &bundle{url: u, queue: "pgdispatch-test-" + schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize()}
+
+	conn, err := amqp.Dial(u)
+	require.NoError(t, err)
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(b.queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, conn.Close())
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(u)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(b.queue, false, false, false)
+		}
+	})
+
+	b.exec, err = rabbitmq.New(rabbitmq.Config{URL: u, Name: "pgdispatch-test-" + schema, ReconnectMin: 50 * time.Millisecond,
+		ReconnectMax: 500 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	require.NoError(t, err)
+	reg := executors.NewRegistry()
+	reg.Register(rabbitmq.Kind, b.exec)
+	w, err := pgdispatch.NewWorker(pgdispatch.Config{
+		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "rabbit-test", Registry: reg, PollInterval: time.Hour,
+		RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond }, Logger: zaptest.NewLogger(t),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		require.NoError(t, b.exec.Close())
+	})
+	b.watch = pgtest.Watch(t, schema)
+	return b
+}
+
+func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
+	t.Helper()
+	raw, err := json.Marshal(payload)
+	require.NoError(t, err)
+	var id int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"INSERT INTO "+b.jobs+" (kind, payload, max_attempts) VALUES ('rabbitmq', $1, $2) RETURNING id", raw, maxAttempts).Scan(&id))
+	return id
+}
+
+// drain reads every message in the test queue.
+func (b *bundle) drain(t *testing.T) []amqp.Delivery {
+	t.Helper()
+	conn, err := amqp.Dial(b.url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(b.queue, true)
+		require.NoError(t, err)
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
+
+func TestPublishWithConfirm(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.enqueue(t, map[string]any{"exchange": "", "routing_key": b.queue, "body": map[string]any{"order": 42},
+		"headers": map[string]any{"tenant": "acme", "retries": 2, "nested": map[string]any{"a": true}}}, 5)
+	raw := b.enqueue(t, map[string]any{"routing_key": b.queue, "body": "plain text", "content_type": "text/plain"}, 5)
+	b.watch.Status(t, id, "done", waitFor)
+	b.watch.Status(t, raw, "done", waitFor)
+
+	got := map[string]amqp.Delivery{}
+	for _, d := range b.drain(t) {
+		got[d.MessageId] = d
+	}
+	d, ok := got[strconv.FormatInt(id, 10)]
+	require.True(t, ok, "message_id is the job id")
+	require.JSONEq(t, `{"order": 42}`, string(d.Body))
+	require.Equal(t, "application/json", d.ContentType)
+	require.Equal(t, amqp.Persistent, d.DeliveryMode)
+	require.Equal(t, "acme", d.Headers["tenant"])
+	require.InDelta(t, 2, d.Headers["retries"], 0)
+	require.Equal(t, amqp.Table{"a": true}, d.Headers["nested"])
+
+	d = got[strconv.FormatInt(raw, 10)]
+	require.Equal(t, "plain text", string(d.Body))
+	require.Equal(t, "text/plain", d.ContentType)
+}
+
+func TestUnroutableFailsTheJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	id := b.enqueue(t, map[string]any{"routing_key": "no-such-queue-" + b.queue, "body": 1}, 2)
+	s := b.watch.Status(t, id, "dead", waitFor)
+	require.Equal(t, 2, s.Attempts, "an unroutable message is retried, then dead")
+	require.Contains(t, *s.Error, "unroutable")
+	require.Contains(t, *s.Error, "NO_ROUTE")
+	// The worker keeps publishing.
+	ok := b.enqueue(t, map[string]any{"routing_key": b.queue, "body": 1}, 5)
+	b.watch.Status(t, ok, "done", waitFor)
+}
+
+// After the broker closes every connection, later jobs are delivered, and
+// every job marked done had its message confirmed: it is in the queue.
+func TestBrokerClosesConnections(t *testing.T) {
+	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("rabbitmqctl is required under CI=true")
+		}
+		t.Skip("rabbitmqctl is not installed")
+	}
+	b := setup(t) // not parallel: it closes every connection on the broker
+	var ids []int64
+	enqueue := func(n int) {
+		for range n {
+			ids = append(ids, b.enqueue(t, map[string]any{"routing_key": b.queue, "body": 1}, 25))
+		}
+	}
+	enqueue(10)
+	for _, id := range ids {
+		b.watch.Status(t, id, "done", waitFor)
+	}
+	out, err := exec.Command("rabbitmqctl", "close_all_connections", "pgdispatch test").CombinedOutput()
+	require.NoError(t, err, string(out))
+	enqueue(20)
+	for _, id := range ids {
+		b.watch.Status(t, id, "done", waitFor)
+	}
+	delivered := map[string]int{}
+	for _, d := range b.drain(t) {
+		delivered[d.MessageId]++
+	}
+	for _, id := range ids {
+		require.Positive(t, delivered[strconv.FormatInt(id, 10)], "job %d is done, so its message must be in the queue", id)
+	}
+	t.Logf("%d jobs done, %d distinct messages, %d deliveries", len(ids), len(delivered), sum(delivered))
+}
+
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+func TestUnreachableBrokerRetries(t *testing.T) {
+	t.Parallel()
+	e, err := rabbitmq.New(rabbitmq.Config{URL: "amqp://guest:s3cret@127.0.0.1:1/", DialTimeout: time.Second})
+	require.NoError(t, err)
+	defer e.Close()
+	job := &executors.Job{ID: 1, Attempt: 1, Payload: json.RawMessage(`{"routing_key": "q", "body": 1}`)}
+	err = e.Execute(context.Background(), job)
+	require.Error(t, err)
+	var p *executors.PermanentError
+	require.NotErrorAs(t, err, &p, "an unreachable broker is retried")
+	require.NotContains(t, err.Error(), "s3cret")
+	// A second job within the backoff fails fast without dialling.
+	err = e.Execute(context.Background(), job)
+	require.ErrorContains(t, err, "next connection attempt in")
+}
