@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -131,3 +132,21 @@ func (r *Registry) Kinds() []string {
 	sort.Strings(kinds)
 	return kinds
 }
+
+// Redact returns err with every occurrence of secret in its text replaced,
+// for errors from libraries or servers that might echo a credential.
+// errors.Is and errors.As still see the original.
+func Redact(err error, secret string) error {
+	if err == nil || secret == "" || !strings.Contains(err.Error(), secret) {
+		return err
+	}
+	return redactedError{err, secret}
+}
+
+type redactedError struct {
+	err    error
+	secret string
+}
+
+func (r redactedError) Error() string { return strings.ReplaceAll(r.err.Error(), r.secret, "xxxxx") }
+func (r redactedError) Unwrap() error { return r.err }

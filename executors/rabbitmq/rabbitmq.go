@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -346,19 +345,8 @@ func (e *Executor) Close() error {
 // the URL.
 func redactErr(err error, rawURL string) error {
 	uri, perr := amqp.ParseURI(rawURL)
-	if perr != nil || uri.Password == "" {
+	if perr != nil {
 		return err
 	}
-	return redacted{err, uri.Password}
+	return executors.Redact(err, uri.Password)
 }
-
-type redacted struct {
-	err      error
-	password string
-}
-
-func (r redacted) Error() string {
-	return strings.ReplaceAll(r.err.Error(), r.password, "xxxxx")
-}
-
-func (r redacted) Unwrap() error { return r.err }

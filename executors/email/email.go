@@ -1,0 +1,316 @@
+// Package email is the email executor: it sends the message a job's payload
+// describes over SMTP, through go-mail.
+//
+// The payload is {"to": [...], "subject": "...", "text": "...", "html": "..."}
+// with optional "cc", "bcc", "from" (default: the configured From),
+// "reply_to" and "headers". At least one of text and html is required.
+//
+// The Message-ID is derived from the job id, so a retried job keeps it and
+// receivers can deduplicate. An SMTP 4xx reply and connection errors retry;
+// a 5xx reply is permanent. The password never appears in errors.
+package email
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/mail"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+
+	gomail "github.com/wneessen/go-mail"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+)
+
+// Kind is the job kind this executor runs.
+const Kind = "email"
+
+// TLS modes.
+const (
+	TLSNone     = "none"     // plain SMTP; credentials travel unencrypted
+	TLSStartTLS = "starttls" // STARTTLS is required
+	TLSImplicit = "tls"      // TLS from the first byte (SMTPS)
+)
+
+// Config configures the executor.
+type Config struct {
+	// Host is the SMTP server. Required.
+	Host string
+	// Port defaults to 25 with TLS none, 587 with starttls and 465 with tls.
+	Port int
+	// Username and Password authenticate with AUTH PLAIN when Username is set.
+	Username, Password string
+	// TLS is none, starttls or tls. Default: starttls.
+	TLS string
+	// TLSConfig overrides the TLS settings, for a private CA.
+	TLSConfig *tls.Config
+	// From is the sender of jobs whose payload has none.
+	From string
+	// Timeout bounds one delivery when the job's context has no earlier
+	// deadline. Default: 30s.
+	Timeout time.Duration
+}
+
+// Executor sends email jobs. Create it with New; it is safe for concurrent use.
+type Executor struct {
+	cfg  Config
+	opts []gomail.Option
+}
+
+// New checks cfg and returns an Executor.
+func New(cfg Config) (*Executor, error) {
+	if cfg.Host == "" {
+		return nil, errors.New("email: Host is required")
+	}
+	cfg.TLS = strings.ToLower(cmp.Or(cfg.TLS, TLSStartTLS))
+	cfg.Timeout = cmp.Or(cfg.Timeout, 30*time.Second)
+	opts := []gomail.Option{gomail.WithTimeout(cfg.Timeout)}
+	switch cfg.TLS {
+	case TLSNone:
+		cfg.Port = cmp.Or(cfg.Port, 25)
+		opts = append(opts, gomail.WithTLSPolicy(gomail.NoTLS))
+	case TLSStartTLS:
+		cfg.Port = cmp.Or(cfg.Port, 587)
+		opts = append(opts, gomail.WithTLSPolicy(gomail.TLSMandatory))
+	case TLSImplicit:
+		cfg.Port = cmp.Or(cfg.Port, 465)
+		opts = append(opts, gomail.WithSSL())
+	default:
+		return nil, fmt.Errorf("email: TLS %q: want none, starttls or tls", cfg.TLS)
+	}
+	if cfg.Port <= 0 || cfg.Port > 65535 {
+		return nil, fmt.Errorf("email: port %d is out of range", cfg.Port)
+	}
+	opts = append(opts, gomail.WithPort(cfg.Port))
+	if cfg.TLSConfig != nil {
+		opts = append(opts, gomail.WithTLSConfig(cfg.TLSConfig))
+	}
+	if cfg.Username != "" {
+		auth := gomail.SMTPAuthPlain
+		if cfg.TLS == TLSNone {
+			auth = gomail.SMTPAuthPlainNoEnc // the operator chose plain SMTP
+		}
+		opts = append(opts, gomail.WithSMTPAuth(auth), gomail.WithUsername(cfg.Username), gomail.WithPassword(cfg.Password))
+	}
+	if cfg.From != "" {
+		if _, err := mail.ParseAddress(cfg.From); err != nil {
+			return nil, fmt.Errorf("email: From %q is not an email address", cfg.From)
+		}
+	}
+	return &Executor{cfg: cfg, opts: opts}, nil
+}
+
+type payload struct {
+	To      []string          `json:"to"`
+	Cc      []string          `json:"cc"`
+	Bcc     []string          `json:"bcc"`
+	From    string            `json:"from"`
+	ReplyTo string            `json:"reply_to"`
+	Subject *string           `json:"subject"`
+	Text    string            `json:"text"`
+	HTML    string            `json:"html"`
+	Headers map[string]string `json:"headers"`
+	Timeout json.RawMessage   `json:"timeout"` // read by the claimer; checked here
+}
+
+// Headers the payload may not set: the executor writes them from its fields.
+var managed = map[string]string{
+	"from": "from", "to": "to", "cc": "cc", "bcc": "bcc", "reply-to": "reply_to", "subject": "subject",
+	"message-id": "", "date": "", "mime-version": "", "content-type": "", "content-transfer-encoding": "",
+}
+
+// parse validates a payload against the default sender. Errors are
+// permanent and name the field.
+func parse(raw json.RawMessage, defaultFrom string) (*payload, error) {
+	var p payload
+	if err := executors.DecodePayload(raw, &p); err != nil {
+		return nil, err
+	}
+	if len(p.To) == 0 {
+		return nil, executors.Invalid("to", "needs at least one address")
+	}
+	for _, list := range []struct {
+		field string
+		addrs []string
+	}{{"to", p.To}, {"cc", p.Cc}, {"bcc", p.Bcc}} {
+		for i, a := range list.addrs {
+			if err := checkAddress(a); err != nil {
+				return nil, executors.Invalid(fmt.Sprintf("%s[%d]", list.field, i), "%v", err)
+			}
+		}
+	}
+	p.From = cmp.Or(p.From, defaultFrom)
+	if p.From == "" {
+		return nil, executors.Invalid("from", "is required when SMTP_FROM is not set")
+	}
+	if err := checkAddress(p.From); err != nil {
+		return nil, executors.Invalid("from", "%v", err)
+	}
+	if p.ReplyTo != "" {
+		if err := checkAddress(p.ReplyTo); err != nil {
+			return nil, executors.Invalid("reply_to", "%v", err)
+		}
+	}
+	if p.Subject == nil {
+		return nil, executors.Invalid("subject", "is required")
+	}
+	if strings.ContainsAny(*p.Subject, "\r\n\x00") {
+		return nil, executors.Invalid("subject", "must not contain CR, LF or NUL")
+	}
+	if p.Text == "" && p.HTML == "" {
+		return nil, executors.Invalid("text", "or html is required")
+	}
+	if strings.ContainsRune(p.Text, 0) {
+		return nil, executors.Invalid("text", "must not contain NUL")
+	}
+	if strings.ContainsRune(p.HTML, 0) {
+		return nil, executors.Invalid("html", "must not contain NUL")
+	}
+	for name, value := range p.Headers {
+		if err := executors.HeaderValue("headers", name, value); err != nil {
+			return nil, err
+		}
+		if field, ok := managed[strings.ToLower(name)]; ok {
+			if field != "" {
+				return nil, executors.Invalid("headers."+name, "set it with the payload's %q field", field)
+			}
+			return nil, executors.Invalid("headers."+name, "is set by pgdispatch")
+		}
+	}
+	if _, _, err := executors.PayloadDuration(raw, "timeout"); err != nil {
+		return nil, executors.Permanent(err)
+	}
+	return &p, nil
+}
+
+func checkAddress(a string) error {
+	if strings.ContainsAny(a, "\r\n\x00") {
+		return errors.New("must not contain CR, LF or NUL")
+	}
+	if _, err := mail.ParseAddress(a); err != nil {
+		return fmt.Errorf("%q is not an email address", a)
+	}
+	return nil
+}
+
+// Validate reports whether payload is a valid email payload when the
+// configured sender is defaultFrom.
+func Validate(payload json.RawMessage, defaultFrom string) error {
+	_, err := parse(payload, defaultFrom)
+	return err
+}
+
+// MessageID is the Message-ID of job id's mail, without angle brackets.
+func MessageID(jobID int64, from string) string {
+	domain := "pgdispatch.invalid"
+	if a, err := mail.ParseAddress(from); err == nil {
+		if i := strings.LastIndexByte(a.Address, '@'); i >= 0 && i < len(a.Address)-1 {
+			domain = a.Address[i+1:]
+		}
+	}
+	return "job-" + strconv.FormatInt(jobID, 10) + ".pgdispatch@" + domain
+}
+
+// Execute implements executors.Executor.
+func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
+	p, err := parse(job.Payload, e.cfg.From)
+	if err != nil {
+		return err
+	}
+	m := gomail.NewMsg()
+	if err := build(m, p, job.ID); err != nil {
+		return executors.Permanent(err)
+	}
+	client, err := gomail.NewClient(e.cfg.Host, e.opts...)
+	if err != nil {
+		return executors.Permanent(e.redact(fmt.Errorf("email: client: %w", err)))
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, e.cfg.Timeout)
+		defer cancel()
+	}
+	if err := client.DialAndSendWithContext(ctx, m); err != nil {
+		return e.classify(ctx, err)
+	}
+	return nil
+}
+
+func build(m *gomail.Msg, p *payload, jobID int64) error {
+	if err := m.From(p.From); err != nil {
+		return fmt.Errorf("payload.from: %w", err)
+	}
+	if err := m.To(p.To...); err != nil {
+		return fmt.Errorf("payload.to: %w", err)
+	}
+	if len(p.Cc) > 0 {
+		if err := m.Cc(p.Cc...); err != nil {
+			return fmt.Errorf("payload.cc: %w", err)
+		}
+	}
+	if len(p.Bcc) > 0 {
+		if err := m.Bcc(p.Bcc...); err != nil {
+			return fmt.Errorf("payload.bcc: %w", err)
+		}
+	}
+	if p.ReplyTo != "" {
+		if err := m.ReplyTo(p.ReplyTo); err != nil {
+			return fmt.Errorf("payload.reply_to: %w", err)
+		}
+	}
+	m.Subject(*p.Subject)
+	m.SetMessageIDWithValue(MessageID(jobID, p.From))
+	m.SetDate()
+	for name, value := range p.Headers {
+		m.SetGenHeader(gomail.Header(textproto.CanonicalMIMEHeaderKey(name)), value)
+	}
+	switch {
+	case p.Text != "" && p.HTML != "":
+		m.SetBodyString(gomail.TypeTextPlain, p.Text)
+		m.AddAlternativeString(gomail.TypeTextHTML, p.HTML)
+	case p.Text != "":
+		m.SetBodyString(gomail.TypeTextPlain, p.Text)
+	default:
+		m.SetBodyString(gomail.TypeTextHTML, p.HTML)
+	}
+	return nil
+}
+
+// classify: a 4xx reply retries and a 5xx reply is permanent, whether it
+// came at AUTH, MAIL, RCPT or DATA; network errors retry.
+func (e *Executor) classify(ctx context.Context, err error) error {
+	err = e.redact(fmt.Errorf("email: %s:%d: %w", e.cfg.Host, e.cfg.Port, err))
+	var (
+		sendErr  *gomail.SendError
+		protoErr *textproto.Error
+		netErr   net.Error
+	)
+	switch {
+	case ctx.Err() != nil:
+		return err
+	case errors.As(err, &protoErr):
+		if protoErr.Code >= 500 {
+			return executors.Permanent(err)
+		}
+		return err
+	case errors.As(err, &sendErr):
+		if code := sendErr.ErrorCode(); code >= 500 || code == 0 && !sendErr.IsTemp() {
+			return executors.Permanent(err)
+		}
+		return err
+	case errors.As(err, &netErr):
+		return err
+	}
+	return err
+}
+
+// redact removes the password from an error's text, in case a server or a
+// library ever echoes it.
+func (e *Executor) redact(err error) error { return executors.Redact(err, e.cfg.Password) }

@@ -1,0 +1,247 @@
+package email_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/mail"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-sasl"
+	"github.com/emersion/go-smtp"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/email"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
+
+const (
+	waitFor  = 20 * time.Second
+	user     = "mailer"
+	password = "correct-horse-battery"
+)
+
+// delivered is one message the SMTP server accepted.
+type delivered struct {
+	from string
+	rcpt []string
+	msg  *mail.Message
+	body string
+}
+
+// server is a real SMTP server (emersion/go-smtp) on a loopback port. It
+// answers RCPT TO for temp@ with 451 and for reject@ with 550.
+type server struct {
+	addr string
+	mu   sync.Mutex
+	got  []delivered
+	ch   chan delivered
+}
+
+func newServer(t *testing.T) *server {
+	t.Helper()
+	s := &server{ch: make(chan delivered, 100)}
+	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &session{s: s}, nil }))
+	srv.Domain = "localhost"
+	srv.AllowInsecureAuth = true
+	srv.ReadTimeout, srv.WriteTimeout = 10*time.Second, 10*time.Second
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s.addr = l.Addr().String()
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close(); <-done })
+	return s
+}
+
+type session struct {
+	s      *server
+	authed bool
+	from   string
+	rcpt   []string
+}
+
+func (ss *session) AuthMechanisms() []string { return []string{sasl.Plain} }
+
+func (ss *session) Auth(string) (sasl.Server, error) {
+	return sasl.NewPlainServer(func(_, username, pass string) error {
+		if username != user || pass != password {
+			return &smtp.SMTPError{Code: 535, EnhancedCode: smtp.EnhancedCode{5, 7, 8}, Message: "authentication failed"}
+		}
+		ss.authed = true
+		return nil
+	}), nil
+}
+
+func (ss *session) Mail(from string, _ *smtp.MailOptions) error {
+	if !ss.authed {
+		return smtp.ErrAuthRequired
+	}
+	ss.from = from
+	return nil
+}
+
+func (ss *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	switch {
+	case strings.HasPrefix(to, "temp@"):
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "mailbox busy, try later"}
+	case strings.HasPrefix(to, "reject@"):
+		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+	}
+	ss.rcpt = append(ss.rcpt, to)
+	return nil
+}
+
+func (ss *session) Data(r io.Reader) error {
+	m, err := mail.ReadMessage(r)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(m.Body)
+	d := delivered{from: ss.from, rcpt: ss.rcpt, msg: m, body: string(body)}
+	ss.s.mu.Lock()
+	ss.s.got = append(ss.s.got, d)
+	ss.s.mu.Unlock()
+	ss.s.ch <- d
+	return nil
+}
+
+func (ss *session) Reset()        { ss.from, ss.rcpt = "", nil }
+func (ss *session) Logout() error { return nil }
+
+func port(t *testing.T, addr string) int {
+	_, p, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	n, err := strconv.Atoi(p)
+	require.NoError(t, err)
+	return n
+}
+
+type bundle struct {
+	jobs  string
+	watch *pgtest.Watcher
+}
+
+func setup(t *testing.T, cfg email.Config) *bundle {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	exec, err := email.New(cfg)
+	require.NoError(t, err)
+	reg := executors.NewRegistry()
+	reg.Register(email.Kind, exec)
+	w, err := pgdispatch.NewWorker(pgdispatch.Config{
+		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "mail-test", Registry: reg, PollInterval: time.Hour,
+		RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond }, Logger: zaptest.NewLogger(t),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return &bundle{jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), watch: pgtest.Watch(t, schema)}
+}
+
+func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
+	t.Helper()
+	raw, err := json.Marshal(payload)
+	require.NoError(t, err)
+	var id int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"INSERT INTO "+b.jobs+" (kind, payload, max_attempts) VALUES ('email', $1, $2) RETURNING id", raw, maxAttempts).Scan(&id))
+	return id
+}
+
+func config(t *testing.T, s *server, pass string) email.Config {
+	return email.Config{Host: "127.0.0.1", Port: port(t, s.addr), TLS: email.TLSNone, Username: user, Password: pass, From: "Shop <shop@example.test>"}
+}
+
+func TestSendsTheMessage(t *testing.T) {
+	t.Parallel()
+	s := newServer(t)
+	b := setup(t, config(t, s, password))
+	id := b.enqueue(t, map[string]any{
+		"to": []string{"ann@example.test"}, "cc": []string{"Bob <bob@example.test>"}, "bcc": []string{"audit@example.test"},
+		"reply_to": "support@example.test", "subject": "Your order 42", "text": "Thanks for your order.",
+		"html": "<p>Thanks for your <b>order</b>.</p>", "headers": map[string]string{"X-Order": "42"},
+	}, 5)
+	b.watch.Status(t, id, "done", waitFor)
+	d := <-s.ch
+	require.Equal(t, "shop@example.test", d.from)
+	require.ElementsMatch(t, []string{"ann@example.test", "bob@example.test", "audit@example.test"}, d.rcpt)
+	h := d.msg.Header
+	require.Equal(t, `"Shop" <shop@example.test>`, h.Get("From"))
+	require.Equal(t, "<ann@example.test>", h.Get("To"))
+	require.Contains(t, h.Get("Cc"), "bob@example.test")
+	require.Empty(t, h.Get("Bcc"), "Bcc is not a header")
+	require.Equal(t, "<support@example.test>", h.Get("Reply-To"))
+	require.Equal(t, "Your order 42", h.Get("Subject"))
+	require.Equal(t, "42", h.Get("X-Order"))
+	require.Equal(t, "<"+email.MessageID(id, "shop@example.test")+">", h.Get("Message-Id"))
+	require.Contains(t, h.Get("Message-Id"), "job-")
+	require.Contains(t, h.Get("Content-Type"), "multipart/alternative")
+	require.Contains(t, d.body, "Thanks for your order.")
+	require.Contains(t, d.body, "<b>order</b>")
+}
+
+func TestReplyCodes(t *testing.T) {
+	t.Parallel()
+	s := newServer(t)
+	b := setup(t, config(t, s, password))
+	temp := b.enqueue(t, map[string]any{"to": []string{"temp@example.test"}, "subject": "s", "text": "t"}, 3)
+	reject := b.enqueue(t, map[string]any{"to": []string{"reject@example.test"}, "subject": "s", "text": "t"}, 3)
+
+	st := b.watch.Status(t, temp, "dead", waitFor)
+	require.Equal(t, 3, st.Attempts, "451 retries until the attempts are used up")
+	require.Contains(t, *st.Error, "451")
+	require.Contains(t, *st.Error, "attempt 3 of 3")
+
+	st = b.watch.Status(t, reject, "dead", waitFor)
+	require.Equal(t, 1, st.Attempts, "550 is permanent")
+	require.Contains(t, *st.Error, "550")
+}
+
+func TestWrongPasswordStaysSecret(t *testing.T) {
+	t.Parallel()
+	s := newServer(t)
+	const wrong = "Tr0ub4dor&3-wrong-password"
+	b := setup(t, config(t, s, wrong))
+	id := b.enqueue(t, map[string]any{"to": []string{"ann@example.test"}, "subject": "s", "text": "t"}, 3)
+	st := b.watch.Status(t, id, "dead", waitFor)
+	require.Equal(t, 1, st.Attempts, "535 is permanent")
+	require.Contains(t, *st.Error, "535")
+	require.NotContains(t, *st.Error, wrong)
+	require.NotContains(t, *st.Error, password)
+}
+
+func TestUnreachableServerRetries(t *testing.T) {
+	t.Parallel()
+	e, err := email.New(email.Config{Host: "127.0.0.1", Port: 1, TLS: email.TLSNone, From: "a@example.test", Password: "pw-123"})
+	require.NoError(t, err)
+	err = e.Execute(context.Background(), &executors.Job{ID: 7, Attempt: 1,
+		Payload: json.RawMessage(`{"to": ["b@example.test"], "subject": "s", "text": "t"}`)})
+	require.Error(t, err)
+	var p *executors.PermanentError
+	require.False(t, errors.As(err, &p), "connection refused is retried: %v", err)
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	_, err := email.New(email.Config{Host: "h", TLS: "maybe"})
+	require.ErrorContains(t, err, `TLS "maybe"`)
+	_, err = email.New(email.Config{})
+	require.ErrorContains(t, err, "Host is required")
+	_, err = email.New(email.Config{Host: "h", From: "not an address"})
+	require.ErrorContains(t, err, "not an email address")
+}
