@@ -281,7 +281,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		}
 		return fmt.Errorf("%s: %w", target, unwrapURLError(err))
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain)) // lets the connection be reused
 		return nil

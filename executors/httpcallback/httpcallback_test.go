@@ -116,8 +116,10 @@ func TestSuccessAndRawData(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("pgdispatch-job-%d", id), got.header.Get("Idempotency-Key"))
 
 	// A JSON string is sent raw.
-	raw := b.enqueue(t, map[string]any{"url": rc.URL + "/raw", "data": `a=1&b=<raw>`, "content_type": "application/x-www-form-urlencoded",
-		"method": "put", "headers": map[string]string{"X-Custom": "yes"}}, 5)
+	raw := b.enqueue(t, map[string]any{
+		"url": rc.URL + "/raw", "data": `a=1&b=<raw>`, "content_type": "application/x-www-form-urlencoded",
+		"method": "put", "headers": map[string]string{"X-Custom": "yes"},
+	}, 5)
 	b.watch.Status(t, raw, "done", waitFor)
 	got = <-rc.got
 	require.Equal(t, "PUT", got.method)
@@ -240,8 +242,10 @@ func TestSecretsStayOutOfErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, httpcallback.Config{SigningSecret: secret})
 	// Nothing listens on port 1: a connection error, retried, then dead.
-	id := b.enqueue(t, map[string]any{"url": "http://user:hunter2@127.0.0.1:1/path?token=sekrit", "data": 1,
-		"headers": map[string]string{"Authorization": "Bearer sekrit-bearer"}}, 1)
+	id := b.enqueue(t, map[string]any{
+		"url": "http://user:hunter2@127.0.0.1:1/path?token=sekrit", "data": 1,
+		"headers": map[string]string{"Authorization": "Bearer sekrit-bearer"},
+	}, 1)
 	s := b.watch.Status(t, id, "dead", waitFor)
 	require.Contains(t, *s.Error, "POST http://127.0.0.1:1/path")
 	require.Contains(t, *s.Error, "connection refused")

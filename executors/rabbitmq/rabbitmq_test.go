@@ -68,14 +68,16 @@ func setup(t *testing.T) *bundle {
 		if err != nil {
 			return
 		}
-		defer conn.Close()
+		defer func() { _ = conn.Close() }()
 		if ch, err := conn.Channel(); err == nil {
 			_, _ = ch.QueueDelete(b.queue, false, false, false)
 		}
 	})
 
-	b.exec, err = rabbitmq.New(rabbitmq.Config{URL: u, Name: "pgdispatch-test-" + schema, ReconnectMin: 50 * time.Millisecond,
-		ReconnectMax: 500 * time.Millisecond, Logger: zaptest.NewLogger(t)})
+	b.exec, err = rabbitmq.New(rabbitmq.Config{
+		URL: u, Name: "pgdispatch-test-" + schema, ReconnectMin: 50 * time.Millisecond,
+		ReconnectMax: 500 * time.Millisecond, Logger: zaptest.NewLogger(t),
+	})
 	require.NoError(t, err)
 	reg := executors.NewRegistry()
 	reg.Register(rabbitmq.Kind, b.exec)
@@ -111,7 +113,7 @@ func (b *bundle) drain(t *testing.T) []amqp.Delivery {
 	t.Helper()
 	conn, err := amqp.Dial(b.url)
 	require.NoError(t, err)
-	defer conn.Close()
+	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
 	var out []amqp.Delivery
@@ -128,8 +130,10 @@ func (b *bundle) drain(t *testing.T) []amqp.Delivery {
 func TestPublishWithConfirm(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	id := b.enqueue(t, map[string]any{"exchange": "", "routing_key": b.queue, "body": map[string]any{"order": 42},
-		"headers": map[string]any{"tenant": "acme", "retries": 2, "nested": map[string]any{"a": true}}}, 5)
+	id := b.enqueue(t, map[string]any{
+		"exchange": "", "routing_key": b.queue, "body": map[string]any{"order": 42},
+		"headers": map[string]any{"tenant": "acme", "retries": 2, "nested": map[string]any{"a": true}},
+	}, 5)
 	raw := b.enqueue(t, map[string]any{"routing_key": b.queue, "body": "plain text", "content_type": "text/plain"}, 5)
 	b.watch.Status(t, id, "done", waitFor)
 	b.watch.Status(t, raw, "done", waitFor)
@@ -213,7 +217,7 @@ func TestUnreachableBrokerRetries(t *testing.T) {
 	t.Parallel()
 	e, err := rabbitmq.New(rabbitmq.Config{URL: "amqp://guest:s3cret@127.0.0.1:1/", DialTimeout: time.Second})
 	require.NoError(t, err)
-	defer e.Close()
+	defer func() { _ = e.Close() }()
 	job := &executors.Job{ID: 1, Attempt: 1, Payload: json.RawMessage(`{"routing_key": "q", "body": 1}`)}
 	err = e.Execute(context.Background(), job)
 	require.Error(t, err)
