@@ -21,6 +21,7 @@ build: ## build bin/pgdispatch
 .PHONY: fuzz
 fuzz: ## fuzz the payload parsers for 30 s each
 	$(GO) test -run '^$$' -fuzz FuzzPayloadDuration -fuzztime 30s ./executors/
+	for p in httpcallback rabbitmq email; do $(GO) test -run '^$$' -fuzz FuzzValidate -fuzztime 30s ./executors/$$p/ || exit 1; done
 
 .PHONY: lint
 lint: ## gofmt, go vet and golangci-lint

@@ -18,6 +18,7 @@ import (
 
 // setting is one configuration value: an environment variable and the flag
 // that overrides it. Flags win over the environment, which wins over .env.
+// Secrets have no flag, so that they never show in a process listing.
 type setting struct {
 	env, flag, def, help string
 }
@@ -61,6 +62,10 @@ func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
 			def := s.def
 			if e, ok := os.LookupEnv(s.env); ok {
 				def = e
+			}
+			if s.flag == "" {
+				v.vals[s.env] = &def
+				continue
 			}
 			v.vals[s.env] = fs.String(s.flag, def, s.help+" ($"+s.env+")")
 		}

@@ -113,7 +113,7 @@ func env(extra ...string) []string {
 }
 
 func isSetting(name string) bool {
-	for _, g := range [][]setting{connSettings, workerSettings} {
+	for _, g := range [][]setting{connSettings, workerSettings, executorSettings} {
 		for _, s := range g {
 			if s.env == name {
 				return true

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"time"
 
@@ -112,6 +113,13 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 		StatementTimeout: c.timeout,
 		Logger:           c.logger,
 	}
+	if cfg.WorkerID == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("WORKER_ID is not set and the hostname is unknown: %w", err))
+		}
+		cfg.WorkerID = host
+	}
 	if cfg.RetainDone == 0 && len(errs) == 0 {
 		cfg.DeleteDone = true
 	}
@@ -138,7 +146,7 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 
 func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("run", "Serve the queues until SIGINT or SIGTERM, then shut down gracefully.", stderr)
-	v := newValues(fs, connSettings, workerSettings)
+	v := newValues(fs, connSettings, workerSettings, executorSettings)
 	migrate := fs.Bool("migrate", false, "create or upgrade the schema before starting")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -152,6 +160,12 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	registry, closeExecutors, err := buildRegistry(v, c.logger, cfg.WorkerID)
+	if err != nil {
+		return err
+	}
+	defer closeExecutors()
+	cfg.Registry = registry
 	if *migrate {
 		if err := runMigrate(ctx, c); err != nil {
 			return err

@@ -3,17 +3,9 @@ package email_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net"
-	"net/mail"
-	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/emersion/go-sasl"
-	"github.com/emersion/go-smtp"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
@@ -22,6 +14,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/smtptest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
@@ -31,102 +24,6 @@ const (
 	user     = "mailer"
 	password = "correct-horse-battery"
 )
-
-// delivered is one message the SMTP server accepted.
-type delivered struct {
-	from string
-	rcpt []string
-	msg  *mail.Message
-	body string
-}
-
-// server is a real SMTP server (emersion/go-smtp) on a loopback port. It
-// answers RCPT TO for temp@ with 451 and for reject@ with 550.
-type server struct {
-	addr string
-	mu   sync.Mutex
-	got  []delivered
-	ch   chan delivered
-}
-
-func newServer(t *testing.T) *server {
-	t.Helper()
-	s := &server{ch: make(chan delivered, 100)}
-	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &session{s: s}, nil }))
-	srv.Domain = "localhost"
-	srv.AllowInsecureAuth = true
-	srv.ReadTimeout, srv.WriteTimeout = 10*time.Second, 10*time.Second
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	s.addr = l.Addr().String()
-	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close(); <-done })
-	return s
-}
-
-type session struct {
-	s      *server
-	authed bool
-	from   string
-	rcpt   []string
-}
-
-func (ss *session) AuthMechanisms() []string { return []string{sasl.Plain} }
-
-func (ss *session) Auth(string) (sasl.Server, error) {
-	return sasl.NewPlainServer(func(_, username, pass string) error {
-		if username != user || pass != password {
-			return &smtp.SMTPError{Code: 535, EnhancedCode: smtp.EnhancedCode{5, 7, 8}, Message: "authentication failed"}
-		}
-		ss.authed = true
-		return nil
-	}), nil
-}
-
-func (ss *session) Mail(from string, _ *smtp.MailOptions) error {
-	if !ss.authed {
-		return smtp.ErrAuthRequired
-	}
-	ss.from = from
-	return nil
-}
-
-func (ss *session) Rcpt(to string, _ *smtp.RcptOptions) error {
-	switch {
-	case strings.HasPrefix(to, "temp@"):
-		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "mailbox busy, try later"}
-	case strings.HasPrefix(to, "reject@"):
-		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
-	}
-	ss.rcpt = append(ss.rcpt, to)
-	return nil
-}
-
-func (ss *session) Data(r io.Reader) error {
-	m, err := mail.ReadMessage(r)
-	if err != nil {
-		return err
-	}
-	body, _ := io.ReadAll(m.Body)
-	d := delivered{from: ss.from, rcpt: ss.rcpt, msg: m, body: string(body)}
-	ss.s.mu.Lock()
-	ss.s.got = append(ss.s.got, d)
-	ss.s.mu.Unlock()
-	ss.s.ch <- d
-	return nil
-}
-
-func (ss *session) Reset()        { ss.from, ss.rcpt = "", nil }
-func (ss *session) Logout() error { return nil }
-
-func port(t *testing.T, addr string) int {
-	_, p, err := net.SplitHostPort(addr)
-	require.NoError(t, err)
-	n, err := strconv.Atoi(p)
-	require.NoError(t, err)
-	return n
-}
 
 type bundle struct {
 	jobs  string
@@ -162,24 +59,24 @@ func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
 	return id
 }
 
-func config(t *testing.T, s *server, pass string) email.Config {
-	return email.Config{Host: "127.0.0.1", Port: port(t, s.addr), TLS: email.TLSNone, Username: user, Password: pass, From: "Shop <shop@example.test>"}
+func config(s *smtptest.Server, pass string) email.Config {
+	return email.Config{Host: s.Host, Port: s.Port, TLS: email.TLSNone, Username: user, Password: pass, From: "Shop <shop@example.test>"}
 }
 
 func TestSendsTheMessage(t *testing.T) {
 	t.Parallel()
-	s := newServer(t)
-	b := setup(t, config(t, s, password))
+	s := smtptest.Start(t, user, password)
+	b := setup(t, config(s, password))
 	id := b.enqueue(t, map[string]any{
 		"to": []string{"ann@example.test"}, "cc": []string{"Bob <bob@example.test>"}, "bcc": []string{"audit@example.test"},
 		"reply_to": "support@example.test", "subject": "Your order 42", "text": "Thanks for your order.",
 		"html": "<p>Thanks for your <b>order</b>.</p>", "headers": map[string]string{"X-Order": "42"},
 	}, 5)
 	b.watch.Status(t, id, "done", waitFor)
-	d := <-s.ch
-	require.Equal(t, "shop@example.test", d.from)
-	require.ElementsMatch(t, []string{"ann@example.test", "bob@example.test", "audit@example.test"}, d.rcpt)
-	h := d.msg.Header
+	d := <-s.Received
+	require.Equal(t, "shop@example.test", d.From)
+	require.ElementsMatch(t, []string{"ann@example.test", "bob@example.test", "audit@example.test"}, d.Recipients)
+	h := d.Header
 	require.Equal(t, `"Shop" <shop@example.test>`, h.Get("From"))
 	require.Equal(t, "<ann@example.test>", h.Get("To"))
 	require.Contains(t, h.Get("Cc"), "bob@example.test")
@@ -190,14 +87,14 @@ func TestSendsTheMessage(t *testing.T) {
 	require.Equal(t, "<"+email.MessageID(id, "shop@example.test")+">", h.Get("Message-Id"))
 	require.Contains(t, h.Get("Message-Id"), "job-")
 	require.Contains(t, h.Get("Content-Type"), "multipart/alternative")
-	require.Contains(t, d.body, "Thanks for your order.")
-	require.Contains(t, d.body, "<b>order</b>")
+	require.Contains(t, d.Body, "Thanks for your order.")
+	require.Contains(t, d.Body, "<b>order</b>")
 }
 
 func TestReplyCodes(t *testing.T) {
 	t.Parallel()
-	s := newServer(t)
-	b := setup(t, config(t, s, password))
+	s := smtptest.Start(t, user, password)
+	b := setup(t, config(s, password))
 	temp := b.enqueue(t, map[string]any{"to": []string{"temp@example.test"}, "subject": "s", "text": "t"}, 3)
 	reject := b.enqueue(t, map[string]any{"to": []string{"reject@example.test"}, "subject": "s", "text": "t"}, 3)
 
@@ -213,9 +110,9 @@ func TestReplyCodes(t *testing.T) {
 
 func TestWrongPasswordStaysSecret(t *testing.T) {
 	t.Parallel()
-	s := newServer(t)
+	s := smtptest.Start(t, user, password)
 	const wrong = "Tr0ub4dor&3-wrong-password"
-	b := setup(t, config(t, s, wrong))
+	b := setup(t, config(s, wrong))
 	id := b.enqueue(t, map[string]any{"to": []string{"ann@example.test"}, "subject": "s", "text": "t"}, 3)
 	st := b.watch.Status(t, id, "dead", waitFor)
 	require.Equal(t, 1, st.Attempts, "535 is permanent")

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/email"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
+	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
+)
+
+// The executors' settings, for run.
+var executorSettings = []setting{
+	{"HTTP_SIGNING_SECRET", "", "", "sign http_callback requests per Standard Webhooks with this base64 secret (whsec_ prefix optional)"},
+	{"HTTP_ALLOW_HOSTS", "http-allow-hosts", "", "comma-separated hosts http_callback may reach (exact, IP, or *.domain); empty allows any"},
+	{"RABBITMQ_URL", "", "", "broker of the rabbitmq executor, as amqp://user:password@host:5672/vhost"},
+	{"SMTP_HOST", "smtp-host", "", "SMTP server of the email executor"},
+	{"SMTP_PORT", "smtp-port", "", "SMTP port (default: 25 for none, 587 for starttls, 465 for tls)"},
+	{"SMTP_USERNAME", "smtp-username", "", "SMTP user for AUTH PLAIN"},
+	{"SMTP_PASSWORD", "", "", "SMTP password"},
+	{"SMTP_TLS", "smtp-tls", "starttls", "none, starttls or tls"},
+	{"SMTP_FROM", "smtp-from", "", "sender of email jobs whose payload has no from"},
+}
+
+// buildRegistry registers the built-in executors that the settings
+// configure. A kind whose settings are missing is still registered, and
+// fails its jobs with a message that says what to set. close releases the
+// executors' connections.
+func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executors.Registry, close func(), err error) {
+	reg = executors.NewRegistry()
+	var errs []error
+
+	var allow []string
+	for _, h := range strings.Split(v.str("HTTP_ALLOW_HOSTS"), ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			allow = append(allow, h)
+		}
+	}
+	httpExec, err := httpcallback.New(httpcallback.Config{SigningSecret: v.str("HTTP_SIGNING_SECRET"), AllowHosts: allow})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("HTTP_SIGNING_SECRET or HTTP_ALLOW_HOSTS: %w", err))
+	} else {
+		reg.Register(httpcallback.Kind, httpExec)
+	}
+
+	close = func() {}
+	if u := v.str("RABBITMQ_URL"); u != "" {
+		rabbit, err := rabbitmq.New(rabbitmq.Config{URL: u, Name: "pgdispatch " + workerID, Logger: logger})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("invalid RABBITMQ_URL: %w", err))
+		} else {
+			reg.Register(rabbitmq.Kind, rabbit)
+			close = func() { _ = rabbit.Close() }
+		}
+	} else {
+		reg.Register(rabbitmq.Kind, notConfigured(rabbitmq.Kind, "RABBITMQ_URL"))
+	}
+
+	if host := v.str("SMTP_HOST"); host != "" {
+		var port int
+		if p := v.str("SMTP_PORT"); p != "" {
+			if port, err = strconv.Atoi(p); err != nil {
+				errs = append(errs, fmt.Errorf("invalid SMTP_PORT %q: want a port number", p))
+			}
+		}
+		mailer, err := email.New(email.Config{
+			Host: host, Port: port, Username: v.str("SMTP_USERNAME"), Password: v.str("SMTP_PASSWORD"),
+			TLS: v.str("SMTP_TLS"), From: v.str("SMTP_FROM"),
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("SMTP settings: %w", err))
+		} else {
+			reg.Register(email.Kind, mailer)
+		}
+	} else {
+		reg.Register(email.Kind, notConfigured(email.Kind, "SMTP_HOST"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		close()
+		return nil, nil, err
+	}
+	return reg, close, nil
+}
+
+// notConfigured fails every job of kind, saying which setting is missing.
+func notConfigured(kind, setting string) executors.Executor {
+	return executors.Func(func(context.Context, *executors.Job) error {
+		return executors.Permanentf("the %s executor is not configured on this worker: set %s", kind, setting)
+	})
+}

@@ -1,0 +1,127 @@
+// Package smtptest runs a real SMTP server (emersion/go-smtp) on a loopback
+// port for tests. It requires AUTH PLAIN with the given credentials, answers
+// RCPT TO for temp@... with 451 and for reject@... with 550, and records every
+// message it accepts.
+package smtptest
+
+import (
+	"io"
+	"net"
+	"net/mail"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-sasl"
+	"github.com/emersion/go-smtp"
+)
+
+// Message is one message the server accepted.
+type Message struct {
+	From       string
+	Recipients []string
+	Header     mail.Header
+	Body       string
+}
+
+// Server is a running SMTP server. Received gets every accepted message.
+type Server struct {
+	Host     string
+	Port     int
+	Received chan Message
+
+	user, password string
+	mu             sync.Mutex
+	messages       []Message
+}
+
+// Start runs a server until the test ends.
+func Start(t testing.TB, user, password string) *Server {
+	t.Helper()
+	s := &Server{Received: make(chan Message, 1000), user: user, password: password}
+	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &session{s: s}, nil }))
+	srv.Domain = "localhost"
+	srv.AllowInsecureAuth = true
+	srv.ReadTimeout, srv.WriteTimeout = 10*time.Second, 10*time.Second
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("smtptest: %v", err)
+	}
+	host, port, _ := net.SplitHostPort(l.Addr().String())
+	s.Host = host
+	s.Port, _ = strconv.Atoi(port)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close(); <-done })
+	return s
+}
+
+// Messages returns every message accepted so far.
+func (s *Server) Messages() []Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Message(nil), s.messages...)
+}
+
+type session struct {
+	s      *Server
+	authed bool
+	from   string
+	rcpt   []string
+}
+
+func (ss *session) AuthMechanisms() []string { return []string{sasl.Plain} }
+
+func (ss *session) Auth(string) (sasl.Server, error) {
+	return sasl.NewPlainServer(func(_, username, password string) error {
+		if username != ss.s.user || password != ss.s.password {
+			return &smtp.SMTPError{Code: 535, EnhancedCode: smtp.EnhancedCode{5, 7, 8}, Message: "authentication failed"}
+		}
+		ss.authed = true
+		return nil
+	}), nil
+}
+
+func (ss *session) Mail(from string, _ *smtp.MailOptions) error {
+	if !ss.authed {
+		return smtp.ErrAuthRequired
+	}
+	ss.from = from
+	return nil
+}
+
+func (ss *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	switch {
+	case strings.HasPrefix(to, "temp@"):
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "mailbox busy, try later"}
+	case strings.HasPrefix(to, "reject@"):
+		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
+	}
+	ss.rcpt = append(ss.rcpt, to)
+	return nil
+}
+
+func (ss *session) Data(r io.Reader) error {
+	m, err := mail.ReadMessage(r)
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(m.Body)
+	if err != nil {
+		return err
+	}
+	msg := Message{From: ss.from, Recipients: ss.rcpt, Header: m.Header, Body: string(body)}
+	ss.s.mu.Lock()
+	ss.s.messages = append(ss.s.messages, msg)
+	ss.s.mu.Unlock()
+	select {
+	case ss.s.Received <- msg:
+	default:
+	}
+	return nil
+}
+
+func (ss *session) Reset()        { ss.from, ss.rcpt = "", nil }
+func (ss *session) Logout() error { return nil }
