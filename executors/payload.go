@@ -77,8 +77,12 @@ func describeJSONError(err error) *FieldError {
 
 func jsonKind(v string) string {
 	switch v {
-	case "number", "string", "bool", "array", "object":
+	case "number", "string":
 		return "a " + v
+	case "array", "object":
+		return "an " + v
+	case "bool":
+		return "true or false"
 	case "null":
 		return "null"
 	}
@@ -137,4 +141,43 @@ func HeaderValue(field, name, value string) error {
 		return Invalid(field+"."+name, "must not contain CR, LF or NUL")
 	}
 	return nil
+}
+
+// Headers checks a payload's header map: each value must be a string, and
+// each name and value fit for a header. Errors name the header, as in
+// `payload.headers.X-Api-Key: must be a string, not a number`.
+func Headers(field string, raw map[string]json.RawMessage) (map[string]string, error) {
+	if raw == nil {
+		return nil, nil
+	}
+	out := make(map[string]string, len(raw))
+	for name, v := range raw {
+		var s string
+		if err := json.Unmarshal(v, &s); err != nil {
+			return nil, Invalid(field+"."+name, "must be a string, not %s", jsonKind(valueKind(v)))
+		}
+		if err := HeaderValue(field, name, s); err != nil {
+			return nil, err
+		}
+		out[name] = s
+	}
+	return out, nil
+}
+
+func valueKind(v json.RawMessage) string {
+	switch b := bytes.TrimSpace(v); {
+	case len(b) == 0:
+		return "nothing"
+	case b[0] == '{':
+		return "object"
+	case b[0] == '[':
+		return "array"
+	case b[0] == 't' || b[0] == 'f':
+		return "bool"
+	case b[0] == 'n':
+		return "null"
+	case b[0] == '"':
+		return "string"
+	}
+	return "number"
 }

@@ -108,16 +108,16 @@ func New(cfg Config) (*Executor, error) {
 }
 
 type payload struct {
-	To      []string          `json:"to"`
-	Cc      []string          `json:"cc"`
-	Bcc     []string          `json:"bcc"`
-	From    string            `json:"from"`
-	ReplyTo string            `json:"reply_to"`
-	Subject *string           `json:"subject"`
-	Text    string            `json:"text"`
-	HTML    string            `json:"html"`
-	Headers map[string]string `json:"headers"`
-	Timeout json.RawMessage   `json:"timeout"` // read by the claimer; checked here
+	To      []string                   `json:"to"`
+	Cc      []string                   `json:"cc"`
+	Bcc     []string                   `json:"bcc"`
+	From    string                     `json:"from"`
+	ReplyTo string                     `json:"reply_to"`
+	Subject *string                    `json:"subject"`
+	Text    string                     `json:"text"`
+	HTML    string                     `json:"html"`
+	Headers map[string]json.RawMessage `json:"headers"`
+	Timeout json.RawMessage            `json:"timeout"` // read by the claimer; checked here
 }
 
 // Headers the payload may not set: the executor writes them from its fields.
@@ -126,9 +126,15 @@ var managed = map[string]string{
 	"message-id": "", "date": "", "mime-version": "", "content-type": "", "content-transfer-encoding": "",
 }
 
+// message is a validated payload.
+type message struct {
+	payload
+	headers map[string]string
+}
+
 // parse validates a payload against the default sender. Errors are
 // permanent and name the field.
-func parse(raw json.RawMessage, defaultFrom string) (*payload, error) {
+func parse(raw json.RawMessage, defaultFrom string) (*message, error) {
 	var p payload
 	if err := executors.DecodePayload(raw, &p); err != nil {
 		return nil, err
@@ -173,10 +179,11 @@ func parse(raw json.RawMessage, defaultFrom string) (*payload, error) {
 	if strings.ContainsRune(p.HTML, 0) {
 		return nil, executors.Invalid("html", "must not contain NUL")
 	}
-	for name, value := range p.Headers {
-		if err := executors.HeaderValue("headers", name, value); err != nil {
-			return nil, err
-		}
+	headers, err := executors.Headers("headers", p.Headers)
+	if err != nil {
+		return nil, err
+	}
+	for name := range headers {
 		if field, ok := managed[strings.ToLower(name)]; ok {
 			if field != "" {
 				return nil, executors.Invalid("headers."+name, "set it with the payload's %q field", field)
@@ -187,7 +194,7 @@ func parse(raw json.RawMessage, defaultFrom string) (*payload, error) {
 	if _, _, err := executors.PayloadDuration(raw, "timeout"); err != nil {
 		return nil, executors.Permanent(err)
 	}
-	return &p, nil
+	return &message{payload: p, headers: headers}, nil
 }
 
 func checkAddress(a string) error {
@@ -243,7 +250,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	return nil
 }
 
-func build(m *gomail.Msg, p *payload, jobID int64) error {
+func build(m *gomail.Msg, p *message, jobID int64) error {
 	if err := m.From(p.From); err != nil {
 		return fmt.Errorf("payload.from: %w", err)
 	}
@@ -268,7 +275,7 @@ func build(m *gomail.Msg, p *payload, jobID int64) error {
 	m.Subject(*p.Subject)
 	m.SetMessageIDWithValue(MessageID(jobID, p.From))
 	m.SetDate()
-	for name, value := range p.Headers {
+	for name, value := range p.headers {
 		m.SetGenHeader(gomail.Header(textproto.CanonicalMIMEHeaderKey(name)), value)
 	}
 	switch {

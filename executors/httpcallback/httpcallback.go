@@ -175,12 +175,12 @@ func (e *Executor) checkHost(u *url.URL) error {
 }
 
 type payload struct {
-	URL         string            `json:"url"`
-	Data        json.RawMessage   `json:"data"`
-	Method      string            `json:"method"`
-	Headers     map[string]string `json:"headers"`
-	Timeout     json.RawMessage   `json:"timeout"` // read by the claimer; checked here
-	ContentType string            `json:"content_type"`
+	URL         string                     `json:"url"`
+	Data        json.RawMessage            `json:"data"`
+	Method      string                     `json:"method"`
+	Headers     map[string]json.RawMessage `json:"headers"`
+	Timeout     json.RawMessage            `json:"timeout"` // read by the claimer; checked here
+	ContentType string                     `json:"content_type"`
 }
 
 var methods = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true}
@@ -207,7 +207,11 @@ func parse(raw json.RawMessage) (*request, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" {
 		return nil, executors.Invalid("url", "must be an absolute http(s) URL")
 	}
-	r := &request{url: u, method: "POST", headers: p.Headers, contentType: "application/json"}
+	headers, err := executors.Headers("headers", p.Headers)
+	if err != nil {
+		return nil, err
+	}
+	r := &request{url: u, method: "POST", headers: headers, contentType: "application/json"}
 	if p.Method != "" {
 		r.method = strings.ToUpper(p.Method)
 		if !methods[r.method] {
@@ -219,11 +223,6 @@ func parse(raw json.RawMessage) (*request, error) {
 			return nil, executors.Invalid("content_type", "must not contain CR, LF or NUL")
 		}
 		r.contentType = p.ContentType
-	}
-	for name, value := range p.Headers {
-		if err := executors.HeaderValue("headers", name, value); err != nil {
-			return nil, err
-		}
 	}
 	if _, _, err := executors.PayloadDuration(raw, "timeout"); err != nil {
 		return nil, executors.Permanent(err)

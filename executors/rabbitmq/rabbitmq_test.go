@@ -17,31 +17,13 @@ import (
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
+	"github.com/pgdispatch/pgdispatch/internal/amqptest"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
 
 const waitFor = 30 * time.Second
-
-// brokerURL is the broker the tests use: RABBITMQ_TEST_URL, else the one on
-// 127.0.0.1:5672. Without one they skip, except under CI=true.
-func brokerURL(t *testing.T) string {
-	t.Helper()
-	u := os.Getenv("RABBITMQ_TEST_URL")
-	if u == "" {
-		u = "amqp://guest:guest@127.0.0.1:5672/"
-	}
-	conn, err := amqp.DialConfig(u, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("RabbitMQ is required under CI=true and is not reachable: %v", err)
-		}
-		t.Skipf("RabbitMQ is not reachable (%v); start it, or set RABBITMQ_TEST_URL", err)
-	}
-	require.NoError(t, conn.Close())
-	return u
-}
 
 type bundle struct {
 	url, queue string
@@ -52,28 +34,12 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	u := brokerURL(t)
+	u := amqptest.URL(t)
 	schema := pgtest.Schema(t)
 	b := &bundle{url: u, queue: "pgdispatch-test-" + schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize()}
+	amqptest.Queue(t, u, b.queue)
 
-	conn, err := amqp.Dial(u)
-	require.NoError(t, err)
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	_, err = ch.QueueDeclare(b.queue, true, false, false, false, nil)
-	require.NoError(t, err)
-	require.NoError(t, conn.Close())
-	t.Cleanup(func() {
-		conn, err := amqp.Dial(u)
-		if err != nil {
-			return
-		}
-		defer func() { _ = conn.Close() }()
-		if ch, err := conn.Channel(); err == nil {
-			_, _ = ch.QueueDelete(b.queue, false, false, false)
-		}
-	})
-
+	var err error
 	b.exec, err = rabbitmq.New(rabbitmq.Config{
 		URL: u, Name: "pgdispatch-test-" + schema, ReconnectMin: 50 * time.Millisecond,
 		ReconnectMax: 500 * time.Millisecond, Logger: zaptest.NewLogger(t),
