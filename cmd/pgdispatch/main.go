@@ -30,6 +30,7 @@ Usage:
   pgdispatch migrate [flags]   create or upgrade the schema
   pgdispatch enqueue [flags]   add a job
   pgdispatch demo [flags]      run a worker on a throwaway PostgreSQL and print each dispatch
+  pgdispatch bench [flags]     measure latency, throughput, writer overhead and idle cost
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
@@ -44,6 +45,7 @@ var commands = map[string]command{
 	"migrate": {migrateCommand},
 	"enqueue": {enqueueCommand},
 	"demo":    {demoCommand},
+	"bench":   {benchCommand},
 }
 
 func main() {

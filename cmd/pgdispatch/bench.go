@@ -1,0 +1,562 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+	"github.com/pgdispatch/pgdispatch/migrations"
+)
+
+var benchScenarios = []string{"latency", "drain", "sustained", "writers", "idle"}
+
+type benchOptions struct {
+	scenarios    []string
+	jobs         int           // latency: jobs inserted one by one
+	spacing      time.Duration // latency: pause between them
+	drainJobs    int
+	writers      []int
+	duration     time.Duration // sustained and writers: per run
+	idleDuration time.Duration
+	concurrency  int
+	json         bool
+}
+
+// benchResult is one scenario's figures. Durations are in milliseconds.
+type benchResult struct {
+	Scenario   string             `json:"scenario"`
+	Conditions string             `json:"conditions"`
+	Figures    map[string]float64 `json:"figures"`
+	order      []string
+}
+
+func (r *benchResult) set(name string, v float64) {
+	if r.Figures == nil {
+		r.Figures = map[string]float64{}
+	}
+	if _, ok := r.Figures[name]; !ok {
+		r.order = append(r.order, name)
+	}
+	r.Figures[name] = v
+}
+
+func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("bench", "Measure latency, throughput, writer overhead and idle cost with no-op jobs, in a schema\n"+
+		"of its own that it creates and drops. With no DATABASE_URL it starts a throwaway PostgreSQL\n"+
+		"(fsync and synchronous_commit on). The idle scenario reads pg_stat_database, so run it on a\n"+
+		"database nothing else uses.", stderr)
+	benchConn := make([]setting, len(connSettings))
+	copy(benchConn, connSettings)
+	for i := range benchConn {
+		switch benchConn[i].env {
+		case "LOG_LEVEL":
+			benchConn[i].def = "error"
+		case "LOG_FORMAT":
+			benchConn[i].def = "console"
+		}
+	}
+	v := newValues(fs, benchConn, workerSettings)
+	scenarios := fs.String("scenario", strings.Join(benchScenarios, ","), "comma-separated scenarios: "+strings.Join(benchScenarios, ", "))
+	var o benchOptions
+	fs.IntVar(&o.jobs, "jobs", 500, "latency: jobs inserted one per transaction")
+	fs.DurationVar(&o.spacing, "spacing", 5*time.Millisecond, "latency: pause between those inserts")
+	fs.IntVar(&o.drainJobs, "drain-jobs", 100000, "drain: jobs inserted before the worker starts")
+	writers := fs.String("writers", "4,16", "sustained and writers: writer connection counts, comma-separated")
+	fs.DurationVar(&o.duration, "duration", 8*time.Second, "sustained and writers: length of each run")
+	fs.DurationVar(&o.idleDuration, "idle-duration", 60*time.Second, "idle: how long to count transactions")
+	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	for _, s := range strings.Split(*scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(benchScenarios, s) {
+			return fmt.Errorf("--scenario %q: want some of %s", s, strings.Join(benchScenarios, ", "))
+		}
+		o.scenarios = append(o.scenarios, s)
+	}
+	for _, w := range strings.Split(*writers, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(w), &n); err != nil || n <= 0 {
+			return fmt.Errorf("--writers %q: want positive whole numbers", *writers)
+		}
+		o.writers = append(o.writers, n)
+	}
+	if o.jobs <= 0 || o.drainJobs <= 0 || o.duration <= 0 || o.idleDuration <= 0 {
+		return errors.New("--jobs, --drain-jobs, --duration and --idle-duration must be above 0")
+	}
+
+	dbURL := v.databaseURL()
+	if dbURL == "" {
+		fmt.Fprintln(stderr, "No DATABASE_URL: starting a throwaway PostgreSQL (fsync on)...")
+		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = cluster.Stop() }()
+		dbURL = cluster.URL()
+	}
+	c, err := openConn(ctx, v, dbURL)
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	base, err := workerConfig(v, c)
+	if err != nil {
+		return err
+	}
+	o.concurrency = base.Concurrency
+	b := &bench{url: dbURL, pool: c.pool, base: base, opts: o, log: stderr}
+
+	var results []*benchResult
+	for _, s := range o.scenarios {
+		fmt.Fprintf(stderr, "bench: %s...\n", s)
+		var rs []*benchResult
+		switch s {
+		case "latency":
+			rs, err = b.latency(ctx)
+		case "drain":
+			rs, err = b.drain(ctx)
+		case "sustained":
+			rs, err = b.sustained(ctx)
+		case "writers":
+			rs, err = b.writers(ctx)
+		case "idle":
+			rs, err = b.idle(ctx)
+		}
+		if err != nil {
+			return fmt.Errorf("bench %s: %w", s, err)
+		}
+		results = append(results, rs...)
+	}
+	if o.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(results)
+	}
+	fmt.Fprintf(stdout, "pgdispatch bench on %d CPUs, %s\n", runtime.NumCPU(), b.serverVersion(ctx))
+	for _, r := range results {
+		fmt.Fprintf(stdout, "\n%s (%s)\n", r.Scenario, r.Conditions)
+		for _, name := range r.order {
+			fmt.Fprintf(stdout, "  %-24s %12.3f\n", name, r.Figures[name])
+		}
+	}
+	return nil
+}
+
+type bench struct {
+	url  string
+	pool *pgxpool.Pool
+	base pgdispatch.Config
+	opts benchOptions
+	log  io.Writer
+}
+
+func (b *bench) serverVersion(ctx context.Context) string {
+	var v, sc string
+	_ = b.pool.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('synchronous_commit')").Scan(&v, &sc)
+	return "PostgreSQL " + v + ", synchronous_commit=" + sc
+}
+
+// schema creates and migrates a fresh schema, dropped by the returned func.
+func (b *bench) schema(ctx context.Context) (string, func(), error) {
+	buf := make([]byte, 4)
+	_, _ = rand.Read(buf)
+	schema := "pgdispatch_bench_" + hex.EncodeToString(buf)
+	if _, _, err := migrations.Migrate(ctx, b.pool, migrations.Config{Schema: schema}); err != nil {
+		return "", nil, err
+	}
+	return schema, func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		_, _ = b.pool.Exec(dctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	}, nil
+}
+
+// probe is the benchmark's executor: a no-op that records when each job
+// started, on the same monotonic clock as the producers' commits.
+type probe struct {
+	mu      sync.Mutex
+	started map[int64]time.Time
+	count   atomic.Int64
+	target  int64
+	done    chan struct{}
+	once    sync.Once
+}
+
+func newProbe(target int64) *probe {
+	return &probe{started: map[int64]time.Time{}, target: target, done: make(chan struct{})}
+}
+
+func (p *probe) Execute(_ context.Context, job *executors.Job) error {
+	now := time.Now()
+	p.mu.Lock()
+	p.started[job.ID] = now
+	p.mu.Unlock()
+	if n := p.count.Add(1); p.target > 0 && n >= p.target {
+		p.once.Do(func() { close(p.done) })
+	}
+	return nil
+}
+
+// runWorker starts a worker on schema with the probe as noop and returns
+// its stop function, which waits for the graceful shutdown.
+func (b *bench) runWorker(ctx context.Context, schema string, p *probe, tune func(*pgdispatch.Config)) (stop func(), err error) {
+	cfg := b.base
+	cfg.Schema = schema
+	cfg.Registry = executors.NewRegistry()
+	cfg.Registry.Register(executors.KindNoop, p)
+	cfg.Logger = zap.NewNop()
+	listening := make(chan struct{}, 1)
+	cfg.OnListen = func() {
+		select {
+		case listening <- struct{}{}:
+		default:
+		}
+	}
+	if tune != nil {
+		tune(&cfg)
+	}
+	w, err := pgdispatch.NewWorker(cfg)
+	if err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	select {
+	case <-listening:
+	case err := <-done:
+		cancel()
+		return nil, err
+	case <-time.After(30 * time.Second):
+		cancel()
+		return nil, errors.New("the worker's listener did not connect")
+	}
+	return func() { cancel(); <-done }, nil
+}
+
+// latency: an idle worker; jobs inserted one per transaction from another
+// connection, spaced apart; commit-return to executor start.
+func (b *bench) latency(ctx context.Context) ([]*benchResult, error) {
+	schema, drop, err := b.schema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	p := newProbe(0)
+	stop, err := b.runWorker(ctx, schema, p, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind) VALUES ('noop') RETURNING id"
+	committed := make(map[int64]time.Time, b.opts.jobs)
+	for range b.opts.jobs {
+		var id int64
+		if err := conn.QueryRow(ctx, insert).Scan(&id); err != nil {
+			return nil, err
+		}
+		committed[id] = time.Now()
+		time.Sleep(b.opts.spacing) // the scenario's pacing, not synchronisation
+	}
+	lat, err := waitLatencies(ctx, p, committed, 30*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	r := &benchResult{Scenario: "latency", Conditions: fmt.Sprintf("%d jobs, one per transaction, %s apart, idle worker, CONCURRENCY=%d", b.opts.jobs, b.opts.spacing, b.opts.concurrency)}
+	addPercentiles(r, "latency_ms", lat)
+	return []*benchResult{r}, nil
+}
+
+// waitLatencies waits until every committed job started and returns the
+// commit-to-start delays.
+func waitLatencies(ctx context.Context, p *probe, committed map[int64]time.Time, timeout time.Duration) ([]time.Duration, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		p.mu.Lock()
+		var lat []time.Duration
+		missing := 0
+		for id, c := range committed {
+			s, ok := p.started[id]
+			if !ok {
+				missing++
+				continue
+			}
+			lat = append(lat, s.Sub(c))
+		}
+		p.mu.Unlock()
+		if missing == 0 {
+			return lat, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d of %d jobs never started", missing, len(committed))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func addPercentiles(r *benchResult, name string, ds []time.Duration) {
+	if len(ds) == 0 {
+		return
+	}
+	slices.Sort(ds)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	pick := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
+	base := strings.TrimSuffix(name, "_ms")
+	r.set(base+"_p50_ms", ms(pick(0.50)))
+	r.set(base+"_p90_ms", ms(pick(0.90)))
+	r.set(base+"_p99_ms", ms(pick(0.99)))
+	r.set(base+"_max_ms", ms(ds[len(ds)-1]))
+}
+
+// drain: N jobs inserted first, then one worker, timed until all are done;
+// with done jobs deleted at once (RETAIN_DONE=0) and kept (RETAIN_DONE=24h).
+func (b *bench) drain(ctx context.Context) ([]*benchResult, error) {
+	var out []*benchResult
+	for _, deleteDone := range []bool{true, false} {
+		schema, drop, err := b.schema(ctx)
+		if err != nil {
+			return nil, err
+		}
+		jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+		if _, err := b.pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) SELECT 'noop' FROM generate_series(1, $1)", b.opts.drainJobs); err != nil {
+			drop()
+			return nil, err
+		}
+		if _, err := b.pool.Exec(ctx, "VACUUM ANALYZE "+jobs); err != nil {
+			drop()
+			return nil, err
+		}
+		p := newProbe(int64(b.opts.drainJobs))
+		start := time.Now()
+		stop, err := b.runWorker(ctx, schema, p, func(c *pgdispatch.Config) { c.DeleteDone = deleteDone })
+		if err != nil {
+			drop()
+			return nil, err
+		}
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			stop()
+			drop()
+			return nil, ctx.Err()
+		}
+		executed := time.Since(start)
+		stop() // writes the last outcomes
+		recorded := time.Since(start)
+		var left int64
+		_ = b.pool.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status <> 'done'").Scan(&left)
+		drop()
+		retain := "RETAIN_DONE=24h (done jobs kept)"
+		if deleteDone {
+			retain = "RETAIN_DONE=0 (done jobs deleted)"
+		}
+		r := &benchResult{Scenario: "drain", Conditions: fmt.Sprintf("%d jobs, one worker, CONCURRENCY=%d, %s", b.opts.drainJobs, b.opts.concurrency, retain)}
+		r.set("jobs_per_s", float64(b.opts.drainJobs)/executed.Seconds())
+		r.set("jobs_per_s_recorded", float64(b.opts.drainJobs)/recorded.Seconds())
+		r.set("seconds", executed.Seconds())
+		r.set("not_done_after", float64(left))
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// writerLoad runs k connections inserting one job per transaction for d and
+// returns the commit times by id.
+func (b *bench) writerLoad(ctx context.Context, schema string, k int, d time.Duration) (map[int64]time.Time, error) {
+	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind) VALUES ('noop') RETURNING id"
+	var (
+		mu        sync.Mutex
+		committed = map[int64]time.Time{}
+		wg        sync.WaitGroup
+		firstErr  error
+	)
+	end := time.Now().Add(d)
+	for range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := pgx.Connect(ctx, b.url)
+			if err != nil {
+				mu.Lock()
+				firstErr = cmpErr(firstErr, err)
+				mu.Unlock()
+				return
+			}
+			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			local := map[int64]time.Time{}
+			for time.Now().Before(end) && ctx.Err() == nil {
+				var id int64
+				if err := conn.QueryRow(ctx, insert).Scan(&id); err != nil {
+					mu.Lock()
+					firstErr = cmpErr(firstErr, err)
+					mu.Unlock()
+					return
+				}
+				local[id] = time.Now()
+			}
+			mu.Lock()
+			for id, t := range local {
+				committed[id] = t
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return committed, firstErr
+}
+
+func cmpErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// sustained: K writers at full speed while a worker runs.
+func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
+	var out []*benchResult
+	for _, k := range b.opts.writers {
+		schema, drop, err := b.schema(ctx)
+		if err != nil {
+			return nil, err
+		}
+		p := newProbe(0)
+		stop, err := b.runWorker(ctx, schema, p, nil)
+		if err != nil {
+			drop()
+			return nil, err
+		}
+		startCount := p.count.Load()
+		committed, err := b.writerLoad(ctx, schema, k, b.opts.duration)
+		completedInWindow := p.count.Load() - startCount
+		if err != nil {
+			stop()
+			drop()
+			return nil, err
+		}
+		lat, err := waitLatencies(ctx, p, committed, 60*time.Second)
+		stop()
+		drop()
+		if err != nil {
+			return nil, err
+		}
+		r := &benchResult{Scenario: "sustained", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, CONCURRENCY=%d", k, b.opts.duration, b.opts.concurrency)}
+		r.set("inserts_per_s", float64(len(committed))/b.opts.duration.Seconds())
+		r.set("completed_per_s", float64(completedInWindow)/b.opts.duration.Seconds())
+		addPercentiles(r, "latency_ms", lat)
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// writers: the same K writers with the NOTIFY triggers enabled and disabled,
+// with a worker running; the ratio is the writers' cost of the trigger.
+func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
+	var out []*benchResult
+	for _, k := range b.opts.writers {
+		rates := map[bool]float64{}
+		for _, trigger := range []bool{true, false} {
+			schema, drop, err := b.schema(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if !trigger {
+				jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+				if _, err := b.pool.Exec(ctx, "ALTER TABLE "+jobs+" DISABLE TRIGGER jobs_notify_insert"); err != nil {
+					drop()
+					return nil, err
+				}
+			}
+			p := newProbe(0)
+			stop, err := b.runWorker(ctx, schema, p, nil)
+			if err != nil {
+				drop()
+				return nil, err
+			}
+			committed, err := b.writerLoad(ctx, schema, k, b.opts.duration)
+			stop()
+			drop()
+			if err != nil {
+				return nil, err
+			}
+			rates[trigger] = float64(len(committed)) / b.opts.duration.Seconds()
+		}
+		r := &benchResult{Scenario: "writers", Conditions: fmt.Sprintf("%d writers for %s each, worker running", k, b.opts.duration)}
+		r.set("inserts_per_s_trigger", rates[true])
+		r.set("inserts_per_s_no_trigger", rates[false])
+		r.set("ratio", rates[true]/rates[false])
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// idle: transactions the database commits while a worker has nothing to do.
+func (b *bench) idle(ctx context.Context) ([]*benchResult, error) {
+	schema, drop, err := b.schema(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	p := newProbe(0)
+	stop, err := b.runWorker(ctx, schema, p, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	// Statistics reach pg_stat_database within about 10 s of a backend
+	// going idle: let the worker's start-up settle first.
+	time.Sleep(12 * time.Second)
+	before, err := b.xactCommit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	time.Sleep(b.opts.idleDuration)
+	after, err := b.xactCommit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := &benchResult{Scenario: "idle", Conditions: fmt.Sprintf("one idle worker for %s, POLL_INTERVAL=%s, SWEEP_INTERVAL=%s, one queue",
+		b.opts.idleDuration, b.base.PollInterval, b.base.SweepInterval)}
+	// The first snapshot's own transaction is counted by the second.
+	r.set("transactions", float64(after-before-1))
+	return []*benchResult{r}, nil
+}
+
+func (b *bench) xactCommit(ctx context.Context) (int64, error) {
+	conn, err := pgx.Connect(ctx, b.url)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	var n int64
+	err = conn.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&n)
+	return n, err
+}
