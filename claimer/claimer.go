@@ -40,6 +40,9 @@ const (
 	defaultRetryBackoff     = 30 * time.Second
 	maxRetryBackoff         = 24 * time.Hour
 	maxCompletionBatch      = 1000
+	// maxPendingOutcomes is how many outcomes may wait to be written before
+	// the claimer stops taking new jobs.
+	maxPendingOutcomes = 2 * maxCompletionBatch
 	// abandonGrace is how long a cancelled executor has to return before its
 	// job is given back without it.
 	abandonGrace = 2 * time.Second
@@ -305,10 +308,17 @@ func resetTimer(t *time.Timer, d time.Duration) {
 	t.Reset(max(d, 0))
 }
 
+// freeSlots is how many jobs the next claim may take: the executor slots
+// not in use, less any excess of outcomes waiting to be written, so that
+// claiming never outruns recording.
 func (c *Claimer) freeSlots() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.cfg.Concurrency - c.running
+	free := c.cfg.Concurrency - c.running
+	if over := len(c.pending) - maxPendingOutcomes; over > 0 {
+		free -= over
+	}
+	return max(free, 0)
 }
 
 // claim takes up to limit due jobs and marks them running. It also returns

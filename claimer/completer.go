@@ -60,6 +60,7 @@ func (c *Claimer) flushPending(ctx context.Context) {
 			}
 			c.mu.Unlock()
 			c.completed.Add(int64(len(batch)))
+			signal(c.slotFreed) // a claimer held back by unwritten outcomes may go on
 			continue
 		}
 		failures++

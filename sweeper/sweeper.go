@@ -131,8 +131,7 @@ SET status = CASE WHEN j.attempts >= coalesce(j.max_attempts, $1) THEN 'dead' EL
     locked_by = NULL,
     locked_until = NULL,
     updated_at = now()
-FROM s
-WHERE j.id = s.id AND j.status = 'running' AND j.locked_until < now()
+WHERE j.id = ANY(ARRAY(SELECT id FROM s)) AND j.status = 'running' AND j.locked_until < now()
 RETURNING j.id, j.status, j.attempts`
 
 const purgeSQL = `
@@ -143,7 +142,7 @@ WITH d AS (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM {jobs} j USING d WHERE j.id = d.id`
+DELETE FROM {jobs} j WHERE j.id = ANY(ARRAY(SELECT id FROM d))`
 
 // Run sweeps every Interval until ctx ends, starting at once. It returns nil
 // when ctx is cancelled.

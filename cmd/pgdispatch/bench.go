@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -82,6 +84,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&o.duration, "duration", 8*time.Second, "sustained and writers: length of each run")
 	fs.DurationVar(&o.idleDuration, "idle-duration", 60*time.Second, "idle: how long to count transactions")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -103,6 +106,17 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return errors.New("--jobs, --drain-jobs, --duration and --idle-duration must be above 0")
 	}
 
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = f.Close() }()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	dbURL := v.databaseURL()
 	if dbURL == "" {
 		fmt.Fprintln(stderr, "No DATABASE_URL: starting a throwaway PostgreSQL (fsync on)...")
