@@ -57,7 +57,7 @@ type Config struct {
 	// Queues lists the queues to serve. Default: the "default" queue.
 	Queues []Queue
 	// Concurrency is each queue's executor slots unless it sets its own.
-	// Default: 10.
+	// Default: 100.
 	Concurrency int
 	// Registry picks executors by kind. Default: executors.NewRegistry().
 	Registry *executors.Registry

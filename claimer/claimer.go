@@ -30,7 +30,7 @@ import (
 )
 
 const (
-	defaultConcurrency      = 10
+	defaultConcurrency      = 100
 	defaultLease            = 30 * time.Second
 	defaultPollInterval     = 30 * time.Second
 	defaultJobTimeout       = 5 * time.Minute
@@ -63,7 +63,7 @@ type Config struct {
 	// Registry picks the executor for each job's kind. Required.
 	Registry *executors.Registry
 
-	// Concurrency is how many jobs run at once. Default: 10.
+	// Concurrency is how many jobs run at once. Default: 100.
 	Concurrency int
 	// Lease is how long a claimed job stays this worker's without a
 	// heartbeat. The heartbeat renews it every Lease/3. Default: 30s.

@@ -57,7 +57,7 @@ func signal(ch chan struct{}) {
 }
 
 func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
-	log := c.logger.With(zap.Int64("job_id", job.ID), zap.String("kind", job.Kind), zap.Int("attempt", job.Attempt))
+	log := c.jobLogger(job)
 	exec, ok := c.cfg.Registry.Lookup(job.Kind)
 	if !ok {
 		err := fmt.Errorf("unknown kind %q: no executor is registered for it (known kinds: %s)",
@@ -87,6 +87,30 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
 	return c.classify(log, job, err, released)
 }
 
+// jobLogger is the logger of one job's life. Its fields are added lazily:
+// zap's With costs an allocation per job, which a busy worker notices.
+func (c *Claimer) jobLogger(job *executors.Job) jobLog {
+	return jobLog{c.logger, job}
+}
+
+type jobLog struct {
+	l   *zap.Logger
+	job *executors.Job
+}
+
+func (j jobLog) fields(extra []zap.Field) []zap.Field {
+	return append([]zap.Field{zap.Int64("job_id", j.job.ID), zap.String("kind", j.job.Kind), zap.Int("attempt", j.job.Attempt)}, extra...)
+}
+
+func (j jobLog) Debug(msg string, f ...zap.Field) {
+	if ce := j.l.Check(zap.DebugLevel, msg); ce != nil {
+		ce.Write(j.fields(f)...)
+	}
+}
+
+func (j jobLog) Info(msg string, f ...zap.Field) { j.l.Info(msg, j.fields(f)...) }
+func (j jobLog) Warn(msg string, f ...zap.Field) { j.l.Warn(msg, j.fields(f)...) }
+
 // safeExecute turns a panic in the executor into an error of this job alone.
 func safeExecute(ctx context.Context, exec executors.Executor, job *executors.Job) (err error) {
 	defer func() {
@@ -97,7 +121,7 @@ func safeExecute(ctx context.Context, exec executors.Executor, job *executors.Jo
 	return exec.Execute(ctx, job)
 }
 
-func (c *Claimer) classify(log *zap.Logger, job *executors.Job, err error, released bool) outcome {
+func (c *Claimer) classify(log jobLog, job *executors.Job, err error, released bool) outcome {
 	o := outcome{id: job.ID, attempt: job.Attempt}
 	var (
 		permanent  *executors.PermanentError

@@ -37,7 +37,7 @@ var workerSettings = []setting{
 	{"LISTEN_DATABASE_URL", "listen-database-url", "", "where the listener connects, to bypass a transaction-pooling proxy (default: DATABASE_URL)"},
 	{"WORKER_ID", "worker-id", "", "this worker's name in locked_by and the logs (default: the hostname)"},
 	{"QUEUES", "queues", "default", "comma-separated queues to serve, each optionally name:concurrency"},
-	{"CONCURRENCY", "concurrency", "10", "jobs run at once per queue"},
+	{"CONCURRENCY", "concurrency", "100", "jobs run at once per queue; a claim takes at most the free ones"},
 	{"POLL_INTERVAL", "poll-interval", "30s", "fallback tick that claims even without a notification"},
 	{"LEASE", "lease", "30s", "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)"},
 	{"SWEEP_INTERVAL", "sweep-interval", "30s", "how often expired leases are given back and old jobs purged"},
