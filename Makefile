@@ -14,6 +14,10 @@ test: ## run every test with the race detector, against a real PostgreSQL (TEST_
 demo: ## run a worker on a throwaway PostgreSQL (or DATABASE_URL) and print each dispatch
 	$(GO) run ./cmd/pgdispatch demo
 
+.PHONY: bench
+bench: ## run the default benchmark set (about 2 minutes) on a throwaway PostgreSQL, or DATABASE_URL
+	$(GO) run ./cmd/pgdispatch bench
+
 .PHONY: build
 build: ## build bin/pgdispatch
 	$(GO) build -o bin/pgdispatch ./cmd/pgdispatch

@@ -546,8 +546,9 @@ func (b *bench) idle(ctx context.Context) ([]*benchResult, error) {
 	}
 	defer stop()
 	// Statistics reach pg_stat_database within about 10 s of a backend
-	// going idle: let the worker's start-up settle first.
-	time.Sleep(12 * time.Second)
+	// going idle: let the worker's start-up settle first (less on a short
+	// run, whose figure is then only indicative).
+	time.Sleep(min(12*time.Second, b.opts.idleDuration))
 	before, err := b.xactCommit(ctx)
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -338,4 +339,35 @@ func TestHelp(t *testing.T) {
 		require.Equal(t, 0, p.wait(t, 30*time.Second), cmd)
 		require.Contains(t, p.stderr.String(), "Usage: pgdispatch "+cmd)
 	}
+}
+
+// bench runs end to end with tiny sizes: it proves the harness works, not
+// how fast anything is.
+func TestBenchRuns(t *testing.T) {
+	t.Parallel()
+	p := start(t, env("DATABASE_URL="+pgtest.URL()), "bench", "--json", "--scenario", "latency,drain,sustained,writers,idle",
+		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "300ms", "--idle-duration", "200ms")
+	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
+	var results []struct {
+		Scenario   string             `json:"scenario"`
+		Conditions string             `json:"conditions"`
+		Figures    map[string]float64 `json:"figures"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(p.stdout.String()), &results), p.stdout.String())
+	got := map[string]map[string]float64{}
+	for _, r := range results {
+		got[r.Scenario] = r.Figures
+		require.NotEmpty(t, r.Conditions)
+	}
+	require.Positive(t, got["latency"]["latency_p50_ms"])
+	require.GreaterOrEqual(t, got["latency"]["latency_max_ms"], got["latency"]["latency_p99_ms"])
+	require.Positive(t, got["drain"]["jobs_per_s"])
+	require.Zero(t, got["drain"]["not_done_after"])
+	require.Positive(t, got["sustained"]["inserts_per_s"])
+	require.Positive(t, got["writers"]["ratio"])
+	require.Contains(t, got, "idle")
+	var left int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdispatch_bench_%'").Scan(&left))
+	require.Zero(t, left, "bench drops its schemas")
 }
