@@ -40,6 +40,8 @@ const (
 	defaultRetryBackoff     = 30 * time.Second
 	maxRetryBackoff         = 24 * time.Hour
 	maxCompletionBatch      = 1000
+	// minScheduleWait is the shortest sleep until a scheduled run_at.
+	minScheduleWait = time.Millisecond
 	// maxPendingOutcomes is how many outcomes may wait to be written before
 	// the claimer stops taking new jobs.
 	maxPendingOutcomes = 2 * maxCompletionBatch
@@ -293,7 +295,7 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 		case backlog:
 			// More may be due: the next freed slot claims again.
 		case next != nil:
-			resetTimer(sched, time.Until(*next))
+			resetTimer(sched, max(*next, minScheduleWait))
 		}
 	}
 }
@@ -321,9 +323,10 @@ func (c *Claimer) freeSlots() int {
 	return max(free, 0)
 }
 
-// claim takes up to limit due jobs and marks them running. It also returns
-// the earliest future run_at of the queue when it claimed fewer than limit.
-func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time.Time, error) {
+// claim takes up to limit due jobs and marks them running. When it claimed
+// fewer than limit it also returns the wait until the queue's earliest future
+// run_at, by the database's clock.
+func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	rows, err := c.cfg.Pool.Query(ctx, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID,
@@ -334,21 +337,25 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time
 	defer rows.Close()
 	var (
 		claimed []*executors.Job
-		next    *time.Time
+		next    *time.Duration
 	)
 	for rows.Next() {
 		var (
-			id                    *int64
-			kind                  *string
-			payload               []byte
-			priority              *int16
-			attempt, maxAttempts  *int32
-			runAt, createdAt, nxt *time.Time
+			id                   *int64
+			kind                 *string
+			payload              []byte
+			priority             *int16
+			attempt, maxAttempts *int32
+			runAt, createdAt     *time.Time
+			nextIn               *float64
 		)
-		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nxt); err != nil {
+		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn); err != nil {
 			return nil, nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
-		next = nxt
+		if nextIn != nil {
+			d := time.Duration(*nextIn * float64(time.Second))
+			next = &d
+		}
 		if id == nil {
 			continue // the one row of a claim that found nothing
 		}
@@ -376,7 +383,7 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time
 
 // runHeartbeat renews the leases of this claimer's jobs every Lease/3.
 func (c *Claimer) runHeartbeat(ctx context.Context) {
-	t := time.NewTicker(c.cfg.Lease / 3)
+	t := time.NewTicker(max(c.cfg.Lease/3, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {

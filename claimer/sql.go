@@ -7,8 +7,11 @@ import "strings"
 // order (the l CTE), so two writers can never deadlock on them.
 
 // claimSQL claims up to $2 due jobs of queue $1. When it claims fewer than
-// asked, the queue is drained of due work and it also returns the earliest
-// future run_at, so the claimer knows how long it may sleep.
+// asked, the queue is drained of due work and it also returns how many
+// seconds remain until the earliest future run_at, so the claimer knows how
+// long it may sleep. The wait is measured on the database's clock: a worker
+// whose clock ran ahead would otherwise wake early, find nothing due, and
+// claim again and again until the clocks agreed.
 //
 // The UPDATE finds its rows with id = ANY(ARRAY(...)), not by joining c: a
 // prepared statement's generic plan cannot see LIMIT $2, and planned that
@@ -31,11 +34,11 @@ WITH c AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM c))
     RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at
 ), n AS (
-    SELECT min(run_at) AS next_run_at FROM {jobs}
+    SELECT extract(epoch FROM min(run_at) - now())::float8 AS next_in FROM {jobs}
     WHERE status = 'pending' AND queue = $1 AND run_at > now()
       AND (SELECT count(*) FROM u) < $2
 )
-SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at, n.next_run_at
+SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at, n.next_in
 FROM n LEFT JOIN u ON true`
 
 // heartbeatSQL extends the leases of this worker's running jobs $1.
