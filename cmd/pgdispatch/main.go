@@ -71,6 +71,9 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts a graceful shutdown; restoring the default
+	// handling lets a second one end the process at once.
+	go func() { <-ctx.Done(); stop() }()
 	err := cmd.run(ctx, args[1:], stdout, stderr)
 	switch {
 	case err == nil:
