@@ -47,9 +47,11 @@ func TestBatchPlansUseTheKey(t *testing.T) {
 	for name, tc := range map[string]struct{ sql, types, args string }{
 		"claim":     {claimSQL, "text, int, text, float8, int", "'default', 1000, 'w', 30, 5"},
 		"heartbeat": {heartbeatSQL, "bigint[], text, float8", idArray + ", 'w', 30"},
-		"complete": {completeSQL, "bigint[], int[], text[], float8[], text[], bool[], bool, text",
+		"complete": {
+			completeSQL, "bigint[], int[], text[], float8[], text[], bool[], bool, text",
 			idArray + ", array_fill(1, ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
-				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), false, 'w'"},
+				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), false, 'w'",
+		},
 	} {
 		stmt := "plan_" + name
 		_, err := conn.Exec(ctx, "PREPARE "+stmt+"("+tc.types+") AS "+withTable(tc.sql, jobs))

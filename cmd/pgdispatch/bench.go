@@ -64,16 +64,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		"of its own that it creates and drops. With no DATABASE_URL it starts a throwaway PostgreSQL\n"+
 		"(fsync and synchronous_commit on). The idle scenario reads pg_stat_database, so run it on a\n"+
 		"database nothing else uses.", stderr)
-	benchConn := make([]setting, len(connSettings))
-	copy(benchConn, connSettings)
-	for i := range benchConn {
-		switch benchConn[i].env {
-		case "LOG_LEVEL":
-			benchConn[i].def = "error"
-		case "LOG_FORMAT":
-			benchConn[i].def = "console"
-		}
-	}
+	benchConn := withDefaults(connSettings, map[string]string{"LOG_LEVEL": "error", "LOG_FORMAT": "console"})
 	v := newValues(fs, benchConn, workerSettings)
 	scenarios := fs.String("scenario", strings.Join(benchScenarios, ","), "comma-separated scenarios: "+strings.Join(benchScenarios, ", "))
 	var o benchOptions
@@ -264,23 +255,38 @@ func (b *bench) runWorker(ctx context.Context, schema string, p *probe, tune fun
 		cancel()
 		return nil, errors.New("the worker's listener did not connect")
 	}
-	return func() { cancel(); <-done }, nil
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			fmt.Fprintln(b.log, "bench: worker stopped with:", err)
+		}
+	}, nil
+}
+
+// worker makes a schema and runs a worker on it with a probe; cleanup stops
+// the worker and drops the schema.
+func (b *bench) worker(ctx context.Context, target int64, tune func(*pgdispatch.Config)) (schema string, p *probe, cleanup func(), err error) {
+	schema, drop, err := b.schema(ctx)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	p = newProbe(target)
+	stop, err := b.runWorker(ctx, schema, p, tune)
+	if err != nil {
+		drop()
+		return "", nil, nil, err
+	}
+	return schema, p, func() { stop(); drop() }, nil
 }
 
 // latency: an idle worker; jobs inserted one per transaction from another
 // connection, spaced apart; commit-return to executor start.
 func (b *bench) latency(ctx context.Context) ([]*benchResult, error) {
-	schema, drop, err := b.schema(ctx)
+	schema, p, cleanup, err := b.worker(ctx, 0, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer drop()
-	p := newProbe(0)
-	stop, err := b.runWorker(ctx, schema, p, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer stop()
+	defer cleanup()
 	conn, err := pgx.Connect(ctx, b.url)
 	if err != nil {
 		return nil, err
@@ -458,27 +464,19 @@ func cmpErr(a, b error) error {
 func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 	var out []*benchResult
 	for _, k := range b.opts.writers {
-		schema, drop, err := b.schema(ctx)
+		schema, p, cleanup, err := b.worker(ctx, 0, nil)
 		if err != nil {
-			return nil, err
-		}
-		p := newProbe(0)
-		stop, err := b.runWorker(ctx, schema, p, nil)
-		if err != nil {
-			drop()
 			return nil, err
 		}
 		startCount := p.count.Load()
 		committed, err := b.writerLoad(ctx, schema, k, b.opts.duration)
 		completedInWindow := p.count.Load() - startCount
 		if err != nil {
-			stop()
-			drop()
+			cleanup()
 			return nil, err
 		}
 		lat, err := waitLatencies(ctx, p, committed, 60*time.Second)
-		stop()
-		drop()
+		cleanup()
 		if err != nil {
 			return nil, err
 		}
@@ -498,26 +496,19 @@ func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 	for _, k := range b.opts.writers {
 		rates := map[bool]float64{}
 		for _, trigger := range []bool{true, false} {
-			schema, drop, err := b.schema(ctx)
+			schema, _, cleanup, err := b.worker(ctx, 0, nil)
 			if err != nil {
 				return nil, err
 			}
 			if !trigger {
 				jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 				if _, err := b.pool.Exec(ctx, "ALTER TABLE "+jobs+" DISABLE TRIGGER jobs_notify_insert"); err != nil {
-					drop()
+					cleanup()
 					return nil, err
 				}
 			}
-			p := newProbe(0)
-			stop, err := b.runWorker(ctx, schema, p, nil)
-			if err != nil {
-				drop()
-				return nil, err
-			}
 			committed, err := b.writerLoad(ctx, schema, k, b.opts.duration)
-			stop()
-			drop()
+			cleanup()
 			if err != nil {
 				return nil, err
 			}
@@ -534,17 +525,11 @@ func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 
 // idle: transactions the database commits while a worker has nothing to do.
 func (b *bench) idle(ctx context.Context) ([]*benchResult, error) {
-	schema, drop, err := b.schema(ctx)
+	_, _, cleanup, err := b.worker(ctx, 0, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer drop()
-	p := newProbe(0)
-	stop, err := b.runWorker(ctx, schema, p, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer stop()
+	defer cleanup()
 	// Statistics reach pg_stat_database within about 10 s of a backend
 	// going idle: let the worker's start-up settle first (less on a short
 	// run, whose figure is then only indicative).

@@ -49,6 +49,18 @@ var workerSettings = []setting{
 	{"SHUTDOWN_TIMEOUT", "shutdown-timeout", "30s", "how long running jobs may finish after SIGINT/SIGTERM before they are given back"},
 }
 
+// withDefaults returns a copy of settings with other defaults, by variable.
+func withDefaults(settings []setting, defaults map[string]string) []setting {
+	out := make([]setting, len(settings))
+	copy(out, settings)
+	for i := range out {
+		if d, ok := defaults[out[i].env]; ok {
+			out[i].def = d
+		}
+	}
+	return out
+}
+
 // values holds the settings of one command once flags are parsed.
 type values struct {
 	fs   *flag.FlagSet

@@ -26,18 +26,7 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		"dispatch with its latency, until Ctrl-C. With no DATABASE_URL it starts a throwaway PostgreSQL\n"+
 		"from the installed server binaries and removes it at exit. It uses the schema "+demoSchema+"\n"+
 		"unless --schema or DB_SCHEMA names another.", stderr)
-	demoConn := make([]setting, len(connSettings))
-	copy(demoConn, connSettings)
-	for i := range demoConn {
-		switch demoConn[i].env {
-		case "DB_SCHEMA":
-			demoConn[i].def = demoSchema
-		case "LOG_LEVEL":
-			demoConn[i].def = "warn"
-		case "LOG_FORMAT":
-			demoConn[i].def = "console"
-		}
-	}
+	demoConn := withDefaults(connSettings, map[string]string{"DB_SCHEMA": demoSchema, "LOG_LEVEL": "warn", "LOG_FORMAT": "console"})
 	v := newValues(fs, demoConn, workerSettings)
 	count := fs.Int("count", 0, "stop after this many dispatches (0: run until Ctrl-C)")
 	interval := fs.Duration("interval", 500*time.Millisecond, "pause between the producer's inserts")

@@ -8,13 +8,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/smtptest"
+	"github.com/pgdispatch/pgdispatch/internal/workertest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
@@ -26,37 +25,24 @@ const (
 )
 
 type bundle struct {
-	jobs  string
-	watch *pgtest.Watcher
+	schema string
+	jobs   string
+	watch  *pgtest.Watcher
 }
 
 func setup(t *testing.T, cfg email.Config) *bundle {
 	t.Helper()
-	schema := pgtest.Schema(t)
 	exec, err := email.New(cfg)
 	require.NoError(t, err)
 	reg := executors.NewRegistry()
 	reg.Register(email.Kind, exec)
-	w, err := pgdispatch.NewWorker(pgdispatch.Config{
-		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "mail-test", Registry: reg, PollInterval: time.Hour,
-		RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond }, Logger: zaptest.NewLogger(t),
-	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
-	return &bundle{jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), watch: pgtest.Watch(t, schema)}
+	schema := workertest.Start(t, "mail-test", reg)
+	return &bundle{schema: schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), watch: pgtest.Watch(t, schema)}
 }
 
 func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
 	t.Helper()
-	raw, err := json.Marshal(payload)
-	require.NoError(t, err)
-	var id int64
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
-		"INSERT INTO "+b.jobs+" (kind, payload, max_attempts) VALUES ('email', $1, $2) RETURNING id", raw, maxAttempts).Scan(&id))
-	return id
+	return workertest.Enqueue(t, b.schema, "email", payload, maxAttempts)
 }
 
 func config(s *smtptest.Server, pass string) email.Config {

@@ -1,9 +1,7 @@
 package httpcallback_test
 
 import (
-	"context"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,12 +15,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/zap/zaptest"
 
-	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/workertest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
@@ -69,33 +66,17 @@ type bundle struct {
 
 func setup(t *testing.T, cfg httpcallback.Config) *bundle {
 	t.Helper()
-	schema := pgtest.Schema(t)
 	exec, err := httpcallback.New(cfg)
 	require.NoError(t, err)
 	reg := executors.NewRegistry()
 	reg.Register(httpcallback.Kind, exec)
-	w, err := pgdispatch.NewWorker(pgdispatch.Config{
-		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "http-test", Registry: reg,
-		PollInterval: time.Hour, RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond },
-		Logger: zaptest.NewLogger(t),
-	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	schema := workertest.Start(t, "http-test", reg)
 	return &bundle{schema: schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), watch: pgtest.Watch(t, schema)}
 }
 
 func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
 	t.Helper()
-	raw, err := json.Marshal(payload)
-	require.NoError(t, err)
-	var id int64
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
-		"INSERT INTO "+b.jobs+" (kind, payload, max_attempts) VALUES ('http_callback', $1, $2) RETURNING id",
-		raw, maxAttempts).Scan(&id))
-	return id
+	return workertest.Enqueue(t, b.schema, "http_callback", payload, maxAttempts)
 }
 
 func TestSuccessAndRawData(t *testing.T) {

@@ -14,11 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
 	"github.com/pgdispatch/pgdispatch/internal/amqptest"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/workertest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
@@ -26,6 +26,7 @@ func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
 const waitFor = 30 * time.Second
 
 type bundle struct {
+	schema     string
 	url, queue string
 	jobs       string
 	watch      *pgtest.Watcher
@@ -35,43 +36,24 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	u := amqptest.URL(t)
-	schema := pgtest.Schema(t)
-	b := &bundle{url: u, queue: "pgdispatch-test-" + schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize()}
-	amqptest.Queue(t, u, b.queue)
-
-	var err error
-	b.exec, err = rabbitmq.New(rabbitmq.Config{
-		URL: u, Name: "pgdispatch-test-" + schema, ReconnectMin: 50 * time.Millisecond,
+	exec, err := rabbitmq.New(rabbitmq.Config{
+		URL: u, Name: "pgdispatch-test", ReconnectMin: 50 * time.Millisecond,
 		ReconnectMax: 500 * time.Millisecond, Logger: zaptest.NewLogger(t),
 	})
 	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, exec.Close()) }) // after the worker stops
 	reg := executors.NewRegistry()
-	reg.Register(rabbitmq.Kind, b.exec)
-	w, err := pgdispatch.NewWorker(pgdispatch.Config{
-		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "rabbit-test", Registry: reg, PollInterval: time.Hour,
-		RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond }, Logger: zaptest.NewLogger(t),
-	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-		require.NoError(t, b.exec.Close())
-	})
+	reg.Register(rabbitmq.Kind, exec)
+	schema := workertest.Start(t, "rabbit-test", reg)
+	b := &bundle{schema: schema, url: u, queue: "pgdispatch-test-" + schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), exec: exec}
+	amqptest.Queue(t, u, b.queue)
 	b.watch = pgtest.Watch(t, schema)
 	return b
 }
 
 func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
 	t.Helper()
-	raw, err := json.Marshal(payload)
-	require.NoError(t, err)
-	var id int64
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
-		"INSERT INTO "+b.jobs+" (kind, payload, max_attempts) VALUES ('rabbitmq', $1, $2) RETURNING id", raw, maxAttempts).Scan(&id))
-	return id
+	return workertest.Enqueue(t, b.schema, "rabbitmq", payload, maxAttempts)
 }
 
 // drain reads every message in the test queue.
