@@ -306,7 +306,8 @@ func (b *bench) latency(ctx context.Context) ([]*benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &benchResult{Scenario: "latency", Conditions: fmt.Sprintf("%d jobs, one per transaction, %s apart, idle worker, CONCURRENCY=%d", b.opts.jobs, b.opts.spacing, b.opts.concurrency)}
+	r := &benchResult{Scenario: "latency", Conditions: fmt.Sprintf("%d jobs, one per transaction, %s apart, idle worker, CONCURRENCY=%d, worker's synchronous_commit=%s",
+		b.opts.jobs, b.opts.spacing, b.opts.concurrency, b.pool.Config().ConnConfig.RuntimeParams["synchronous_commit"])}
 	addPercentiles(r, "latency_ms", lat)
 	return []*benchResult{r}, nil
 }

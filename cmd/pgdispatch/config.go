@@ -47,6 +47,7 @@ var workerSettings = []setting{
 	{"RETAIN_DONE", "retain-done", "24h", "how long done jobs are kept; 0 deletes a job as soon as it is done"},
 	{"RETAIN_DEAD", "retain-dead", "168h", "how long dead and cancelled jobs are kept"},
 	{"SHUTDOWN_TIMEOUT", "shutdown-timeout", "30s", "how long running jobs may finish after SIGINT/SIGTERM before they are given back"},
+	{"SYNCHRONOUS_COMMIT", "synchronous-commit", "on", "synchronous_commit of the worker's own connections (on, off, local, remote_write, remote_apply); off saves a WAL flush per claim, and a server crash may then re-run jobs whose claim or outcome was not yet flushed"},
 }
 
 // withDefaults returns a copy of settings with other defaults, by variable.
@@ -86,6 +87,8 @@ func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
 }
 
 func (v *values) str(env string) string { return strings.TrimSpace(*v.vals[env]) }
+
+func (v *values) has(env string) bool { _, ok := v.vals[env]; return ok }
 
 func (v *values) duration(env string, errs *[]error) time.Duration {
 	d, err := parseDuration(v.str(env))

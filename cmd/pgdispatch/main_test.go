@@ -300,6 +300,7 @@ func TestBadConfigurationIsAClearError(t *testing.T) {
 		{"QUEUES=a,a", `"a" is listed twice`},
 		{"LOG_LEVEL=loud", `invalid LOG_LEVEL "loud"`},
 		{"LEASE=-1s", `invalid LEASE "-1s": must not be negative`},
+		{"SYNCHRONOUS_COMMIT=maybe", `invalid SYNCHRONOUS_COMMIT "maybe"`},
 	} {
 		p := start(t, dbEnv(schema, tc.env), "run")
 		require.Equal(t, 1, p.wait(t, 30*time.Second), tc.env)

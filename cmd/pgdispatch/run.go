@@ -44,7 +44,14 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	pool, err := newPool(ctx, dbURL, timeout)
+	params := map[string]string{}
+	if v.has("SYNCHRONOUS_COMMIT") { // the worker commands: their own bookkeeping only
+		params["synchronous_commit"] = v.str("SYNCHRONOUS_COMMIT")
+		if !synchronousCommit[params["synchronous_commit"]] {
+			return nil, fmt.Errorf("invalid SYNCHRONOUS_COMMIT %q: want on, off, local, remote_write or remote_apply", params["synchronous_commit"])
+		}
+	}
+	pool, err := newPool(ctx, dbURL, timeout, params)
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +61,7 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 // newPool connects with every call bounded: connect_timeout, and the
 // server-side statement, lock and idle-in-transaction timeouts, unless the URL
 // sets them itself.
-func newPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool.Pool, error) {
+func newPool(ctx context.Context, dbURL string, timeout time.Duration, extra map[string]string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("invalid DATABASE_URL: %w", err) // pgx's message never repeats the password
@@ -67,6 +74,9 @@ func newPool(ctx context.Context, dbURL string, timeout time.Duration) (*pgxpool
 	setDefault(params, "statement_timeout", strconv.FormatInt(timeout.Milliseconds(), 10))
 	setDefault(params, "lock_timeout", strconv.FormatInt(min(timeout, 5*time.Second).Milliseconds(), 10))
 	setDefault(params, "idle_in_transaction_session_timeout", "60000")
+	for k, v := range extra {
+		setDefault(params, k, v)
+	}
 	// pgxpool pings a connection idle for over a second before handing it
 	// out: one more statement per tick of an idle worker. A dead connection
 	// fails its call instead, which every caller retries.
@@ -90,9 +100,12 @@ func setDefault(m map[string]string, k, v string) {
 	}
 }
 
+var synchronousCommit = map[string]bool{"on": true, "off": true, "local": true, "remote_write": true, "remote_apply": true}
+
 // workerConfig builds the worker's config from its settings.
 func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 	var errs []error
+
 	queues, err := parseQueues(v.str("QUEUES"))
 	errs = append(errs, err)
 	cfg := pgdispatch.Config{
