@@ -153,7 +153,11 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 	if cfg.ListenConnConfig.ConnectTimeout == 0 {
 		cfg.ListenConnConfig.ConnectTimeout = 10 * time.Second
 	}
-	cfg.ListenConnConfig.RuntimeParams["application_name"] = "pgdispatch-listener"
+	// Name the listener's session unless its URL did (the pool's default name
+	// is "pgdispatch").
+	if app := cfg.ListenConnConfig.RuntimeParams["application_name"]; app == "" || app == "pgdispatch" {
+		cfg.ListenConnConfig.RuntimeParams["application_name"] = "pgdispatch-listener"
+	}
 	return cfg, errors.Join(errs...)
 }
 
