@@ -135,7 +135,6 @@ type Claimer struct {
 	running  int                // executors running now
 	inflight map[int64]*running // claimed and not yet recorded, by id
 	pending  []outcome          // outcomes not yet written
-	stopping bool               // hard stop: cancellations are shutdowns
 
 	claimed, completed, ticks, tickHits atomic.Int64
 }

@@ -82,7 +82,8 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
 	if err != nil && timedOut {
 		err = fmt.Errorf("timed out after %s: %w", timeout, err)
 	}
-	released := err != nil && workCtx.Err() != nil && c.isStopping()
+	// workCtx ends only at the hard stop: a failure then is the shutdown's.
+	released := err != nil && workCtx.Err() != nil
 	log.Debug("job returned", zap.Duration("duration", time.Since(start)), zap.Bool("ok", err == nil))
 	return c.classify(log, job, err, released)
 }
@@ -173,12 +174,6 @@ func firstLines(s string, n int) string {
 	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
 
-func (c *Claimer) isStopping() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.stopping
-}
-
 // shutdown lets running jobs finish for ShutdownTimeout, then cancels them and
 // gives back at once those whose executors do not return within abandonGrace.
 func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) {
@@ -196,9 +191,6 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) 
 	case <-grace.C:
 	}
 
-	c.mu.Lock()
-	c.stopping = true
-	c.mu.Unlock()
 	c.logger.Info("stopping: shutdown timeout reached, cancelling running jobs", zap.Int("num_running", c.runningCount()))
 	cancelWork()
 

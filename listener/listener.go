@@ -77,7 +77,6 @@ type Listener struct {
 	connected atomic.Bool
 	// failures counts connection attempts since the last good connection.
 	failures      atomic.Int32
-	connections   atomic.Int64
 	notifications atomic.Int64
 }
 
@@ -95,9 +94,6 @@ func New(cfg Config) (*Listener, error) {
 
 // Connected reports whether LISTEN is in place on a live connection.
 func (l *Listener) Connected() bool { return l.connected.Load() }
-
-// Connections counts the connections on which LISTEN succeeded.
-func (l *Listener) Connections() int64 { return l.connections.Load() }
 
 // Notifications counts the notifications received.
 func (l *Listener) Notifications() int64 { return l.notifications.Load() }
@@ -166,7 +162,6 @@ func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _
 func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	h.l.failures.Store(0)
 	h.l.connected.Store(true)
-	h.l.connections.Add(1)
 	h.l.logger.Debug("listening", zap.String("channel", h.l.cfg.Channel))
 	h.l.cfg.WakeAll()
 	if h.l.cfg.OnListen != nil {

@@ -17,7 +17,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/mail"
 	"net/textproto"
 	"strconv"
@@ -297,7 +296,6 @@ func (e *Executor) classify(ctx context.Context, err error) error {
 	var (
 		sendErr  *gomail.SendError
 		protoErr *textproto.Error
-		netErr   net.Error
 	)
 	switch {
 	case ctx.Err() != nil:
@@ -312,10 +310,8 @@ func (e *Executor) classify(ctx context.Context, err error) error {
 			return executors.Permanent(err)
 		}
 		return err
-	case errors.As(err, &netErr):
-		return err
 	}
-	return err
+	return err // connection errors and timeouts retry
 }
 
 // redact removes the password from an error's text, in case a server or a

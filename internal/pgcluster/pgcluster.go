@@ -94,15 +94,6 @@ func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
 }
 
-// Restart restarts the server with pg_ctl restart -m fast, dropping every
-// connection.
-func (c *Cluster) Restart(ctx context.Context) error {
-	if out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-w", "-t", "60", "-m", "fast", "restart").CombinedOutput(); err != nil {
-		return fmt.Errorf("throwaway cluster: pg_ctl restart: %w\n%s", err, out)
-	}
-	return nil
-}
-
 // Stop stops the server and removes its directory.
 func (c *Cluster) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
