@@ -46,8 +46,11 @@ type Queue struct {
 type Config struct {
 	// Pool runs the claims, completions and sweeps. Required.
 	Pool *pgxpool.Pool
-	// ListenConnConfig is where the listener connects, for a setup whose pool
-	// goes through a transaction-pooling proxy. Default: the pool's config.
+	// ListenConnConfig is where the listener connects, and where each
+	// claimer holds its queue's sleep key while it sleeps: both need a
+	// session of their own, so for a setup whose pool goes through a
+	// transaction-pooling proxy, point this past it. Default: the pool's
+	// config.
 	ListenConnConfig *pgx.ConnConfig
 	// Schema holds the jobs table. Default: "pgdispatch".
 	Schema string
@@ -64,6 +67,10 @@ type Config struct {
 
 	// PollInterval is the fallback tick. Default: 30s.
 	PollInterval time.Duration
+	// Linger is how long a claimer keeps looking at its empty queue before
+	// it sleeps and writers start to notify it. Default: 20ms; negative:
+	// sleep at once.
+	Linger time.Duration
 	// Lease is how long a claimed job stays this worker's without a
 	// heartbeat. Default: 30s.
 	Lease time.Duration
@@ -95,6 +102,11 @@ type Config struct {
 	// OnListen, when set, is called each time the listener has (re)connected
 	// and LISTEN is in place. It must not block. For health checks and tests.
 	OnListen func()
+	// OnSleep, when set, is called with the queue's name each time one of
+	// its claimers has gone to sleep: it holds the queue's sleep key and
+	// found nothing more to claim, so writers now notify. It must not
+	// block. For tests.
+	OnSleep func(queue string)
 	// Logger receives all logs. Default: no logging.
 	Logger *zap.Logger
 }
@@ -134,17 +146,17 @@ func NewWorker(cfg Config) (*Worker, error) {
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).With(zap.String("worker_id", cfg.WorkerID))
 	w := &Worker{cfg: cfg, logger: logger, claimers: map[string]*claimer.Claimer{}}
 
-	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	for _, q := range cfg.Queues {
 		if _, dup := w.claimers[q.Name]; dup {
 			return nil, fmt.Errorf("pgdispatch: queue %q is listed twice", q.Name)
 		}
 		c, err := claimer.New(claimer.Config{
-			Pool: cfg.Pool, JobsTable: jobsTable, Queue: q.Name, WorkerID: cfg.WorkerID,
-			Registry: cfg.Registry, Concurrency: cmp.Or(q.Concurrency, cfg.Concurrency),
-			Lease: cfg.Lease, PollInterval: cfg.PollInterval, JobTimeout: cfg.JobTimeout,
+			Pool: cfg.Pool, Schema: cfg.Schema, SleepConnConfig: cfg.ListenConnConfig, Queue: q.Name,
+			WorkerID: cfg.WorkerID, Registry: cfg.Registry, Concurrency: cmp.Or(q.Concurrency, cfg.Concurrency),
+			Lease: cfg.Lease, PollInterval: cfg.PollInterval, Linger: cfg.Linger, JobTimeout: cfg.JobTimeout,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, DeleteDone: cfg.DeleteDone,
-			ShutdownTimeout: cfg.ShutdownTimeout, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+			ShutdownTimeout: cfg.ShutdownTimeout, StatementTimeout: cfg.StatementTimeout,
+			OnSleep: onSleep(cfg.OnSleep, q.Name), Logger: logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("pgdispatch: queue %q: %w", q.Name, err)
@@ -170,6 +182,13 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("pgdispatch: %w", err)
 	}
 	return w, nil
+}
+
+func onSleep(f func(string), queue string) func() {
+	if f == nil {
+		return nil
+	}
+	return func() { f(queue) }
 }
 
 func (w *Worker) wake(queue string) {

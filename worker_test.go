@@ -30,9 +30,19 @@ type bundle struct {
 	registry *executors.Registry
 	rec      *recorder
 	watch    *pgtest.Watcher
+	sleeps   chan string // a claimer went to sleep: writers now notify
 }
 
 func setup(t *testing.T) *bundle {
+	t.Helper()
+	b := setupUnwatched(t)
+	b.watch = pgtest.Watch(t, b.schema)
+	return b
+}
+
+// setupUnwatched is setup without the watcher, whose trigger notifies on
+// every change to the jobs table.
+func setupUnwatched(t *testing.T) *bundle {
 	t.Helper()
 	schema := pgtest.Schema(t)
 	rec := newRecorder()
@@ -43,7 +53,7 @@ func setup(t *testing.T) *bundle {
 		jobs:     pgx.Identifier{schema, "jobs"}.Sanitize(),
 		registry: reg,
 		rec:      rec,
-		watch:    pgtest.Watch(t, schema),
+		sleeps:   make(chan string, 1024),
 	}
 }
 
@@ -56,7 +66,27 @@ func (b *bundle) config(t *testing.T, id string) pgdispatch.Config {
 		WorkerID:     id,
 		Registry:     b.registry,
 		PollInterval: hour,
-		Logger:       zaptest.NewLogger(t),
+		OnSleep: func(q string) {
+			select {
+			case b.sleeps <- q:
+			default:
+			}
+		},
+		Logger: zaptest.NewLogger(t),
+	}
+}
+
+// waitAsleep waits until the default queue's claimer of w sleeps, holding its
+// sleep key, so that the next write notifies.
+func (b *bundle) waitAsleep(t *testing.T, w *pgdispatch.Worker) {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for !w.Claimer(pgdispatch.DefaultQueue).Sleeping() {
+		select {
+		case <-b.sleeps:
+		case <-deadline:
+			t.Fatal("the claimer did not go to sleep")
+		}
 	}
 }
 
@@ -189,11 +219,13 @@ func TestInsertWakesWorker(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := b.config(t, "w1")
-	start(t, cfg)
+	w, _, _ := start(t, cfg)
 
 	// A first job drains any wake-up left over from start.
 	first := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
 	b.rec.waitStart(t, first, waitFor)
+	b.waitAsleep(t, w)
+	notified := w.Listener().Notifications()
 
 	conn, err := pgx.Connect(context.Background(), pgtest.URL())
 	require.NoError(t, err)
@@ -206,6 +238,7 @@ func TestInsertWakesWorker(t *testing.T) {
 	t.Logf("commit to start: %s", startedAt.Sub(committed))
 	b.watch.Status(t, id, "done", waitFor)
 	require.Equal(t, 1, b.rec.startsOf(id))
+	require.Greater(t, w.Listener().Notifications(), notified, "a sleeping worker is woken by NOTIFY")
 }
 
 // Acceptance 2: three workers share 10,000 jobs; each runs exactly once.
@@ -313,7 +346,8 @@ func TestListenerReconnects(t *testing.T) {
 	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
 	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
 	cfg.ReconnectMin = 200 * time.Millisecond
-	_, _, listening := start(t, cfg)
+	w, _, listening := start(t, cfg)
+	b.waitAsleep(t, w)
 
 	ctx := context.Background()
 	var terminated bool
@@ -405,6 +439,7 @@ func TestFallbackTickFindsMissedJobs(t *testing.T) {
 	// A first job, notified, uses up the wake-ups of the worker's start.
 	first := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
 	b.watch.Status(t, first, "done", waitFor)
+	b.waitAsleep(t, w)
 	notified := w.Listener().Notifications()
 	require.Zero(t, w.Claimer(pgdispatch.DefaultQueue).Stats().TickHits)
 
@@ -477,9 +512,10 @@ func TestScheduledJobRunsWhenDue(t *testing.T) {
 func TestUpdateToPendingWakesWorker(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	start(t, b.config(t, "w"))
+	w, _, _ := start(t, b.config(t, "w"))
 	id := b.insert(t, `INSERT INTO `+b.jobs+` (kind, status, finished_at) VALUES ('record', 'dead', now()) RETURNING id`)
 	b.watch.Status(t, id, "dead", waitFor)
+	b.waitAsleep(t, w)
 	ctx := context.Background()
 	_, err := pgtest.Pool(t).Exec(ctx, "UPDATE "+b.jobs+" SET status = 'pending', run_at = now() WHERE id = $1", id)
 	require.NoError(t, err)

@@ -1,11 +1,17 @@
 // Package claimer takes due jobs of one queue and runs them.
 //
-// A Claimer sleeps until it is woken (by the listener, by a freed executor
-// slot while work remains, by the earliest known future run_at, or by the
-// slow fallback tick), then claims in one statement at most as many due jobs
-// as it has free executor slots, with FOR UPDATE SKIP LOCKED. Each job runs in
-// its own goroutine under a lease that a heartbeat renews; outcomes are
-// written back in batches, in id order.
+// A Claimer claims in one statement at most as many due jobs as it has free
+// executor slots, with FOR UPDATE SKIP LOCKED. Each job runs in its own
+// goroutine under a lease that a heartbeat renews; outcomes are written back
+// in batches, in id order.
+//
+// While its queue has work, the claimer claims again whenever a slot frees,
+// and a millisecond after each claim that emptied the queue. Writers do not
+// NOTIFY an awake claimer. Once the queue has stayed empty for Linger, the
+// claimer goes to sleep: it takes the queue's sleep key (see sleep.go and
+// migration 003), looks once more, and then waits to be woken by the
+// listener, by the earliest known future run_at, or by the slow fallback
+// tick. While it sleeps, writers notify.
 //
 // Stopping is in two steps, as in River's producer: when Run's context ends
 // the claimer stops claiming and lets running jobs finish for
@@ -23,6 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -30,9 +37,14 @@ import (
 )
 
 const (
-	defaultConcurrency      = 100
-	defaultLease            = 30 * time.Second
-	defaultPollInterval     = 30 * time.Second
+	defaultConcurrency  = 100
+	defaultLease        = 30 * time.Second
+	defaultPollInterval = 30 * time.Second
+	defaultLinger       = 20 * time.Millisecond
+	// minPoll and maxPoll bound the pauses between looks at a queue while
+	// the claimer lingers.
+	minPoll                 = time.Millisecond
+	maxPoll                 = 4 * time.Millisecond
 	defaultJobTimeout       = 5 * time.Minute
 	defaultMaxAttempts      = 5
 	defaultShutdownTimeout  = 30 * time.Second
@@ -55,9 +67,12 @@ const (
 type Config struct {
 	// Pool runs every statement. Required.
 	Pool *pgxpool.Pool
-	// JobsTable is the quoted, schema-qualified jobs table, as
-	// pgx.Identifier{schema, "jobs"}.Sanitize() gives it. Required.
-	JobsTable string
+	// Schema holds the jobs table. Required.
+	Schema string
+	// SleepConnConfig is where the claimer holds its queue's sleep key while
+	// it sleeps, on a connection of its own. It needs a session: point it
+	// past any transaction-pooling proxy, as the listener's. Required.
+	SleepConnConfig *pgx.ConnConfig
 	// Queue is the queue this claimer takes jobs from. Required.
 	Queue string
 	// WorkerID names this worker in locked_by. Required.
@@ -73,6 +88,11 @@ type Config struct {
 	// PollInterval is the fallback tick that claims even when no
 	// notification came. Default: 30s.
 	PollInterval time.Duration
+	// Linger is how long the claimer keeps looking at an empty queue, at
+	// growing intervals from 1ms to 4ms, before it goes to sleep. Under a
+	// steady stream of jobs it then never sleeps, and writers never notify.
+	// Default: 20ms; negative: sleep at the first empty claim.
+	Linger time.Duration
 	// JobTimeout bounds one attempt unless the payload's "timeout" field says
 	// otherwise. Default: 5m.
 	JobTimeout time.Duration
@@ -89,6 +109,10 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// StatementTimeout bounds each database call. Default: 10s.
 	StatementTimeout time.Duration
+	// OnSleep, when set, is called each time the claimer has taken its sleep
+	// key and found the queue still empty: from then on writers notify. It
+	// must not block. For tests.
+	OnSleep func()
 	// Logger receives the claimer's logs. Default: no logging.
 	Logger *zap.Logger
 }
@@ -97,8 +121,10 @@ func (c *Config) validate() error {
 	switch {
 	case c.Pool == nil:
 		return errors.New("claimer: Pool is required")
-	case c.JobsTable == "":
-		return errors.New("claimer: JobsTable is required")
+	case c.Schema == "":
+		return errors.New("claimer: Schema is required")
+	case c.SleepConnConfig == nil:
+		return errors.New("claimer: SleepConnConfig is required")
 	case c.Queue == "":
 		return errors.New("claimer: Queue is required")
 	case c.WorkerID == "":
@@ -118,6 +144,7 @@ type Stats struct {
 	Completed int64 // outcomes written
 	Ticks     int64 // fallback ticks
 	TickHits  int64 // fallback ticks that found due work: missed notifications
+	Sleeps    int64 // times the claimer went to sleep holding its sleep key: writers then notify
 }
 
 // Claimer claims and runs the jobs of one queue. Create it with New.
@@ -126,6 +153,7 @@ type Claimer struct {
 	logger *zap.Logger
 
 	claimSQL, heartbeatSQL, completeSQL string
+	sleep                               *sleepLock
 
 	wake      chan struct{} // notifications and timers; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
@@ -136,7 +164,7 @@ type Claimer struct {
 	inflight map[int64]*running // claimed and not yet recorded, by id
 	pending  []outcome          // outcomes not yet written
 
-	claimed, completed, ticks, tickHits atomic.Int64
+	claimed, completed, ticks, tickHits, sleeps atomic.Int64
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -147,6 +175,7 @@ func New(cfg Config) (*Claimer, error) {
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaultConcurrency)
 	cfg.Lease = cmp.Or(cfg.Lease, defaultLease)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, defaultPollInterval)
+	cfg.Linger = cmp.Or(cfg.Linger, defaultLinger)
 	cfg.JobTimeout = cmp.Or(cfg.JobTimeout, defaultJobTimeout)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, defaultShutdownTimeout)
@@ -155,12 +184,14 @@ func New(cfg Config) (*Claimer, error) {
 		cfg.RetryBackoff = DefaultRetryBackoff
 	}
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
+	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Claimer{
 		cfg:          cfg,
 		logger:       logger,
-		claimSQL:     withTable(claimSQL, cfg.JobsTable),
-		heartbeatSQL: withTable(heartbeatSQL, cfg.JobsTable),
-		completeSQL:  withTable(completeSQL, cfg.JobsTable),
+		claimSQL:     withTable(claimSQL, jobsTable),
+		heartbeatSQL: withTable(heartbeatSQL, jobsTable),
+		completeSQL:  withTable(completeSQL, jobsTable),
+		sleep:        newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		wake:         make(chan struct{}, 1),
 		slotFreed:    make(chan struct{}, 1),
 		flush:        make(chan struct{}, 1),
@@ -200,6 +231,10 @@ func (c *Claimer) Wake() {
 	}
 }
 
+// Sleeping reports whether the claimer sleeps holding its queue's sleep key,
+// so that writers notify it.
+func (c *Claimer) Sleeping() bool { return c.sleep.holding.Load() }
+
 // Stats returns the claimer's counters.
 func (c *Claimer) Stats() Stats {
 	return Stats{
@@ -207,6 +242,7 @@ func (c *Claimer) Stats() Stats {
 		Completed: c.completed.Load(),
 		Ticks:     c.ticks.Load(),
 		TickHits:  c.tickHits.Load(),
+		Sleeps:    c.sleeps.Load(),
 	}
 }
 
@@ -225,8 +261,15 @@ func (c *Claimer) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); c.runCompleter(bgCtx) }()
 	go func() { defer bg.Done(); c.runHeartbeat(bgCtx) }()
 
+	// The sleep key goes back as soon as claiming stops: peers take over.
+	sleepCtx, stopSleep := context.WithCancel(ctx)
+	sleepDone := make(chan struct{})
+	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
+
 	var jobs sync.WaitGroup
 	c.claimLoop(ctx, workCtx, &jobs)
+	stopSleep()
+	<-sleepDone
 
 	c.shutdown(cancelWork, &jobs)
 	stopBackground() // the completer flushes what it holds before it returns
@@ -243,15 +286,21 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 	sched := time.NewTimer(0) // claim once at start
 	defer sched.Stop()
 	var (
-		backlog  bool // the last claim was cut short by free slots
-		fromTick bool
-		failures int
+		backlog   bool // the last claim was cut short by free slots
+		asleep    bool // the queue stayed empty for Linger: the sleep key is wanted
+		idle      int  // empty claims in a row while awake
+		fromTick  bool
+		fromGrant bool
+		failures  int
 	)
 	for {
+		fromGrant = false
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.wake:
+		case <-c.sleep.recheck:
+			fromGrant = c.sleep.holding.Load()
 		case <-sched.C:
 		case <-tick.C:
 			fromTick = true
@@ -264,7 +313,9 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 
 		free := c.freeSlots()
 		if free == 0 {
-			backlog = true // claim again when a slot frees
+			// Claim again when a slot frees, notified or not.
+			backlog, asleep, idle = true, false, 0
+			c.sleep.wake()
 			continue
 		}
 		claimed, next, err := c.claim(ctx, free)
@@ -289,14 +340,60 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 			jobs.Add(1)
 			go func() { defer jobs.Done(); c.execute(workCtx, job) }()
 		}
-		backlog = len(claimed) == free
+
+		if fromGrant && len(claimed) > 0 {
+			c.logger.Debug("the look after taking the sleep key found jobs", zap.Int("num_claimed", len(claimed)))
+		}
+		wait := time.Duration(-1) // until the next claim; -1: none planned
 		switch {
-		case backlog:
+		case len(claimed) == free:
 			// More may be due: the next freed slot claims again.
-		case next != nil:
-			resetTimer(sched, max(*next, minScheduleWait))
+			backlog, asleep, idle = true, false, 0
+			c.sleep.wake()
+		case len(claimed) > 0:
+			backlog, asleep, idle = false, false, 0
+			c.sleep.wake()
+			wait = minPoll
+		case asleep:
+			backlog = false
+			if fromGrant {
+				c.sleeps.Add(1)
+				if c.cfg.OnSleep != nil {
+					c.cfg.OnSleep()
+				}
+			}
+		default:
+			backlog = false
+			idle++
+			var lingering bool
+			if wait, lingering = lingerWait(c.cfg.Linger, idle); !lingering {
+				wait = -1
+				asleep = true
+				c.sleep.sleep()
+				c.logger.Debug("queue empty: going to sleep")
+			}
+		}
+		if next != nil && !backlog && (wait < 0 || *next < wait) {
+			wait = max(*next, minScheduleWait)
+		}
+		if wait >= 0 {
+			resetTimer(sched, wait)
+		} else if !backlog {
+			sched.Stop()
 		}
 	}
+}
+
+// lingerWait is the pause before the next look at a queue found empty idle
+// times in a row (idle >= 1): 1ms, 2ms, then 4ms each. It reports false once
+// those pauses would add up to more than linger: time to sleep.
+func lingerWait(linger time.Duration, idle int) (time.Duration, bool) {
+	var spent, wait time.Duration
+	for i := range idle {
+		wait = min(minPoll<<min(i, 8), maxPoll)
+		spent += wait
+	}
+	return wait, spent <= linger
 }
 
 func claimRetryDelay(failures int) time.Duration {

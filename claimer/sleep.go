@@ -1,0 +1,216 @@
+package claimer
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+)
+
+// The sleep key is the handshake that lets writers skip NOTIFY while no
+// worker sleeps (migration 003 has the writer's side). A claimer that has
+// found its queue empty asks for the key exclusively; the request waits for
+// every writer that holds it shared, so once it is granted their rows are
+// visible, and the claimer looks once more before it sleeps. It keeps the key
+// while it sleeps, so writers notify, and gives it back as soon as a claim
+// finds work. Peers that want to sleep while one holds the key wait in the
+// lock's queue and take over when it wakes, exits or dies.
+const (
+	lockKeySQL   = `hashtext('pgdispatch.sleep'), hashtext($1 || '/' || $2)`
+	sleepLockSQL = `SELECT pg_advisory_lock(` + lockKeySQL + `)`
+	sleepFreeSQL = `SELECT pg_advisory_unlock(` + lockKeySQL + `)`
+
+	// sleepLockWait bounds one wait for the key. A wait that times out (a
+	// writer kept its transaction open that long, or a peer slept that long)
+	// makes the claimer look at the queue and ask again.
+	sleepLockWait = 5 * time.Minute
+)
+
+// sleepLock holds a queue's sleep key while its claimer sleeps, on a
+// connection of its own. Create it with newSleepLock and run it with run.
+type sleepLock struct {
+	connConfig    *pgx.ConnConfig
+	schema, queue string
+	timeout       time.Duration // bounds connecting and giving the key back
+	logger        *zap.Logger
+	// recheck is signalled when the claimer must look at the queue again:
+	// the key was granted, or lost, or a wait for it ended without it.
+	recheck chan struct{}
+
+	poke chan struct{} // capacity 1: want changed
+
+	mu       sync.Mutex
+	want     bool
+	stopHold context.CancelFunc // ends holding; nil while not holding
+	holding  atomic.Bool
+}
+
+func newSleepLock(cfg *pgx.ConnConfig, schema, queue string, timeout time.Duration, logger *zap.Logger) *sleepLock {
+	cc := cfg.Copy()
+	// The wait for the key is bounded by the server, so that the connection
+	// survives a timeout. The statement timeout is only a backstop.
+	cc.RuntimeParams["lock_timeout"] = strconv.FormatInt(sleepLockWait.Milliseconds(), 10)
+	cc.RuntimeParams["statement_timeout"] = strconv.FormatInt((sleepLockWait + timeout).Milliseconds(), 10)
+	if app := cc.RuntimeParams["application_name"]; app != "" {
+		cc.RuntimeParams["application_name"] = app + "-sleep"
+	}
+	return &sleepLock{
+		connConfig: cc, schema: schema, queue: queue, timeout: timeout, logger: logger,
+		recheck: make(chan struct{}, 1), poke: make(chan struct{}, 1),
+	}
+}
+
+// sleep asks for the key. It never blocks: the claimer hears on recheck when
+// the key is granted.
+func (s *sleepLock) sleep() { s.set(true) }
+
+// wake gives the key back, or gives up on taking it. It never blocks.
+func (s *sleepLock) wake() { s.set(false) }
+
+func (s *sleepLock) set(want bool) {
+	s.mu.Lock()
+	changed := s.want != want
+	s.want = want
+	if !want && s.stopHold != nil {
+		s.stopHold()
+	}
+	s.mu.Unlock()
+	if changed {
+		signal(s.poke)
+	}
+}
+
+func (s *sleepLock) wanted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.want
+}
+
+// run takes and gives back the key as the claimer asks until ctx ends, then
+// closes its connection, which gives the key back to the server.
+func (s *sleepLock) run(ctx context.Context) {
+	var conn *pgx.Conn
+	defer func() {
+		if conn != nil {
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+			_ = conn.Close(closeCtx)
+			cancel()
+		}
+	}()
+	failures := 0
+	for ctx.Err() == nil {
+		if !s.wanted() {
+			select {
+			case <-ctx.Done():
+			case <-s.poke:
+			}
+			continue
+		}
+		if conn == nil {
+			var err error
+			conn, err = s.connect(ctx)
+			if err != nil {
+				failures++
+				s.fail(ctx, "connect for the sleep lock failed", err, failures)
+				continue
+			}
+		}
+		if _, err := conn.Exec(ctx, sleepLockSQL, s.schema, s.queue); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: the wait timed out
+				signal(s.recheck)
+				continue
+			}
+			conn = s.drop(ctx, conn)
+			failures++
+			s.fail(ctx, "taking the sleep lock failed", err, failures)
+			continue
+		}
+		failures = 0
+		if !s.hold(ctx, conn) {
+			conn = s.drop(ctx, conn)
+			if ctx.Err() == nil {
+				s.logger.Warn("sleep lock connection lost; looking at the queue and taking it again")
+				signal(s.recheck)
+			}
+		}
+	}
+}
+
+// hold keeps the key until the claimer wakes or ctx ends, then gives it
+// back. It reports false when the connection, and with it the key, was lost.
+func (s *sleepLock) hold(ctx context.Context, conn *pgx.Conn) bool {
+	holdCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	s.mu.Lock()
+	if s.want {
+		s.stopHold = stop
+	} else {
+		stop() // woken while the request waited
+	}
+	s.mu.Unlock()
+	if holdCtx.Err() == nil {
+		// Granted while the claimer still sleeps: it looks once more.
+		s.holding.Store(true)
+		signal(s.recheck)
+		// Nothing is sent on this connection: the wait returns when the
+		// claimer wakes, or when the connection dies.
+		_ = conn.PgConn().WaitForNotification(holdCtx)
+		s.holding.Store(false)
+		s.mu.Lock()
+		s.stopHold = nil
+		s.mu.Unlock()
+		if holdCtx.Err() == nil || conn.IsClosed() {
+			return false
+		}
+	}
+	if ctx.Err() != nil {
+		return true // closing the connection gives the key back
+	}
+	freeCtx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if _, err := conn.Exec(freeCtx, sleepFreeSQL, s.schema, s.queue); err != nil {
+		s.logger.Warn("giving back the sleep lock failed; reconnecting", zap.Error(err))
+		return false
+	}
+	return true
+}
+
+func (s *sleepLock) connect(ctx context.Context) (*pgx.Conn, error) {
+	connectCtx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return pgx.ConnectConfig(connectCtx, s.connConfig)
+}
+
+func (s *sleepLock) drop(ctx context.Context, conn *pgx.Conn) *pgx.Conn {
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	_ = conn.Close(closeCtx)
+	cancel()
+	return nil
+}
+
+// fail logs a failure, tells the claimer to look at the queue (writers skip
+// NOTIFY while nobody holds the key), and backs off before the next try.
+func (s *sleepLock) fail(ctx context.Context, msg string, err error, failures int) {
+	if ctx.Err() != nil {
+		return
+	}
+	delay := claimRetryDelay(failures)
+	s.logger.Warn(msg, zap.Error(err), zap.Int("failures", failures), zap.Duration("retry_in", delay))
+	signal(s.recheck)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,315 @@
+package pgdispatch_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/claimer"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+// startLog is an executor that records when each job started, and lets
+// waiters block until a set of jobs has.
+type startLog struct {
+	mu      sync.Mutex
+	started map[int64]time.Time
+	changed chan struct{} // closed and replaced at every start
+}
+
+func newStartLog() *startLog {
+	return &startLog{started: map[int64]time.Time{}, changed: make(chan struct{})}
+}
+
+func (s *startLog) Execute(_ context.Context, job *executors.Job) error {
+	now := time.Now()
+	s.mu.Lock()
+	s.started[job.ID] = now
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+	return nil
+}
+
+// wait blocks until every job in ids has started, and returns their start
+// times, or fails after timeout.
+func (s *startLog) wait(ids []int64, timeout time.Duration) ([]time.Time, error) {
+	deadline := time.After(timeout)
+	for {
+		s.mu.Lock()
+		times := make([]time.Time, 0, len(ids))
+		for _, id := range ids {
+			if at, ok := s.started[id]; ok {
+				times = append(times, at)
+			}
+		}
+		changed := s.changed
+		s.mu.Unlock()
+		if len(times) == len(ids) {
+			return times, nil
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			return nil, fmt.Errorf("jobs %v: %d of %d started within %s", ids, len(times), len(ids), timeout)
+		}
+	}
+}
+
+// sleepSignal broadcasts each time a claimer goes to sleep.
+type sleepSignal struct {
+	mu    sync.Mutex
+	count int64
+	next  chan struct{}
+}
+
+func (s *sleepSignal) slept() {
+	s.mu.Lock()
+	s.count++
+	close(s.next)
+	s.next = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// waitSleeping returns once c sleeps holding its sleep key.
+func (s *sleepSignal) waitSleeping(t *testing.T, c *claimer.Claimer) {
+	t.Helper()
+	deadline := time.After(waitFor)
+	for {
+		s.mu.Lock()
+		next := s.next
+		s.mu.Unlock()
+		if c.Sleeping() {
+			return
+		}
+		select {
+		case <-next:
+		case <-deadline:
+			t.Fatal("the claimer did not go to sleep")
+		}
+	}
+}
+
+// Issue 5: writers skip NOTIFY while no worker sleeps, and no wake-up is ever
+// lost. The claimer sleeps at the first empty claim and the fallback tick is
+// an hour away, so that a lost wake-up shows as a job that never starts.
+// Writers in READ COMMITTED and REPEATABLE READ insert single rows, several
+// rows at once, and rows by COPY; one keeps its transaction open after its
+// insert. In each round, every writer writes within 2 ms of the claimer's
+// going to sleep, so that writes land while it sleeps, wakes, takes its
+// sleep key again, or looks once more. The run goes on until the claimer has
+// slept and woken thousands of times.
+func TestNoWakeUpLost(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	log := newStartLog()
+	b.registry.Register("probe", log)
+	cfg := b.config(t, "w")
+	cfg.Linger = -1
+	slept := &sleepSignal{next: make(chan struct{})}
+	cfg.OnSleep = func(string) { slept.slept() }
+	cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
+	w, _, _ := start(t, cfg)
+	c := w.Claimer(pgdispatch.DefaultQueue)
+
+	const (
+		wantSleeps = 1500
+		maxRun     = 3 * time.Minute
+		// Far below the hour of the fallback tick; generous for a loaded
+		// machine under the race detector.
+		bound = 2 * time.Second
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), maxRun)
+	defer cancel()
+
+	type write func(ctx context.Context, conn *pgx.Conn) ([]int64, error)
+	insertOne := "INSERT INTO " + b.jobs + " (kind) VALUES ('probe') RETURNING id"
+	insertMany := "INSERT INTO " + b.jobs + " (kind) SELECT 'probe' FROM generate_series(1, 3) RETURNING id"
+	inTx := func(iso pgx.TxIsoLevel, body func(tx pgx.Tx) ([]int64, error), hold time.Duration) write {
+		return func(ctx context.Context, conn *pgx.Conn) ([]int64, error) {
+			tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+			if err != nil {
+				return nil, err
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			// Take the snapshot before the insert, as a real REPEATABLE READ
+			// writer that read first would.
+			var n int64
+			if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+b.jobs+" WHERE id < 0").Scan(&n); err != nil {
+				return nil, err
+			}
+			ids, err := body(tx)
+			if err != nil {
+				return nil, err
+			}
+			if hold > 0 {
+				// The scenario itself: a writer that keeps its transaction
+				// open after the insert.
+				select {
+				case <-time.After(hold):
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+			return ids, tx.Commit(ctx)
+		}
+	}
+	query := func(sql string) func(tx pgx.Tx) ([]int64, error) {
+		return func(tx pgx.Tx) ([]int64, error) {
+			rows, _ := tx.Query(ctx, sql)
+			return pgx.CollectRows(rows, pgx.RowTo[int64])
+		}
+	}
+	copyRows := func(tx pgx.Tx) ([]int64, error) {
+		// COPY returns no ids: tag the rows and read them back.
+		tag := fmt.Sprintf("copy-%d", rand.Int64())
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{b.schema, "jobs"}, []string{"kind", "payload"},
+			pgx.CopyFromRows([][]any{{"probe", map[string]string{"tag": tag}}, {"probe", map[string]string{"tag": tag}}})); err != nil {
+			return nil, err
+		}
+		rows, _ := tx.Query(ctx, "SELECT id FROM "+b.jobs+" WHERE payload->>'tag' = $1", tag)
+		return pgx.CollectRows(rows, pgx.RowTo[int64])
+	}
+	writers := map[string]write{
+		"read committed, one row": func(ctx context.Context, conn *pgx.Conn) ([]int64, error) {
+			rows, _ := conn.Query(ctx, insertOne)
+			return pgx.CollectRows(rows, pgx.RowTo[int64])
+		},
+		"read committed, three rows":  inTx(pgx.ReadCommitted, query(insertMany), 0),
+		"repeatable read, one row":    inTx(pgx.RepeatableRead, query(insertOne), 0),
+		"repeatable read, three rows": inTx(pgx.RepeatableRead, query(insertMany), 0),
+		"repeatable read, copy":       inTx(pgx.RepeatableRead, copyRows, 0),
+		"read committed, copy":        inTx(pgx.ReadCommitted, copyRows, 0),
+	}
+	// The writer that keeps its transaction open holds every sleep back
+	// until its commit, so it writes only in every 50th round.
+	const long = "repeatable read, open for 300 ms"
+	writers[long] = inTx(pgx.RepeatableRead, query(insertOne), 300*time.Millisecond)
+
+	conns := map[string]*pgx.Conn{}
+	for name := range writers {
+		conn, err := pgx.Connect(ctx, pgtest.URL())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		conns[name] = conn
+	}
+	var (
+		mu     sync.Mutex
+		delays []time.Duration
+		jobs   int
+	)
+	// Rounds: once the claimer sleeps, every writer writes after its own
+	// jitter and waits for its jobs to start. Nothing else writes until all
+	// of them have, so a missed wake-up cannot be rescued by a later writer's
+	// NOTIFY: it shows as a job that does not start within the bound.
+	for round := 0; c.Stats().Sleeps < wantSleeps; round++ {
+		slept.waitSleeping(t, c)
+		g, gctx := errgroup.WithContext(ctx)
+		for name, write := range writers {
+			if name == long && round%50 != 0 {
+				continue
+			}
+			g.Go(func() error {
+				select { // the scenario's jitter, not synchronisation
+				case <-time.After(time.Duration(rand.IntN(2000)) * time.Microsecond):
+				case <-gctx.Done():
+					return gctx.Err()
+				}
+				ids, err := write(gctx, conns[name])
+				committed := time.Now()
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				started, err := log.wait(ids, bound)
+				if err != nil {
+					return fmt.Errorf("round %d, %s: %w", round, name, err)
+				}
+				mu.Lock()
+				for _, at := range started {
+					delays = append(delays, at.Sub(committed))
+				}
+				jobs += len(ids)
+				mu.Unlock()
+				return nil
+			})
+		}
+		require.NoError(t, g.Wait())
+	}
+	stats := c.Stats()
+	require.Zero(t, stats.TickHits)
+	slices.Sort(delays)
+	t.Logf("%d jobs, %d sleeps, %d notifications; commit to start p50 %s, p99 %s, max %s",
+		jobs, stats.Sleeps, w.Listener().Notifications(),
+		delays[len(delays)/2], delays[len(delays)*99/100], delays[len(delays)-1])
+}
+
+func cmpOr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// The sleep key's connection dies while the claimer sleeps. Writers then find
+// the key free and skip NOTIFY, so the claimer must notice at once, look at
+// the queue, and take the key again.
+func TestSleepKeyConnectionLost(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	cfg := b.config(t, "w")
+	app := "pgdispatch-" + b.schema
+	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
+	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
+	w, _, _ := start(t, cfg)
+	b.waitAsleep(t, w)
+
+	var terminated bool
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"SELECT bool_and(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app+"-sleep").Scan(&terminated))
+	require.True(t, terminated)
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	b.rec.waitStart(t, id, waitFor)
+	b.waitAsleep(t, w)
+	require.Zero(t, w.Claimer(pgdispatch.DefaultQueue).Stats().TickHits)
+}
+
+// Two workers share a queue. The one that sleeps holding the key stops; the
+// other, waiting for the key, takes it over, and writers go on waking it.
+func TestPeerTakesOverSleepKey(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	w1, stop1, _ := start(t, b.config(t, "w1"))
+	w2, stop2, _ := start(t, b.config(t, "w2"))
+	holder, other, stopHolder := w1, w2, stop1
+	deadline := time.After(waitFor)
+	for !w1.Claimer(pgdispatch.DefaultQueue).Sleeping() && !w2.Claimer(pgdispatch.DefaultQueue).Sleeping() {
+		select {
+		case <-b.sleeps:
+		case <-deadline:
+			t.Fatal("neither worker went to sleep")
+		}
+	}
+	if w2.Claimer(pgdispatch.DefaultQueue).Sleeping() {
+		holder, other, stopHolder = w2, w1, stop2
+	}
+	require.False(t, other.Claimer(pgdispatch.DefaultQueue).Sleeping(), "one sleeper holds the key")
+
+	stopHolder()
+	require.False(t, holder.Claimer(pgdispatch.DefaultQueue).Sleeping())
+	b.waitAsleep(t, other)
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	b.rec.waitStart(t, id, waitFor)
+	require.Equal(t, int64(1), other.Claimer(pgdispatch.DefaultQueue).Stats().Claimed)
+}
