@@ -40,7 +40,7 @@ const (
 	defaultConcurrency  = 100
 	defaultLease        = 30 * time.Second
 	defaultPollInterval = 30 * time.Second
-	defaultLinger       = 20 * time.Millisecond
+	defaultLinger       = 2 * time.Millisecond
 	// minPoll and maxPoll bound the pauses between looks at a queue while
 	// the claimer lingers.
 	minPoll                 = time.Millisecond
@@ -445,7 +445,7 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time
 			runAt, createdAt     *time.Time
 			nextIn               *float64
 		)
-		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn); err != nil {
+		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn, nil); err != nil {
 			return nil, nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn != nil {

@@ -13,6 +13,12 @@ import "strings"
 // whose clock ran ahead would otherwise wake early, find nothing due, and
 // claim again and again until the clocks agreed.
 //
+// The claim commits asynchronously (set_config with is_local, read when the
+// statement's own transaction commits): it does not wait for its WAL flush,
+// which under load was most of a claim's time (p50 2.3 ms of 2.3 ms with four
+// writers). A claim lost in a server crash leaves its jobs pending, so they
+// run again: at least once still holds. Outcomes are written synchronously.
+//
 // The UPDATE finds its rows with id = ANY(ARRAY(...)), not by joining c: a
 // prepared statement's generic plan cannot see LIMIT $2, and planned that
 // join as a hash join over a sequential scan of the whole table.
@@ -38,7 +44,8 @@ WITH c AS (
     WHERE status = 'pending' AND queue = $1 AND run_at > now()
       AND (SELECT count(*) FROM u) < $2
 )
-SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at, n.next_in
+SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at, n.next_in,
+       set_config('synchronous_commit', 'off', true)
 FROM n LEFT JOIN u ON true`
 
 // heartbeatSQL extends the leases of this worker's running jobs $1.

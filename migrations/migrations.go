@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -118,7 +119,7 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int3
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrate: version table: %w", describe(err))
 	}
-	m.Data = map[string]any{"schema": schema}
+	m.Data = map[string]any{"schema": schema, "sleep_key_prefix": quoteLiteral(cfg.Schema + "/")}
 	if err := m.LoadMigrations(sqlFS()); err != nil {
 		return 0, 0, fmt.Errorf("migrate: load migrations: %w", err)
 	}
@@ -134,6 +135,13 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int3
 		return from, 0, fmt.Errorf("migrate: read version: %w", err)
 	}
 	return from, to, nil
+}
+
+// quoteLiteral quotes s as an SQL string literal, in the E'' form, so that it
+// means the same whatever standard_conforming_strings says.
+func quoteLiteral(s string) string {
+	s = strings.ReplaceAll(s, `\`, `\\`)
+	return "E'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
 // describe adds a hint to the errors a migration meets most.

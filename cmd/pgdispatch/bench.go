@@ -204,6 +204,7 @@ type probe struct {
 	target  int64
 	done    chan struct{}
 	once    sync.Once
+	worker  *pgdispatch.Worker // set once the worker runs
 }
 
 func newProbe(target int64) *probe {
@@ -243,6 +244,7 @@ func (b *bench) runWorker(ctx context.Context, schema string, p *probe, tune fun
 	if err != nil {
 		return nil, err
 	}
+	p.worker = w
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
@@ -470,8 +472,10 @@ func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 			return nil, err
 		}
 		startCount := p.count.Load()
+		heard := b.notifications(p)
 		committed, err := b.writerLoad(ctx, schema, k, b.opts.duration)
 		completedInWindow := p.count.Load() - startCount
+		heard = b.notifications(p) - heard
 		if err != nil {
 			cleanup()
 			return nil, err
@@ -481,9 +485,10 @@ func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		r := &benchResult{Scenario: "sustained", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, CONCURRENCY=%d", k, b.opts.duration, b.opts.concurrency)}
+		r := &benchResult{Scenario: "sustained", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, CONCURRENCY=%d, LINGER=%s", k, b.opts.duration, b.opts.concurrency, b.lingerSetting())}
 		r.set("inserts_per_s", float64(len(committed))/b.opts.duration.Seconds())
 		r.set("completed_per_s", float64(completedInWindow)/b.opts.duration.Seconds())
+		r.set("notified_share", float64(heard)/float64(max(len(committed), 1)))
 		addPercentiles(r, "latency_ms", lat)
 		out = append(out, r)
 	}
@@ -491,13 +496,21 @@ func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 }
 
 // writers: the same K writers with the NOTIFY triggers enabled and disabled,
-// with a worker running; the ratio is the writers' cost of the trigger.
+// with a worker running; the ratio is the writers' cost of the trigger. So
+// that the worker does the same work in both runs, the worker of the run
+// without triggers never sleeps: it polls its queue every few milliseconds,
+// which is what finds jobs when nothing notifies.
 func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 	var out []*benchResult
 	for _, k := range b.opts.writers {
+		r := &benchResult{Scenario: "writers", Conditions: fmt.Sprintf("%d writers for %s each, worker running, LINGER=%s", k, b.opts.duration, b.lingerSetting())}
 		rates := map[bool]float64{}
 		for _, trigger := range []bool{true, false} {
-			schema, _, cleanup, err := b.worker(ctx, 0, nil)
+			tune := func(c *pgdispatch.Config) { c.Linger = time.Hour }
+			if trigger {
+				tune = nil
+			}
+			schema, p, cleanup, err := b.worker(ctx, 0, tune)
 			if err != nil {
 				return nil, err
 			}
@@ -508,20 +521,53 @@ func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 					return nil, err
 				}
 			}
+			heard := b.notifications(p)
 			committed, err := b.writerLoad(ctx, schema, k, b.opts.duration)
+			heard = b.notifications(p) - heard
+			usage := b.queueUsage(ctx)
 			cleanup()
 			if err != nil {
 				return nil, err
 			}
 			rates[trigger] = float64(len(committed)) / b.opts.duration.Seconds()
+			if trigger {
+				r.set("notified_share", float64(heard)/float64(max(len(committed), 1)))
+				r.set("notify_queue_usage", usage)
+			}
 		}
-		r := &benchResult{Scenario: "writers", Conditions: fmt.Sprintf("%d writers for %s each, worker running", k, b.opts.duration)}
 		r.set("inserts_per_s_trigger", rates[true])
 		r.set("inserts_per_s_no_trigger", rates[false])
 		r.set("ratio", rates[true]/rates[false])
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// notifications is how many notifications the probe's worker has heard:
+// with one worker, the writer transactions that sent NOTIFY.
+func (b *bench) notifications(p *probe) int64 {
+	if p.worker == nil {
+		return 0
+	}
+	return p.worker.Listener().Notifications()
+}
+
+// queueUsage is pg_notification_queue_usage(): the share of the NOTIFY queue
+// in use, which must stay near 0.
+func (b *bench) queueUsage(ctx context.Context) float64 {
+	var u float64
+	_ = b.pool.QueryRow(ctx, "SELECT pg_notification_queue_usage()").Scan(&u)
+	return u
+}
+
+func (b *bench) lingerSetting() string {
+	switch {
+	case b.base.Linger < 0:
+		return "0"
+	case b.base.Linger == 0:
+		return "2ms"
+	}
+	return b.base.Linger.String()
 }
 
 // idle: transactions the database commits while a worker has nothing to do.

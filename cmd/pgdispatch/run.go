@@ -115,6 +115,7 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 		Queues:           queues,
 		Concurrency:      v.positiveInt("CONCURRENCY", &errs),
 		PollInterval:     v.positiveDuration("POLL_INTERVAL", &errs),
+		Linger:           v.duration("LINGER", &errs),
 		Lease:            v.positiveDuration("LEASE", &errs),
 		SweepInterval:    v.positiveDuration("SWEEP_INTERVAL", &errs),
 		MaxAttempts:      v.positiveInt("MAX_ATTEMPTS", &errs),
@@ -135,6 +136,9 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 	}
 	if cfg.RetainDone == 0 && len(errs) == 0 {
 		cfg.DeleteDone = true
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = -1 // LINGER=0: sleep at the first empty claim
 	}
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = time.Nanosecond // give jobs back at once

@@ -1,0 +1,64 @@
+package claimer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/migrations"
+)
+
+// The writers' triggers (migration 003) and the claimer's sleep lock must
+// name the same key, whatever the schema is called: writers notify a queue
+// exactly while its key is held.
+func TestSleepKeyMatchesTriggers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.Pool(t)
+	schema := pgtest.EmptySchemaName(t) + ` it's \ odd`
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	})
+	_, _, err := migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
+	require.NoError(t, err)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+
+	connect := func() *pgx.Conn {
+		conn, err := pgx.Connect(ctx, pgtest.URL())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		return conn
+	}
+	listener, sleeper, writer := connect(), connect(), connect()
+	_, err = listener.Exec(ctx, "LISTEN "+pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	insert := func(queue string, n int) {
+		_, err := writer.Exec(ctx, "INSERT INTO "+jobs+" (kind, queue) SELECT 'noop', $1 FROM generate_series(1, $2)", queue, n)
+		require.NoError(t, err)
+	}
+
+	_, err = sleeper.Exec(ctx, sleepLockSQL, schema, "q1")
+	require.NoError(t, err)
+	insert("q1", 500) // a worker of q1 sleeps: notify, once per transaction
+	insert("q2", 1)   // nobody sleeps on q2
+	_, err = writer.Exec(ctx, "UPDATE "+jobs+" SET run_at = now() + interval '1 hour' WHERE queue = 'q1'")
+	require.NoError(t, err)
+	_, err = sleeper.Exec(ctx, sleepFreeSQL, schema, "q1")
+	require.NoError(t, err)
+	insert("q1", 1) // nobody sleeps any more
+	_, err = writer.Exec(ctx, "SELECT pg_notify($1, 'marker')", schema)
+	require.NoError(t, err)
+
+	var got []string
+	for len(got) == 0 || got[len(got)-1] != "marker" {
+		n, err := listener.WaitForNotification(ctx)
+		require.NoError(t, err)
+		got = append(got, n.Payload)
+	}
+	require.Equal(t, []string{"q1", "q1", "marker"}, got, "the insert and the update of q1 while its key was held")
+}
