@@ -137,7 +137,7 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int3
 	return from, to, nil
 }
 
-// quoteLiteral quotes s as an SQL string literal, in the E” form, so that it
+// quoteLiteral quotes s as an SQL string literal of the form E'...', so that it
 // means the same whatever standard_conforming_strings says.
 func quoteLiteral(s string) string {
 	s = strings.ReplaceAll(s, `\`, `\\`)
