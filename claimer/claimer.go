@@ -140,6 +140,7 @@ func (c *Config) validate() error {
 
 // Stats are counters of a claimer's life, for logs and metrics.
 type Stats struct {
+	Claims    int64 // claim statements run
 	Claimed   int64 // jobs claimed
 	Completed int64 // outcomes written
 	Ticks     int64 // fallback ticks
@@ -164,7 +165,7 @@ type Claimer struct {
 	inflight map[int64]*running // claimed and not yet recorded, by id
 	pending  []outcome          // outcomes not yet written
 
-	claimed, completed, ticks, tickHits, sleeps atomic.Int64
+	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -238,6 +239,7 @@ func (c *Claimer) Sleeping() bool { return c.sleep.holding.Load() }
 // Stats returns the claimer's counters.
 func (c *Claimer) Stats() Stats {
 	return Stats{
+		Claims:    c.claims.Load(),
 		Claimed:   c.claimed.Load(),
 		Completed: c.completed.Load(),
 		Ticks:     c.ticks.Load(),
@@ -287,6 +289,7 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 	defer sched.Stop()
 	var (
 		backlog   bool // the last claim was cut short by free slots
+		gathering bool // backlog: waiting a moment for more slots to free
 		asleep    bool // the queue stayed empty for Linger: the sleep key is wanted
 		idle      int  // empty claims in a row while awake
 		fromTick  bool
@@ -309,7 +312,18 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 			if !backlog {
 				continue
 			}
+			// Claim in full batches: a claim per freed slot would take a
+			// few jobs at a time, at the full cost of a claim each. Wait
+			// until every slot is free, or for maxPoll at most.
+			if c.freeSlots() < c.cfg.Concurrency {
+				if !gathering {
+					gathering = true
+					resetTimer(sched, maxPoll)
+				}
+				continue
+			}
 		}
+		gathering = false
 
 		free := c.freeSlots()
 		if free == 0 {
@@ -425,6 +439,7 @@ func (c *Claimer) freeSlots() int {
 func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
+	c.claims.Add(1)
 	rows, err := c.cfg.Pool.Query(ctx, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID,
 		c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
 	if err != nil {

@@ -392,6 +392,7 @@ func (b *bench) drain(ctx context.Context) ([]*benchResult, error) {
 			return nil, ctx.Err()
 		}
 		executed := time.Since(start)
+		stats := p.worker.Claimer(pgdispatch.DefaultQueue).Stats()
 		stop() // writes the last outcomes
 		recorded := time.Since(start)
 		var left int64
@@ -405,6 +406,7 @@ func (b *bench) drain(ctx context.Context) ([]*benchResult, error) {
 		r.set("jobs_per_s", float64(b.opts.drainJobs)/executed.Seconds())
 		r.set("jobs_per_s_recorded", float64(b.opts.drainJobs)/recorded.Seconds())
 		r.set("seconds", executed.Seconds())
+		r.set("jobs_per_claim", float64(stats.Claimed)/float64(max(stats.Claims, 1)))
 		r.set("not_done_after", float64(left))
 		out = append(out, r)
 	}
