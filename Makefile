@@ -18,6 +18,10 @@ demo: ## run a worker on a throwaway PostgreSQL (or DATABASE_URL) and print each
 bench: ## run the default benchmark set (about 2 minutes) on a throwaway PostgreSQL, or DATABASE_URL
 	$(GO) run ./cmd/pgdispatch bench
 
+.PHONY: soak
+soak: ## run writers and a worker for 10 minutes and report the jobs table's size and dead rows
+	RETAIN_DONE=1m SWEEP_INTERVAL=10s $(GO) run ./cmd/pgdispatch bench --scenario soak
+
 .PHONY: build
 build: ## build bin/pgdispatch
 	$(GO) build -o bin/pgdispatch ./cmd/pgdispatch

@@ -5,8 +5,9 @@
 // goroutine under a lease that a heartbeat renews; outcomes are written back
 // in batches, in id order.
 //
-// While its queue has work, the claimer claims again whenever a slot frees,
-// and a millisecond after each claim that emptied the queue. Writers do not
+// While its queue has work, the claimer claims again when its slots free (in
+// full batches: once all are free, or 4ms after the first), and a millisecond
+// after each claim that emptied the queue. Writers do not
 // NOTIFY an awake claimer. Once the queue has stayed empty for Linger, the
 // claimer goes to sleep: it takes the queue's sleep key (see sleep.go and
 // migration 003), looks once more, and then waits to be woken by the
@@ -91,7 +92,7 @@ type Config struct {
 	// Linger is how long the claimer keeps looking at an empty queue, at
 	// growing intervals from 1ms to 4ms, before it goes to sleep. Under a
 	// steady stream of jobs it then never sleeps, and writers never notify.
-	// Default: 20ms; negative: sleep at the first empty claim.
+	// Default: 2ms; negative: sleep at the first empty claim.
 	Linger time.Duration
 	// JobTimeout bounds one attempt unless the payload's "timeout" field says
 	// otherwise. Default: 5m.

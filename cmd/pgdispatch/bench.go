@@ -29,6 +29,10 @@ import (
 
 var benchScenarios = []string{"latency", "drain", "sustained", "writers", "idle"}
 
+// soak is a scenario of its own, left out of the default set: it runs for
+// minutes.
+var allScenarios = append(slices.Clone(benchScenarios), "soak")
+
 type benchOptions struct {
 	scenarios    []string
 	jobs         int           // latency: jobs inserted one by one
@@ -37,6 +41,8 @@ type benchOptions struct {
 	writers      []int
 	duration     time.Duration // sustained and writers: per run
 	idleDuration time.Duration
+	soakDuration time.Duration
+	soakWriters  int
 	concurrency  int
 	json         bool
 }
@@ -66,7 +72,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		"database nothing else uses.", stderr)
 	benchConn := withDefaults(connSettings, map[string]string{"LOG_LEVEL": "error", "LOG_FORMAT": "console"})
 	v := newValues(fs, benchConn, workerSettings)
-	scenarios := fs.String("scenario", strings.Join(benchScenarios, ","), "comma-separated scenarios: "+strings.Join(benchScenarios, ", "))
+	scenarios := fs.String("scenario", strings.Join(benchScenarios, ","), "comma-separated scenarios: "+strings.Join(allScenarios, ", ")+
+		" (soak is not in the default set)")
 	var o benchOptions
 	fs.IntVar(&o.jobs, "jobs", 500, "latency: jobs inserted one per transaction")
 	fs.DurationVar(&o.spacing, "spacing", 5*time.Millisecond, "latency: pause between those inserts")
@@ -74,6 +81,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	writers := fs.String("writers", "4,16", "sustained and writers: writer connection counts, comma-separated")
 	fs.DurationVar(&o.duration, "duration", 8*time.Second, "sustained and writers: length of each run")
 	fs.DurationVar(&o.idleDuration, "idle-duration", 60*time.Second, "idle: how long to count transactions")
+	fs.DurationVar(&o.soakDuration, "soak-duration", 10*time.Minute, "soak: how long writers and the worker run")
+	fs.IntVar(&o.soakWriters, "soak-writers", 4, "soak: writer connections")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	if err := parse(fs, args); err != nil {
@@ -81,8 +90,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.TrimSpace(s)
-		if !slices.Contains(benchScenarios, s) {
-			return fmt.Errorf("--scenario %q: want some of %s", s, strings.Join(benchScenarios, ", "))
+		if !slices.Contains(allScenarios, s) {
+			return fmt.Errorf("--scenario %q: want some of %s", s, strings.Join(allScenarios, ", "))
 		}
 		o.scenarios = append(o.scenarios, s)
 	}
@@ -93,8 +102,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		o.writers = append(o.writers, n)
 	}
-	if o.jobs <= 0 || o.drainJobs <= 0 || o.duration <= 0 || o.idleDuration <= 0 {
-		return errors.New("--jobs, --drain-jobs, --duration and --idle-duration must be above 0")
+	if o.jobs <= 0 || o.drainJobs <= 0 || o.duration <= 0 || o.idleDuration <= 0 || o.soakDuration <= 0 || o.soakWriters <= 0 {
+		return errors.New("--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration and --soak-writers must be above 0")
 	}
 
 	if *cpuProfile != "" {
@@ -145,6 +154,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			rs, err = b.writers(ctx)
 		case "idle":
 			rs, err = b.idle(ctx)
+		case "soak":
+			rs, err = b.soak(ctx)
 		}
 		if err != nil {
 			return fmt.Errorf("bench %s: %w", s, err)

@@ -346,8 +346,9 @@ func TestHelp(t *testing.T) {
 // how fast anything is.
 func TestBenchRuns(t *testing.T) {
 	t.Parallel()
-	p := start(t, env("DATABASE_URL="+pgtest.URL()), "bench", "--json", "--scenario", "latency,drain,sustained,writers,idle",
-		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "300ms", "--idle-duration", "200ms")
+	p := start(t, env("DATABASE_URL="+pgtest.URL()), "bench", "--json", "--scenario", "latency,drain,sustained,writers,idle,soak",
+		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "300ms", "--idle-duration", "200ms",
+		"--soak-duration", "1s", "--soak-writers", "2")
 	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
 	var results []struct {
 		Scenario   string             `json:"scenario"`
@@ -367,6 +368,10 @@ func TestBenchRuns(t *testing.T) {
 	require.Positive(t, got["sustained"]["inserts_per_s"])
 	require.Positive(t, got["writers"]["ratio"])
 	require.Contains(t, got, "idle")
+	require.Positive(t, got["drain"]["jobs_per_claim"])
+	require.GreaterOrEqual(t, got["writers"]["notified_share"], 0.0)
+	require.Positive(t, got["soak"]["jobs_written"])
+	require.Positive(t, got["soak"]["table_mb_end"])
 	var left int
 	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
 		"SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdispatch_bench_%'").Scan(&left))
