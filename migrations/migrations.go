@@ -119,7 +119,11 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int3
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrate: version table: %w", describe(err))
 	}
-	m.Data = map[string]any{"schema": schema, "sleep_key_prefix": quoteLiteral(cfg.Schema + "/")}
+	m.Data = map[string]any{
+		"schema":           schema,
+		"schema_literal":   quoteLiteral(cfg.Schema),
+		"sleep_key_prefix": quoteLiteral(cfg.Schema + "/"),
+	}
 	if err := m.LoadMigrations(sqlFS()); err != nil {
 		return 0, 0, fmt.Errorf("migrate: load migrations: %w", err)
 	}

@@ -1,13 +1,185 @@
 // Package triggers holds the contract between the database triggers that
-// announce work and the listener that hears them.
+// announce work and the listener that hears them, and the dispatch triggers
+// that turn row changes in the application's own tables into jobs.
 //
 // The jobs table's triggers (created by package migrations) send
-// pg_notify(channel, queue) when a statement makes a job pending and due, or
-// due within the next minute. The channel is the schema's name, so two
-// pgdispatch schemas in one database never hear each other. The payload is
-// only the queue name: PostgreSQL folds identical notifications within one
-// transaction, so a bulk insert wakes each queue once.
+// pg_notify(channel, queue) when a job becomes pending while a worker of its
+// queue sleeps. The channel is the schema's name, so two pgdispatch schemas
+// in one database never hear each other. The payload is only the queue name.
+//
+// Add attaches a dispatch trigger to any table: each inserted, updated or
+// deleted row becomes a job in the writer's own transaction, so a write that
+// rolls back creates no job. The job's payload is the one given with an
+// event envelope merged in: under "data" for http_callback (the POSTed body),
+// "body" for rabbitmq, and "event" for every other kind:
+//
+//	{"event_id": "…uuid…", "trigger": "orders_paid", "op": "UPDATE",
+//	 "schema": "public", "table": "orders", "at": "…",
+//	 "new": {…the row…}, "old": {…the row before, for UPDATE and DELETE…}}
+//
+// The SQL functions add_trigger and remove_trigger (migration 004) do the
+// work, so psql users have the same API.
 package triggers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
 
 // Channel is the NOTIFY channel of the pgdispatch installation in schema.
 func Channel(schema string) string { return schema }
+
+// DefaultLockWait bounds how long Add and Remove wait for the table's lock.
+const DefaultLockWait = 2 * time.Second
+
+// ErrLocked is returned when the table stayed locked by another session for
+// longer than the lock wait. Nothing was changed, and the table's writers did
+// not queue behind the attempt for longer than the wait.
+var ErrLocked = errors.New("the table is locked by another session")
+
+// ErrNotFound is returned by Remove for a name no dispatch trigger has.
+var ErrNotFound = errors.New("no such pgdispatch trigger")
+
+// DB is what the functions need of a pool, a connection or a transaction.
+type DB interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Spec describes a dispatch trigger.
+type Spec struct {
+	// Table is the table, as SQL reads it: public.orders, or
+	// public."Odd ""name""". Required.
+	Table string
+	// Events are some of insert, update and delete. Default: insert.
+	Events []string
+	// Kind is the jobs' kind. Required.
+	Kind string
+	// Payload is the jobs' payload, a JSON object, before the event is
+	// merged in. Default: {}.
+	Payload json.RawMessage
+	// Queue is the jobs' queue. Default: "default".
+	Queue string
+	// When is a trigger WHEN condition over NEW and OLD, such as
+	// NEW.status = 'paid'. It may not contain ';' or comments. Default: every
+	// row.
+	When string
+	// Name is the trigger's name. Default: <table>_<kind>.
+	Name string
+	// LockWait bounds the wait for the table's lock. Default: DefaultLockWait.
+	LockWait time.Duration
+}
+
+// Trigger is a dispatch trigger as List reports it.
+type Trigger struct {
+	Name      string          `json:"name"`
+	Table     string          `json:"table"`
+	Events    []string        `json:"events"`
+	Kind      string          `json:"kind"`
+	Queue     string          `json:"queue"`
+	Payload   json.RawMessage `json:"payload"`
+	When      string          `json:"when,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+	// Present is false when the trigger was dropped by hand, or its table
+	// with it; Remove forgets it.
+	Present bool `json:"present"`
+}
+
+// Add attaches a dispatch trigger and returns its name. created is false
+// when a dispatch trigger of that name exists already; it is left as it is.
+func Add(ctx context.Context, db DB, schema string, s Spec) (name string, created bool, err error) {
+	payload := s.Payload
+	if len(payload) == 0 {
+		payload = json.RawMessage("{}")
+	}
+	events := s.Events
+	if len(events) == 0 {
+		events = []string{"insert"}
+	}
+	var when, trigName *string
+	if s.When != "" {
+		when = &s.When
+	}
+	if s.Name != "" {
+		trigName = &s.Name
+	}
+	queue := s.Queue
+	if queue == "" {
+		queue = "default"
+	}
+	err = db.QueryRow(ctx,
+		"SELECT name, created FROM "+fn(schema, "add_trigger")+"($1, $2, $3, $4, $5, $6, $7, $8)",
+		s.Table, events, s.Kind, payload, queue, when, trigName, lockWait(s.LockWait)).Scan(&name, &created)
+	if err != nil {
+		return "", false, describe(fmt.Sprintf("add trigger on %s", s.Table), err)
+	}
+	return name, created, nil
+}
+
+// Remove drops the dispatch trigger called name.
+func Remove(ctx context.Context, db DB, schema, name string, wait time.Duration) error {
+	if _, err := db.Exec(ctx, "SELECT "+fn(schema, "remove_trigger")+"($1, $2)", name, lockWait(wait)); err != nil {
+		return describe(fmt.Sprintf("remove trigger %q", name), err)
+	}
+	return nil
+}
+
+// List returns the dispatch triggers by name.
+func List(ctx context.Context, db DB, schema string) ([]Trigger, error) {
+	rows, err := db.Query(ctx, `
+SELECT e.name, e.table_name, e.events, e.kind, e.queue, e.payload, coalesce(e.when_expr, ''), e.created_at,
+       EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = e.table_oid AND t.tgname = e.name)
+FROM `+pgx.Identifier{schema, "event_triggers"}.Sanitize()+` e
+ORDER BY e.name`)
+	if err != nil {
+		return nil, fmt.Errorf("list triggers: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Trigger, error) {
+		var t Trigger
+		err := r.Scan(&t.Name, &t.Table, &t.Events, &t.Kind, &t.Queue, &t.Payload, &t.When, &t.CreatedAt, &t.Present)
+		for i, e := range t.Events {
+			t.Events[i] = strings.ToLower(e)
+		}
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list triggers: %w", err)
+	}
+	return out, nil
+}
+
+func fn(schema, name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+
+func lockWait(d time.Duration) time.Duration {
+	if d <= 0 {
+		return DefaultLockWait
+	}
+	return d
+}
+
+// describe turns the server's errors into ones that say what to do.
+func describe(op string, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	switch pgErr.Code {
+	case "55P03": // lock_not_available
+		return fmt.Errorf("%s: %w: nothing was changed; try again when it is free (%s)", op, ErrLocked, pgErr.Message)
+	case "42704": // undefined_object
+		return fmt.Errorf("%s: %w: %s", op, ErrNotFound, pgErr.Message)
+	case "42P01", "3F000", "42602": // undefined_table, invalid_schema_name, invalid_name
+		return fmt.Errorf("%s: %s", op, pgErr.Message)
+	case "42883": // undefined_function: the schema lacks migration 4
+		return fmt.Errorf("%s: %s (is the schema migrated? run pgdispatch migrate)", op, pgErr.Message)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}

@@ -4,6 +4,8 @@
 //	pgdispatch migrate    create or upgrade the schema
 //	pgdispatch enqueue    add a job
 //	pgdispatch demo       a worker on a throwaway PostgreSQL, printing each dispatch
+//	pgdispatch bench      measure latency, throughput, writer overhead and idle cost
+//	pgdispatch triggers   add, list and remove dispatch triggers on any table
 //
 // Configuration comes from the environment, an optional .env file in the
 // working directory, and flags; flags win. `pgdispatch COMMAND --help` lists
@@ -31,6 +33,7 @@ Usage:
   pgdispatch enqueue [flags]   add a job
   pgdispatch demo [flags]      run a worker on a throwaway PostgreSQL and print each dispatch
   pgdispatch bench [flags]     measure latency, throughput, writer overhead and idle cost
+  pgdispatch triggers add|list|remove   dispatch jobs from row changes in any table
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
@@ -41,11 +44,12 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"run":     {runCommand},
-	"migrate": {migrateCommand},
-	"enqueue": {enqueueCommand},
-	"demo":    {demoCommand},
-	"bench":   {benchCommand},
+	"run":      {runCommand},
+	"migrate":  {migrateCommand},
+	"enqueue":  {enqueueCommand},
+	"demo":     {demoCommand},
+	"bench":    {benchCommand},
+	"triggers": {triggersCommand},
 }
 
 func main() {

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/triggers"
+)
+
+const triggersUsage = `Usage:
+  pgdispatch triggers add --table TABLE --kind KIND [flags]   attach a dispatch trigger to a table
+  pgdispatch triggers list [--json]                           list the dispatch triggers
+  pgdispatch triggers remove NAME                             drop a dispatch trigger
+
+A dispatch trigger makes each inserted, updated or deleted row of the table a
+job, in the writer's own transaction. Run 'pgdispatch triggers add --help' for
+the flags.
+`
+
+func triggersCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, triggersUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "add":
+		return triggersAdd(ctx, args[1:], stdout, stderr)
+	case "list":
+		return triggersList(ctx, args[1:], stdout, stderr)
+	case "remove":
+		return triggersRemove(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, triggersUsage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "unknown triggers command %q\n\n%s", args[0], triggersUsage)
+	return errUsage
+}
+
+func triggersAdd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("triggers add", "Attach a dispatch trigger to a table: each changed row becomes a job whose payload is\n"+
+		"--payload with the event (operation, schema, table, new and old row, event id) merged in:\n"+
+		"under \"data\" for http_callback, \"body\" for rabbitmq, \"event\" for other kinds.", stderr)
+	v := newValues(fs, connSettings)
+	var s triggers.Spec
+	fs.StringVar(&s.Table, "table", "", `the table, as SQL reads it: public.orders, or 'public."Odd name"' (required)`)
+	on := fs.String("on", "insert", "comma-separated events: insert, update, delete")
+	fs.StringVar(&s.Kind, "kind", "", "the jobs' kind (required)")
+	payload := fs.String("payload", "{}", "the jobs' payload, a JSON object, such as {\"url\": \"https://example.test/orders\"}")
+	fs.StringVar(&s.Queue, "queue", pgdispatch.DefaultQueue, "the jobs' queue")
+	fs.StringVar(&s.When, "when", "", "a WHEN condition over NEW and OLD, such as \"NEW.status = 'paid'\"; no ';' or comments")
+	fs.StringVar(&s.Name, "name", "", "the trigger's name (default: <table>_<kind>)")
+	fs.DurationVar(&s.LockWait, "lock-wait", triggers.DefaultLockWait, "how long to wait for the table's lock; writers queue behind the wait, so keep it short")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	var errs []error
+	if s.Table == "" {
+		errs = append(errs, errors.New("--table is required"))
+	}
+	if s.Kind == "" {
+		errs = append(errs, errors.New("--kind is required"))
+	}
+	if !json.Valid([]byte(*payload)) {
+		errs = append(errs, fmt.Errorf("--payload is not valid JSON: %q", *payload))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	s.Payload = json.RawMessage(*payload)
+	for _, e := range strings.Split(*on, ",") {
+		s.Events = append(s.Events, strings.TrimSpace(e))
+	}
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	callCtx, cancel := context.WithTimeout(ctx, c.timeout+s.LockWait)
+	defer cancel()
+	name, created, err := triggers.Add(callCtx, c.pool, c.schema, s)
+	if err != nil {
+		return err
+	}
+	if !created {
+		fmt.Fprintf(stdout, "trigger %s exists already: nothing changed (remove it first to change it)\n", name)
+		return nil
+	}
+	fmt.Fprintf(stdout, "trigger %s added on %s\n", name, s.Table)
+	return nil
+}
+
+func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("triggers list", "List the dispatch triggers.", stderr)
+	v := newValues(fs, connSettings)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	list, err := triggers.List(callCtx, c.pool, c.schema)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(list)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tTABLE\tON\tKIND\tQUEUE\tWHEN\tPAYLOAD")
+	for _, t := range list {
+		name := t.Name
+		if !t.Present {
+			name += " (dropped by hand)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, t.Table, strings.Join(t.Events, ","), t.Kind, t.Queue, t.When, t.Payload)
+	}
+	return tw.Flush()
+}
+
+func triggersRemove(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("triggers remove", "Drop a dispatch trigger: pgdispatch triggers remove [flags] NAME", stderr)
+	v := newValues(fs, connSettings)
+	wait := fs.Duration("lock-wait", triggers.DefaultLockWait, "how long to wait for the table's lock")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return errUsage
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "want exactly one trigger name")
+		fs.Usage()
+		return errUsage
+	}
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	callCtx, cancel := context.WithTimeout(ctx, c.timeout+*wait)
+	defer cancel()
+	if err := triggers.Remove(callCtx, c.pool, c.schema, fs.Arg(0), *wait); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "trigger %s removed\n", fs.Arg(0))
+	return nil
+}

@@ -1,0 +1,278 @@
+package triggers_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/workertest"
+	"github.com/pgdispatch/pgdispatch/triggers"
+)
+
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
+
+const waitFor = 20 * time.Second
+
+// event is the envelope a dispatch trigger merges into the payload.
+type event struct {
+	EventID string         `json:"event_id"`
+	Trigger string         `json:"trigger"`
+	Op      string         `json:"op"`
+	Schema  string         `json:"schema"`
+	Table   string         `json:"table"`
+	New     map[string]any `json:"new"`
+	Old     map[string]any `json:"old"`
+	Extra   string         `json:"extra"`
+}
+
+type bundle struct {
+	schema string // pgdispatch's
+	table  string // the application's table, quoted
+	got    chan event
+	url    string
+}
+
+// setup runs a worker with the http_callback executor on a fresh schema, a
+// real HTTP receiver, and an application table named tableName in that
+// schema.
+func setup(t *testing.T, tableName string) *bundle {
+	t.Helper()
+	got := make(chan event, 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var e event
+		if err := json.Unmarshal(body, &e); err != nil {
+			t.Errorf("receiver: %v: %s", err, body)
+		}
+		got <- e
+	}))
+	t.Cleanup(srv.Close)
+	exec, err := httpcallback.New(httpcallback.Config{})
+	require.NoError(t, err)
+	reg := executors.NewRegistry()
+	reg.Register(httpcallback.Kind, exec)
+	schema := workertest.Start(t, "triggers-test", reg)
+	b := &bundle{schema: schema, table: pgx.Identifier{schema, tableName}.Sanitize(), got: got, url: srv.URL}
+	b.exec(t, "CREATE TABLE "+b.table+" (id int PRIMARY KEY, status text NOT NULL, total numeric)")
+	return b
+}
+
+func (b *bundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := pgtest.Pool(t).Exec(ctx, sql, args...)
+	require.NoError(t, err)
+}
+
+func (b *bundle) add(t *testing.T, s triggers.Spec) string {
+	t.Helper()
+	if s.Table == "" {
+		s.Table = b.table
+	}
+	if s.Kind == "" {
+		s.Kind = httpcallback.Kind
+		s.Payload = json.RawMessage(`{"url": "` + b.url + `/orders", "data": {"extra": "kept"}}`)
+	}
+	name, created, err := triggers.Add(context.Background(), pgtest.Pool(t), b.schema, s)
+	require.NoError(t, err)
+	require.True(t, created)
+	return name
+}
+
+func (b *bundle) receive(t *testing.T) event {
+	t.Helper()
+	select {
+	case e := <-b.got:
+		return e
+	case <-time.After(waitFor):
+		t.Fatal("the receiver got nothing")
+		return event{}
+	}
+}
+
+func (b *bundle) jobCount(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"SELECT count(*) FROM "+pgx.Identifier{b.schema, "jobs"}.Sanitize()).Scan(&n))
+	return n
+}
+
+// Acceptance 1: a committed INSERT into the application's table reaches a
+// real HTTP receiver, with the row in the envelope; acceptance 2: a rolled
+// back one creates no job.
+func TestInsertReachesReceiver(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "orders")
+	name := b.add(t, triggers.Spec{Events: []string{"insert"}})
+	require.Equal(t, "orders_http_callback", name)
+	ctx := context.Background()
+
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+
+	b.exec(t, "INSERT INTO "+b.table+" VALUES (2, 'new', 12.5)")
+	committed := time.Now()
+	e := b.receive(t)
+	t.Logf("commit to delivery: %s", time.Since(committed))
+	require.Equal(t, "INSERT", e.Op)
+	require.Equal(t, "orders", e.Table)
+	require.Equal(t, b.schema, e.Schema)
+	require.Equal(t, name, e.Trigger)
+	require.NotEmpty(t, e.EventID)
+	require.Equal(t, map[string]any{"id": 2.0, "status": "new", "total": 12.5}, e.New)
+	require.Nil(t, e.Old)
+	require.Equal(t, "kept", e.Extra, "the given data is merged with the envelope")
+	require.Equal(t, 1, b.jobCount(t), "the rolled-back insert made no job")
+}
+
+// Acceptance 3: --when filters rows; updates carry the old row.
+func TestWhenFilters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "orders")
+	b.add(t, triggers.Spec{Events: []string{"insert", "update"}, When: "NEW.status = 'paid'", Name: "orders_paid"})
+	b.exec(t, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
+	b.exec(t, "UPDATE "+b.table+" SET total = 11 WHERE id = 1")
+	b.exec(t, "UPDATE "+b.table+" SET status = 'paid' WHERE id = 1")
+	e := b.receive(t)
+	require.Equal(t, "UPDATE", e.Op)
+	require.Equal(t, "paid", e.New["status"])
+	require.Equal(t, "new", e.Old["status"])
+	require.Equal(t, 1, b.jobCount(t), "only the row that matched made a job")
+}
+
+// Acceptance 4: remove stops dispatch; list shows what add made.
+func TestListAndRemove(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "orders")
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	name := b.add(t, triggers.Spec{Events: []string{"insert", "delete"}, Queue: "events"})
+
+	_, created, err := triggers.Add(ctx, pool, b.schema, triggers.Spec{Table: b.table, Kind: httpcallback.Kind, Events: []string{"insert"}})
+	require.NoError(t, err)
+	require.False(t, created, "adding it again changes nothing")
+
+	list, err := triggers.List(ctx, pool, b.schema)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, name, list[0].Name)
+	require.Equal(t, b.schema+".orders", list[0].Table, "as PostgreSQL prints the name")
+	require.Equal(t, []string{"delete", "insert"}, list[0].Events)
+	require.Equal(t, "events", list[0].Queue)
+	require.True(t, list[0].Present)
+
+	require.NoError(t, triggers.Remove(ctx, pool, b.schema, name, 0))
+	b.exec(t, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
+	require.Zero(t, b.jobCount(t))
+	list, err = triggers.List(ctx, pool, b.schema)
+	require.NoError(t, err)
+	require.Empty(t, list)
+	require.ErrorIs(t, triggers.Remove(ctx, pool, b.schema, name, 0), triggers.ErrNotFound)
+}
+
+// Other kinds find the envelope under "event", rabbitmq under "body".
+func TestEnvelopeField(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "orders")
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	for kind, field := range map[string]string{"rabbitmq": "body", "audit": "event"} {
+		_, _, err := triggers.Add(ctx, pool, b.schema, triggers.Spec{Table: b.table, Kind: kind, Queue: "elsewhere",
+			Payload: json.RawMessage(`{"exchange": "x"}`)})
+		require.NoError(t, err)
+		var op string
+		b.exec(t, "INSERT INTO "+b.table+" VALUES ($1, 'new', 1)", len(field))
+		require.NoError(t, pool.QueryRow(ctx, "SELECT payload->$1->>'op' FROM "+pgx.Identifier{b.schema, "jobs"}.Sanitize()+
+			" WHERE kind = $2", field, kind).Scan(&op), kind)
+		require.Equal(t, "INSERT", op, kind)
+		require.NoError(t, triggers.Remove(ctx, pool, b.schema, "orders_"+kind, 0))
+	}
+}
+
+// Acceptance 5: add while another session holds a lock on the table fails
+// fast with a clear message, and the table's writers go on.
+func TestAddFailsFastOnLockedTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "orders")
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+
+	holder, err := pool.Begin(ctx) // a writer with a long transaction
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
+	require.NoError(t, err)
+
+	started := time.Now()
+	_, _, err = triggers.Add(ctx, pool, b.schema, triggers.Spec{Table: b.table, Kind: httpcallback.Kind, LockWait: 300 * time.Millisecond})
+	require.ErrorIs(t, err, triggers.ErrLocked)
+	require.Contains(t, err.Error(), "nothing was changed")
+	require.Less(t, time.Since(started), 5*time.Second)
+
+	writeCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = pool.Exec(writeCtx, "INSERT INTO "+b.table+" VALUES (2, 'new', 10)")
+	require.NoError(t, err, "other writers are not blocked")
+	list, err := triggers.List(ctx, pool, b.schema)
+	require.NoError(t, err)
+	require.Empty(t, list)
+}
+
+// Acceptance 6: a table name with quotes and spaces.
+func TestOddTableName(t *testing.T) {
+	t.Parallel()
+	b := setup(t, `order "items" list`)
+	name := b.add(t, triggers.Spec{Name: `odd "trigger" name`})
+	b.exec(t, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
+	e := b.receive(t)
+	require.Equal(t, `order "items" list`, e.Table)
+	require.Equal(t, name, e.Trigger)
+	require.NoError(t, triggers.Remove(context.Background(), pgtest.Pool(t), b.schema, name, 0))
+}
+
+// Acceptance 7: a malicious table name or WHEN condition drops nothing and
+// leaves no trigger behind.
+func TestInjectionDropsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "orders")
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	victim := pgx.Identifier{b.schema, "victim"}.Sanitize()
+	b.exec(t, "CREATE TABLE "+victim+" (id int)")
+
+	for _, s := range []triggers.Spec{
+		{Table: b.table + "; DROP TABLE " + victim + "; --"},
+		{Table: b.table + " EXECUTE FUNCTION pg_catalog.now(); DROP TABLE " + victim},
+		{Table: "(SELECT 1); DROP TABLE " + victim},
+		{Table: b.table, When: "true); DROP TABLE " + victim + "; --"},
+		{Table: b.table, When: "true) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger() --"},
+		{Table: b.table, When: "true) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger() /*"},
+		{Table: b.table, When: "NEW.id > 0) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger("},
+	} {
+		s.Kind = httpcallback.Kind
+		_, _, err := triggers.Add(ctx, pool, b.schema, s)
+		require.Error(t, err, "%+v", s)
+		t.Logf("refused: %v", err)
+	}
+	var exists bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", victim).Scan(&exists))
+	require.True(t, exists, "the victim table is still there")
+	var triggersLeft int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal", b.table).Scan(&triggersLeft))
+	require.Zero(t, triggersLeft)
+}
