@@ -21,9 +21,9 @@
 -- PL/pgSQL only to notify. The triggers are BEFORE triggers, whose WHEN is
 -- evaluated as each row is written, and the function records in a
 -- transaction-local setting that it has notified the queue: the rest of a
--- bulk insert or COPY then skips the try and the call. (AFTER triggers
--- evaluate WHEN for every row before the first call.) The function has no
--- SET clause, since leaving such a function undoes its set_config.
+-- bulk insert or COPY then skips the call. (AFTER triggers evaluate WHEN for
+-- every row before the first call.) The function has no SET clause, since
+-- leaving such a function undoes its set_config.
 --
 -- Future rows notify too: a woken worker claims nothing yet, learns the
 -- earliest run_at and sleeps until then.
@@ -48,8 +48,8 @@ CREATE TRIGGER jobs_notify_insert
     BEFORE INSERT ON {{.schema}}.jobs
     FOR EACH ROW
     WHEN (NEW.status = 'pending'
-          AND current_setting('pgdispatch.notified', true) IS DISTINCT FROM {{.sleep_key_prefix}} || NEW.queue
-          AND NOT pg_try_advisory_xact_lock_shared(hashtext('pgdispatch.sleep'), hashtext({{.sleep_key_prefix}} || NEW.queue)))
+          AND NOT pg_try_advisory_xact_lock_shared(hashtext('pgdispatch.sleep'), hashtext({{.sleep_key_prefix}} || NEW.queue))
+          AND current_setting('pgdispatch.notified', true) IS DISTINCT FROM {{.sleep_key_prefix}} || NEW.queue)
     EXECUTE FUNCTION {{.schema}}.notify_sleeper();
 
 -- A job made pending again (a retry, a rescue, an operator's UPDATE), or
@@ -60,8 +60,8 @@ CREATE TRIGGER jobs_notify_update
     FOR EACH ROW
     WHEN (NEW.status = 'pending'
           AND (OLD.status IS DISTINCT FROM 'pending' OR OLD.run_at IS DISTINCT FROM NEW.run_at)
-          AND current_setting('pgdispatch.notified', true) IS DISTINCT FROM {{.sleep_key_prefix}} || NEW.queue
-          AND NOT pg_try_advisory_xact_lock_shared(hashtext('pgdispatch.sleep'), hashtext({{.sleep_key_prefix}} || NEW.queue)))
+          AND NOT pg_try_advisory_xact_lock_shared(hashtext('pgdispatch.sleep'), hashtext({{.sleep_key_prefix}} || NEW.queue))
+          AND current_setting('pgdispatch.notified', true) IS DISTINCT FROM {{.sleep_key_prefix}} || NEW.queue)
     EXECUTE FUNCTION {{.schema}}.notify_sleeper();
 
 -- Every claim and completion writes a new row version, and none can be HOT
