@@ -278,6 +278,8 @@ func TestThreeWorkersRunEachJobOnce(t *testing.T) {
 	b.rec.mu.Unlock()
 
 	var done, attempts1, workers int
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'done'),
 		count(*) FILTER (WHERE attempts = 1), 0 FROM `+b.jobs).Scan(&done, &attempts1, &workers))
 	require.Equal(t, n, done)

@@ -167,6 +167,7 @@ type Claimer struct {
 	pending  []outcome          // outcomes not yet written
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
+	sleeping                                            atomic.Bool // see Sleeping
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -233,9 +234,10 @@ func (c *Claimer) Wake() {
 	}
 }
 
-// Sleeping reports whether the claimer sleeps holding its queue's sleep key,
-// so that writers notify it.
-func (c *Claimer) Sleeping() bool { return c.sleep.holding.Load() }
+// Sleeping reports whether the claimer sleeps: it holds its queue's sleep
+// key and has looked at the queue since it took it, so a job committed from
+// now on is found by a notification (or the fallback tick).
+func (c *Claimer) Sleeping() bool { return c.sleeping.Load() && c.sleep.holding.Load() }
 
 // Stats returns the claimer's counters.
 func (c *Claimer) Stats() Stats {
@@ -330,7 +332,7 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 		if free == 0 {
 			// Claim again when a slot frees, notified or not.
 			backlog, asleep, idle = true, false, 0
-			c.sleep.wake()
+			c.wakeUp()
 			continue
 		}
 		claimed, next, err := c.claim(ctx, free)
@@ -364,14 +366,15 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 		case len(claimed) == free:
 			// More may be due: the next freed slot claims again.
 			backlog, asleep, idle = true, false, 0
-			c.sleep.wake()
+			c.wakeUp()
 		case len(claimed) > 0:
 			backlog, asleep, idle = false, false, 0
-			c.sleep.wake()
+			c.wakeUp()
 			wait = minPoll
 		case asleep:
 			backlog = false
 			if fromGrant {
+				c.sleeping.Store(true)
 				c.sleeps.Add(1)
 				if c.cfg.OnSleep != nil {
 					c.cfg.OnSleep()
@@ -397,6 +400,12 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 			sched.Stop()
 		}
 	}
+}
+
+// wakeUp ends a sleep: it gives the sleep key back.
+func (c *Claimer) wakeUp() {
+	c.sleeping.Store(false)
+	c.sleep.wake()
 }
 
 // lingerWait is the pause before the next look at a queue found empty idle

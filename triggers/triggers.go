@@ -37,7 +37,7 @@ import (
 func Channel(schema string) string { return schema }
 
 // DefaultLockWait bounds how long Add and Remove wait for the table's lock.
-const DefaultLockWait = 2 * time.Second
+const DefaultLockWait = time.Second
 
 // ErrLocked is returned when the table stayed locked by another session for
 // longer than the lock wait. Nothing was changed, and the table's writers did

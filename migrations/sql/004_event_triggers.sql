@@ -71,7 +71,7 @@ CREATE FUNCTION {{.schema}}.add_trigger(
     queue        text     DEFAULT 'default',
     when_expr    text     DEFAULT NULL,
     trigger_name text     DEFAULT NULL,
-    lock_wait    interval DEFAULT '2 seconds'
+    lock_wait    interval DEFAULT '1 second'
 ) RETURNS TABLE (name text, created boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -129,7 +129,7 @@ $$;
 
 -- remove_trigger drops a trigger add_trigger made, waiting at most lock_wait
 -- for the table's lock.
-CREATE FUNCTION {{.schema}}.remove_trigger(trigger_name text, lock_wait interval DEFAULT '2 seconds')
+CREATE FUNCTION {{.schema}}.remove_trigger(trigger_name text, lock_wait interval DEFAULT '1 second')
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
