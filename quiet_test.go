@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -18,6 +19,7 @@ import (
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 )
 
@@ -312,4 +314,40 @@ func TestPeerTakesOverSleepKey(t *testing.T) {
 	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
 	b.rec.waitStart(t, id, waitFor)
 	require.Equal(t, int64(1), other.Claimer(pgdispatch.DefaultQueue).Stats().Claimed)
+}
+
+// The server restarts under a sleeping worker: every connection is cut, the
+// sleep key with them. The worker comes back by itself, and a job inserted
+// after the restart runs long before the fallback tick.
+func TestServerRestart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cluster, err := pgcluster.Start(ctx, pgcluster.Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cluster.Stop() })
+	poolCfg, err := pgxpool.ParseConfig(cluster.URL())
+	require.NoError(t, err)
+	poolCfg.ConnConfig.RuntimeParams["application_name"] = "pgdispatch-restart-test"
+	pool, err := pgxpool.NewWithConfig(ctx, poolCfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	require.NoError(t, pgdispatch.Migrate(ctx, pool, pgdispatch.DefaultSchema))
+
+	b := &bundle{rec: newRecorder(), registry: executors.NewRegistry(), sleeps: make(chan string, 1024)}
+	b.registry.Register("record", b.rec)
+	cfg := b.config(t, "w")
+	cfg.Pool, cfg.Schema = pool, pgdispatch.DefaultSchema
+	cfg.ReconnectMin = 50 * time.Millisecond
+	w, _, listening := start(t, cfg)
+	b.waitAsleep(t, w)
+
+	require.NoError(t, cluster.Restart(ctx))
+	restarted := time.Now()
+	waitListening(t, listening)
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO pgdispatch.jobs (kind) VALUES ('record') RETURNING id").Scan(&id))
+	startedAt := b.rec.waitStart(t, id, waitFor)
+	t.Logf("restart to the first job's start: %s", startedAt.Sub(restarted))
+	require.Zero(t, w.Claimer(pgdispatch.DefaultQueue).Stats().TickHits)
 }

@@ -30,6 +30,9 @@ const (
 	// writer kept its transaction open that long, or a peer slept that long)
 	// makes the claimer look at the queue and ask again.
 	sleepLockWait = 5 * time.Minute
+	// maxSleepRetry bounds the pause between tries to take the key while
+	// the database cannot be reached.
+	maxSleepRetry = time.Second
 )
 
 // sleepLock holds a queue's sleep key while its claimer sleeps, on a
@@ -199,12 +202,14 @@ func (s *sleepLock) drop(ctx context.Context, conn *pgx.Conn) *pgx.Conn {
 }
 
 // fail logs a failure, tells the claimer to look at the queue (writers skip
-// NOTIFY while nobody holds the key), and backs off before the next try.
+// NOTIFY while nobody holds the key), and backs off before the next try, by
+// at most maxSleepRetry: until the key is held again, these looks are how
+// the claimer finds new jobs.
 func (s *sleepLock) fail(ctx context.Context, msg string, err error, failures int) {
 	if ctx.Err() != nil {
 		return
 	}
-	delay := claimRetryDelay(failures)
+	delay := min(claimRetryDelay(failures), maxSleepRetry)
 	s.logger.Warn(msg, zap.Error(err), zap.Int("failures", failures), zap.Duration("retry_in", delay))
 	signal(s.recheck)
 	t := time.NewTimer(delay)

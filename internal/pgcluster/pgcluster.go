@@ -106,6 +106,16 @@ func (c *Cluster) Stop() error {
 	return rmErr
 }
 
+// Restart stops the server at once (pg_ctl restart -m fast: sessions are
+// cut) and starts it again with the same settings.
+func (c *Cluster) Restart(ctx context.Context) error {
+	out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-l", filepath.Join(c.dir, "postgres.log"), "-w", "-t", "60", "-m", "fast", "restart").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("throwaway cluster: pg_ctl restart: %w\n%s", err, out)
+	}
+	return nil
+}
+
 func (c *Cluster) command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, filepath.Join(c.bin, name), args...)
 	cmd.Dir = c.dir
