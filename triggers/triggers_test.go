@@ -192,8 +192,9 @@ func TestEnvelopeField(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t)
 	for kind, field := range map[string]string{"rabbitmq": "body", "audit": "event"} {
-		_, _, err := triggers.Add(ctx, pool, b.schema, triggers.Spec{Table: b.table, Kind: kind, Queue: "elsewhere",
-			Payload: json.RawMessage(`{"exchange": "x"}`)})
+		_, _, err := triggers.Add(ctx, pool, b.schema, triggers.Spec{
+			Table: b.table, Kind: kind, Queue: "elsewhere", Payload: json.RawMessage(`{"exchange": "x"}`),
+		})
 		require.NoError(t, err)
 		var op string
 		b.exec(t, "INSERT INTO "+b.table+" VALUES ($1, 'new', 1)", len(field))
