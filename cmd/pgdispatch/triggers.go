@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/triggers"
@@ -78,14 +79,14 @@ func triggersAdd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	for _, e := range strings.Split(*on, ",") {
 		s.Events = append(s.Events, strings.TrimSpace(e))
 	}
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
+	var (
+		name    string
+		created bool
+	)
+	err := onDatabase(ctx, v, s.LockWait, func(ctx context.Context, c *conn) (err error) {
+		name, created, err = triggers.Add(ctx, c.pool, c.schema, s)
 		return err
-	}
-	defer c.pool.Close()
-	callCtx, cancel := context.WithTimeout(ctx, c.timeout+s.LockWait)
-	defer cancel()
-	name, created, err := triggers.Add(callCtx, c.pool, c.schema, s)
+	})
 	if err != nil {
 		return err
 	}
@@ -104,14 +105,11 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
+	var list []triggers.Trigger
+	err := onDatabase(ctx, v, 0, func(ctx context.Context, c *conn) (err error) {
+		list, err = triggers.List(ctx, c.pool, c.schema)
 		return err
-	}
-	defer c.pool.Close()
-	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	list, err := triggers.List(callCtx, c.pool, c.schema)
+	})
 	if err != nil {
 		return err
 	}
@@ -147,16 +145,25 @@ func triggersRemove(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errUsage
 	}
+	err := onDatabase(ctx, v, *wait, func(ctx context.Context, c *conn) error {
+		return triggers.Remove(ctx, c.pool, c.schema, fs.Arg(0), *wait)
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "trigger %s removed\n", fs.Arg(0))
+	return nil
+}
+
+// onDatabase connects as v says and runs f with a context bounded by the
+// statement timeout plus extra (a lock wait), then closes the connection.
+func onDatabase(ctx context.Context, v *values, extra time.Duration, f func(ctx context.Context, c *conn) error) error {
 	c, err := openConn(ctx, v, v.databaseURL())
 	if err != nil {
 		return err
 	}
 	defer c.pool.Close()
-	callCtx, cancel := context.WithTimeout(ctx, c.timeout+*wait)
+	callCtx, cancel := context.WithTimeout(ctx, c.timeout+extra)
 	defer cancel()
-	if err := triggers.Remove(callCtx, c.pool, c.schema, fs.Arg(0), *wait); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "trigger %s removed\n", fs.Arg(0))
-	return nil
+	return f(callCtx, c)
 }
