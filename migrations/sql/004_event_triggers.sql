@@ -20,10 +20,11 @@ CREATE TABLE {{.schema}}.event_triggers (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
--- The trigger function: TG_ARGV is (kind, queue, payload).
+-- The trigger function: TG_ARGV is (kind, queue, payload). It has no SET
+-- clause, which would undo at every row the jobs trigger's note that it has
+-- notified (migration 003), so it names pg_catalog's functions in full.
 CREATE FUNCTION {{.schema}}.dispatch_event() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     job_kind    text  := TG_ARGV[0];
@@ -32,22 +33,22 @@ DECLARE
     envelope    jsonb;
     field       text;
 BEGIN
-    envelope := jsonb_build_object(
-        'event_id', gen_random_uuid(),
+    envelope := pg_catalog.jsonb_build_object(
+        'event_id', pg_catalog.gen_random_uuid(),
         'trigger',  TG_NAME,
         'op',       TG_OP,
         'schema',   TG_TABLE_SCHEMA,
         'table',    TG_TABLE_NAME,
-        'at',       now(),
-        'new',      CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END,
-        'old',      CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END);
+        'at',       pg_catalog.now(),
+        'new',      CASE WHEN TG_OP <> 'DELETE' THEN pg_catalog.to_jsonb(NEW) END,
+        'old',      CASE WHEN TG_OP <> 'INSERT' THEN pg_catalog.to_jsonb(OLD) END);
     -- http_callback POSTs data, rabbitmq publishes body; other kinds read event.
     field := CASE job_kind WHEN 'http_callback' THEN 'data' WHEN 'rabbitmq' THEN 'body' ELSE 'event' END;
-    IF jsonb_typeof(job_payload -> field) = 'object' THEN
+    IF pg_catalog.jsonb_typeof(job_payload -> field) = 'object' THEN
         envelope := (job_payload -> field) || envelope;
     END IF;
     INSERT INTO {{.schema}}.jobs (kind, queue, payload)
-    VALUES (job_kind, job_queue, jsonb_set(job_payload, ARRAY[field], envelope));
+    VALUES (job_kind, job_queue, pg_catalog.jsonb_set(job_payload, ARRAY[field], envelope));
     RETURN NULL;
 END
 $$;
