@@ -257,13 +257,6 @@ func TestNoWakeUpLost(t *testing.T) {
 		delays[len(delays)/2], delays[len(delays)*99/100], delays[len(delays)-1])
 }
 
-func cmpOr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
-}
-
 // The sleep key's connection dies while the claimer sleeps. Writers then find
 // the key free and skip NOTIFY, so the claimer must notice at once, look at
 // the queue, and take the key again.

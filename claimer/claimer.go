@@ -361,18 +361,17 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 		if fromGrant && len(claimed) > 0 {
 			c.logger.Debug("the look after taking the sleep key found jobs", zap.Int("num_claimed", len(claimed)))
 		}
+		// A full claim means more may be due: the next freed slot claims again.
+		backlog = len(claimed) == free
 		wait := time.Duration(-1) // until the next claim; -1: none planned
 		switch {
-		case len(claimed) == free:
-			// More may be due: the next freed slot claims again.
-			backlog, asleep, idle = true, false, 0
-			c.wakeUp()
 		case len(claimed) > 0:
-			backlog, asleep, idle = false, false, 0
+			asleep, idle = false, 0
 			c.wakeUp()
-			wait = minPoll
+			if !backlog {
+				wait = minPoll
+			}
 		case asleep:
-			backlog = false
 			if fromGrant {
 				c.sleeping.Store(true)
 				c.sleeps.Add(1)
@@ -381,7 +380,6 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 				}
 			}
 		default:
-			backlog = false
 			idle++
 			var lingering bool
 			if wait, lingering = lingerWait(c.cfg.Linger, idle); !lingering {

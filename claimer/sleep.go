@@ -101,9 +101,7 @@ func (s *sleepLock) run(ctx context.Context) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
-			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
-			_ = conn.Close(closeCtx)
-			cancel()
+			s.drop(ctx, conn)
 		}
 	}()
 	failures := 0
