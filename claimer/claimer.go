@@ -53,8 +53,10 @@ const (
 	defaultRetryBackoff     = 30 * time.Second
 	maxRetryBackoff         = 24 * time.Hour
 	maxCompletionBatch      = 1000
-	// minScheduleWait is the shortest sleep until a scheduled run_at.
+	// minScheduleWait and maxScheduleWait bound the sleep until a scheduled
+	// run_at.
 	minScheduleWait = time.Millisecond
+	maxScheduleWait = 24 * time.Hour
 	// maxPendingOutcomes is how many outcomes may wait to be written before
 	// the claimer stops taking new jobs.
 	maxPendingOutcomes = 2 * maxCompletionBatch
@@ -472,7 +474,7 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time
 			return nil, nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn != nil {
-			d := time.Duration(*nextIn * float64(time.Second))
+			d := scheduleWait(*nextIn)
 			next = &d
 		}
 		if id == nil {
@@ -498,6 +500,18 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time
 	c.mu.Unlock()
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", len(claimed)))
 	return claimed, next, nil
+}
+
+// scheduleWait turns the seconds until the earliest future run_at into a
+// wait, capped at maxScheduleWait: a job due in the year 9999 is further
+// away than a time.Duration reaches, and the conversion would overflow to a
+// negative wait, a claim every millisecond. The fallback tick comes sooner
+// than the cap anyway.
+func scheduleWait(seconds float64) time.Duration {
+	if !(seconds < maxScheduleWait.Seconds()) { // also NaN
+		return maxScheduleWait
+	}
+	return time.Duration(seconds * float64(time.Second))
 }
 
 // runHeartbeat renews the leases of this claimer's jobs every Lease/3.

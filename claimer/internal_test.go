@@ -2,6 +2,7 @@ package claimer
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -28,4 +29,13 @@ func TestErrText(t *testing.T) {
 	long := *errText(errors.New(strings.Repeat("é", maxErrorLen)))
 	require.True(t, utf8.ValidString(long))
 	require.LessOrEqual(t, len(long), maxErrorLen+len("…"))
+}
+
+func TestScheduleWait(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 1500*time.Millisecond, scheduleWait(1.5))
+	// The year 9999 is about 2.5e11 s away: past what a Duration holds.
+	require.Equal(t, maxScheduleWait, scheduleWait(2.5e11))
+	require.Equal(t, maxScheduleWait, scheduleWait(math.Inf(1)))
+	require.Equal(t, maxScheduleWait, scheduleWait(math.NaN()))
 }

@@ -162,7 +162,7 @@ func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _
 func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	h.l.failures.Store(0)
 	h.l.connected.Store(true)
-	h.l.logger.Debug("listening", zap.String("channel", h.l.cfg.Channel))
+	h.l.logger.Info("listening", zap.String("channel", h.l.cfg.Channel))
 	h.l.cfg.WakeAll()
 	if h.l.cfg.OnListen != nil {
 		h.l.cfg.OnListen()

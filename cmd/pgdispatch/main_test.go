@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
@@ -402,4 +404,17 @@ func TestListenDatabaseURL(t *testing.T) {
 	w.Status(t, id, "done", 30*time.Second)
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, 30*time.Second))
+}
+
+// RETAIN_DONE=0 deletes each job as soon as it is done.
+func TestRetainDoneZeroDeletesAtOnce(t *testing.T) {
+	t.Parallel()
+	for retain, deleteDone := range map[string]bool{"0": true, "0s": true, "1h": false} {
+		fs := newFlagSet("run", "", io.Discard)
+		v := newValues(fs, connSettings, workerSettings)
+		require.NoError(t, fs.Parse([]string{"--retain-done", retain}))
+		cfg, err := workerConfig(v, &conn{pool: pgtest.Pool(t), schema: "s", timeout: time.Second, logger: zap.NewNop()})
+		require.NoError(t, err)
+		require.Equal(t, deleteDone, cfg.DeleteDone, "RETAIN_DONE=%s", retain)
+	}
 }

@@ -134,7 +134,7 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 		}
 		cfg.WorkerID = host
 	}
-	if cfg.RetainDone == 0 && len(errs) == 0 {
+	if cfg.RetainDone == 0 && errors.Join(errs...) == nil { // errs holds nils
 		cfg.DeleteDone = true
 	}
 	if cfg.Linger == 0 {

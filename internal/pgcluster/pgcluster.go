@@ -94,6 +94,9 @@ func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
 }
 
+// LogPath is the server's log file.
+func (c *Cluster) LogPath() string { return filepath.Join(c.dir, "postgres.log") }
+
 // Stop stops the server and removes its directory.
 func (c *Cluster) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The scenarios run one after another: some restart the shared cluster.
+
+const slots = 8 // CONCURRENCY of every worker in these scenarios
+
+func hookPayload(r *receiver) func(string) any {
+	return func(key string) any {
+		return map[string]any{"url": r.url("/hook"), "data": map[string]any{"k": key}}
+	}
+}
+
+// every runs fault every interval until ctx ends and returns how many times
+// it ran.
+func every(ctx context.Context, interval time.Duration, fault func()) int {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	n := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return n
+		case <-t.C:
+			fault()
+			n++
+		}
+	}
+}
+
+// Scenario 1: kill -9 a random worker every few seconds while three drain a
+// steady stream, restarting it each time. The dead worker's jobs come back
+// when their leases expire.
+func TestKillWorkers(t *testing.T) {
+	s := newScenario(t, "kill9", nil)
+	s.dumpLogsOnFailure()
+	r := newReceiver(t)
+	ws := s.startWorkers(3)
+
+	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	defer stop()
+	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	restarts := 0
+	kills := every(ctx, streamFor/5, func() {
+		i := rand.IntN(len(ws))
+		s.fault(ws[i].kill9)
+		restarts++
+		ws[i] = s.startWorker(fmt.Sprintf("%s-%d-r%d", s.name, i+1, restarts))
+		s.waitListening(ws[i])
+	})
+	keys := p.wait(t)
+	s.drain(60 * time.Second)
+	// A killed worker can have had every slot in flight.
+	s.verify(keys, r.deliveries(), r.deliveryTimes(), kills*slots)
+	s.checkServing(r, slots)
+	s.grepLogs()
+}
+
+// Scenario 2: terminate every pgdispatch session again and again: the pool's
+// connections, the listener's and the sleep key's.
+func TestTerminateConnections(t *testing.T) {
+	s := newScenario(t, "terminate", nil)
+	s.dumpLogsOnFailure()
+	r := newReceiver(t)
+	s.startWorkers(3)
+
+	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	defer stop()
+	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	var sessions []int
+	terminations := every(ctx, streamFor/6, func() {
+		s.fault(func() {
+			callCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			var n int
+			err := s.pool.QueryRow(callCtx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE application_name LIKE 'pgdispatch%' AND datname = current_database()`).Scan(&n)
+			require.NoError(t, err)
+			sessions = append(sessions, n)
+		})
+	})
+	keys := p.wait(t)
+	for i, n := range sessions {
+		// Three workers hold at least a listener and a pool connection each.
+		require.GreaterOrEqual(t, n, 6, "termination %d found only %d pgdispatch sessions", i+1, n)
+	}
+	s.drain(60 * time.Second)
+	// An outcome lost with its connection is written again; only a claim
+	// whose answer was lost waits for its lease, and runs once.
+	s.verify(keys, r.deliveries(), r.deliveryTimes(), terminations*3*slots)
+	s.checkServing(r, slots)
+	s.grepLogs()
+}
+
+// Scenario 3: restart PostgreSQL (pg_ctl restart -m fast) mid-stream. The
+// workers reconnect on their own.
+func TestRestartPostgres(t *testing.T) {
+	s := newScenario(t, "restart", nil)
+	s.dumpLogsOnFailure()
+	r := newReceiver(t)
+	s.startWorkers(3)
+
+	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	defer stop()
+	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	restarts := every(ctx, streamFor/3, func() {
+		s.fault(func() {
+			restartCtx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			require.NoError(t, cluster.Restart(restartCtx))
+		})
+	})
+	keys := p.wait(t)
+	require.Positive(t, restarts)
+	s.drain(60 * time.Second)
+	s.verify(keys, r.deliveries(), r.deliveryTimes(), restarts*3*slots)
+	s.checkServing(r, slots)
+	s.grepLogs()
+}
+
+// Scenario 5: the receiver answers 500 for a while, then hangs past the job
+// timeout, then recovers. Every job ends done with its attempts recorded,
+// and no slot stays stuck on a hung request.
+func TestFailingReceiver(t *testing.T) {
+	s := newScenario(t, "receiver", map[string]string{"JOB_TIMEOUT": "1s"})
+	s.dumpLogsOnFailure()
+	r := newReceiver(t)
+	s.startWorkers(3)
+
+	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	defer stop()
+	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	phase := time.NewTicker(streamFor / 4)
+	<-phase.C
+	s.fault(func() {
+		r.mode.Store(recvFail)
+		<-phase.C
+		r.mode.Store(recvHang)
+		<-phase.C
+		r.mode.Store(recvOK)
+	})
+	phase.Stop()
+	keys := p.wait(t)
+	s.drain(90 * time.Second)
+	// Answers are recorded only when they succeed, and no process died:
+	// every job was delivered exactly once.
+	s.verify(keys, r.deliveries(), r.deliveryTimes(), 0)
+
+	r.mu.Lock()
+	hung := r.hung
+	r.mu.Unlock()
+	require.Positive(t, hung, "no request hung until the job timeout")
+	rows := s.rowsByKey()
+	retried := 0
+	for _, k := range keys {
+		if rows[k].attempts > 1 {
+			retried++
+		}
+	}
+	require.Positive(t, retried, "no job needed a second attempt: the faults did not bite")
+	t.Logf("receiver: %d of %d jobs retried, %d requests hung until the timeout", retried, len(keys), hung)
+	s.checkServing(r, slots)
+	s.grepLogs()
+}
+
+// Scenario 4: close the workers' broker connections mid-stream of rabbitmq
+// jobs. A job is done only when the broker confirmed its message, so every
+// done job's message is in the queue.
+func TestCloseBrokerConnections(t *testing.T) {
+	b := newBroker(t, "pgdispatch_e2e")
+	s := newScenario(t, "rabbit", map[string]string{"RABBITMQ_URL": b.url})
+	s.dumpLogsOnFailure()
+	s.startWorkers(3)
+
+	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	defer stop()
+	p := s.produce(ctx, s.name, 5*time.Millisecond, "rabbitmq", func(key string) any {
+		return map[string]any{"routing_key": b.queue, "body": map[string]any{"k": key}}
+	})
+	closes := every(ctx, streamFor/4, func() { s.fault(func() { b.closeAll(t) }) })
+	keys := p.wait(t)
+	s.drain(90 * time.Second)
+	got, times := b.receive(t)
+	s.verify(keys, got, times, closes*3*slots)
+	require.Contains(t, s.logs(), "reconnected to the broker", "no worker saw its connection closed")
+	s.grepLogs()
+}
