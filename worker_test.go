@@ -428,6 +428,40 @@ func TestPanicAndTimeout(t *testing.T) {
 	require.Contains(t, *s.Error, "timed out after 200ms")
 }
 
+// An executor that ignores its context loses its job, not its slot: the job
+// is given up on a little after its timeout, and the worker goes on.
+func TestExecutorIgnoringCancellation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	returned := make(chan struct{})
+	b.registry.Register("stuck", executors.Func(func(context.Context, *executors.Job) error {
+		defer close(returned)
+		<-release // not ctx.Done()
+		return nil
+	}))
+	cfg := b.config(t, "w")
+	cfg.Concurrency = 1
+	start(t, cfg)
+	stuck := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload, max_attempts) VALUES ('stuck', '{"timeout": "100ms"}', 1) RETURNING id`)
+	s := b.watch.Status(t, stuck, "dead", waitFor)
+	require.Contains(t, *s.Error, "the executor did not return within 2s of the job's end (timeout 100ms): abandoned")
+
+	// The only slot is free again.
+	next := b.insert(t, `INSERT INTO `+b.jobs+` (kind) VALUES ('record') RETURNING id`)
+	b.watch.Status(t, next, "done", waitFor)
+
+	// When the executor returns at last, its result changes nothing.
+	close(release)
+	<-returned
+	later := b.insert(t, `INSERT INTO `+b.jobs+` (kind) VALUES ('record') RETURNING id`)
+	b.watch.Status(t, later, "done", waitFor)
+	status, attempts, lastErr := b.row(t, stuck)
+	require.Equal(t, "dead", status)
+	require.Equal(t, 1, attempts)
+	require.Contains(t, *lastErr, "abandoned")
+}
+
 // The fallback tick claims jobs whose notification never came, and counts
 // the ticks that found work.
 func TestFallbackTickFindsMissedJobs(t *testing.T) {

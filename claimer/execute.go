@@ -22,7 +22,7 @@ const maxErrorLen = 2000
 type running struct {
 	attempt   int
 	reported  bool // its outcome is in pending
-	abandoned bool // given back at shutdown while its executor still ran
+	abandoned bool // given up on while its executor still ran (see watch)
 }
 
 // outcome is what becomes of one attempt.
@@ -35,18 +35,33 @@ type outcome struct {
 	release bool          // interrupted by shutdown: give the attempt back
 }
 
-// execute runs one claimed job and queues its outcome.
+// execute runs one claimed job and queues its outcome, unless the job was
+// abandoned meanwhile: then its slot and outcome are already accounted for.
 func (c *Claimer) execute(workCtx context.Context, job *executors.Job) {
 	o := c.run(workCtx, job)
-	c.mu.Lock()
-	c.running--
-	if r := c.inflight[job.ID]; r != nil && !r.abandoned {
-		r.reported = true
-		c.pending = append(c.pending, o)
+	if c.report(job.ID, o) {
+		return
 	}
+	c.logger.Warn("an abandoned job's executor returned at last; its result is dropped",
+		zap.Int64("job_id", job.ID), zap.Int("attempt", job.Attempt))
+}
+
+// report queues o as the outcome of the running job id and frees its slot.
+// It reports false, and does nothing, when id was already given up on.
+func (c *Claimer) report(id int64, o outcome) bool {
+	c.mu.Lock()
+	r := c.inflight[id]
+	if r == nil || r.reported || r.abandoned {
+		c.mu.Unlock()
+		return false
+	}
+	r.reported = true
+	c.running--
+	c.pending = append(c.pending, o)
 	c.mu.Unlock()
 	signal(c.flush)
 	signal(c.slotFreed)
+	return true
 }
 
 func signal(ch chan struct{}) {
@@ -75,8 +90,15 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
 
 	log.Debug("job started")
 	ctx, cancel := context.WithTimeout(workCtx, timeout)
+	// An executor that ignores its context must not hold the job and its
+	// slot for ever (the heartbeat would keep the lease): abandonGrace after
+	// the deadline or the hard stop, the job is given up on without it.
+	returned := make(chan struct{})
+	stopWatch := context.AfterFunc(ctx, func() { c.watch(workCtx, job, timeout, returned) })
 	start := time.Now()
 	err = safeExecute(ctx, exec, job)
+	close(returned)
+	stopWatch()
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	cancel()
 	if err != nil && timedOut {
@@ -86,6 +108,32 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
 	released := err != nil && workCtx.Err() != nil
 	log.Debug("job returned", zap.Duration("duration", time.Since(start)), zap.Bool("ok", err == nil))
 	return c.classify(log, job, err, released)
+}
+
+// watch runs once a job's context has ended. If the executor has not
+// returned abandonGrace later, the job is given up on: it retries (or is
+// dead when its attempts are used up), or is given back when the worker is
+// stopping, and its slot is free again. The executor's goroutine is left to
+// finish, or not, on its own.
+func (c *Claimer) watch(workCtx context.Context, job *executors.Job, timeout time.Duration, returned <-chan struct{}) {
+	t := time.NewTimer(abandonGrace)
+	defer t.Stop()
+	select {
+	case <-returned:
+		return
+	case <-t.C:
+	}
+	err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, timeout)
+	o := c.classify(c.jobLogger(job), job, err, workCtx.Err() != nil)
+	c.mu.Lock()
+	if r := c.inflight[job.ID]; r != nil && !r.reported && !r.abandoned {
+		r.abandoned = true
+		c.running--
+		c.pending = append(c.pending, o)
+	}
+	c.mu.Unlock()
+	signal(c.flush)
+	signal(c.slotFreed)
 }
 
 // jobLogger is the logger of one job's life. Its fields are added lazily:
@@ -207,6 +255,7 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) 
 			continue
 		}
 		r.abandoned = true
+		c.running--
 		msg := "interrupted by worker shutdown: the executor did not return after cancellation"
 		c.pending = append(c.pending, outcome{id: id, attempt: r.attempt, status: "pending", err: &msg, release: true})
 		c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", id), zap.Int("attempt", r.attempt))

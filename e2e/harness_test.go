@@ -538,8 +538,8 @@ func (s *scenario) statusTable() string {
 	var b strings.Builder
 	for rows.Next() {
 		var (
-			status string
-			n, att int64
+			status  string
+			n, att  int64
 			lastErr *string
 		)
 		if rows.Scan(&status, &n, &att, &lastErr) == nil {

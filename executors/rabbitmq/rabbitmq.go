@@ -317,16 +317,28 @@ func (e *Executor) dialLocked() error {
 
 func (e *Executor) release(ch *channel, reusable bool) {
 	if !reusable || ch.ch.IsClosed() {
-		_ = ch.ch.Close()
+		discard(ch)
 		return
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		_ = ch.ch.Close()
+		discard(ch)
 		return
 	}
 	e.idle = append(e.idle, ch)
+}
+
+// discard closes a channel that will not be used again, without waiting
+// for it. amqp091-go's Channel.Close waits for the broker's close-ok, which
+// never comes when the connection dies underneath it (rabbitmq/amqp091-go
+// issue 88); the job would hang there past its deadline. A channel already
+// closed needs nothing.
+func discard(ch *channel) {
+	if ch.ch.IsClosed() {
+		return
+	}
+	go func() { _ = ch.ch.Close() }()
 }
 
 // Close closes the connection. Jobs executed after it fail.
