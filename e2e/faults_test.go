@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,27 +15,26 @@ import (
 
 const slots = 8 // CONCURRENCY of every worker in these scenarios
 
+// hookPayload makes http_callback jobs to a receiver that takes 50ms to
+// answer: with a job every 5ms, each worker has a few in flight at a fault.
 func hookPayload(r *receiver) func(string) any {
 	return func(key string) any {
-		return map[string]any{"url": r.url("/hook"), "data": map[string]any{"k": key}}
+		return map[string]any{"url": r.url("/hook?delay=50ms"), "data": map[string]any{"k": key}}
 	}
 }
 
-// every runs fault every interval until ctx ends and returns how many times
-// it ran.
-func every(ctx context.Context, interval time.Duration, fault func()) int {
+// strike runs fault n times, interval apart, and returns after one more
+// interval, so that work goes on after the last fault however long the
+// faults took on a loaded machine.
+func strike(n int, interval time.Duration, fault func()) int {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	n := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return n
-		case <-t.C:
-			fault()
-			n++
-		}
+	for range n {
+		<-t.C
+		fault()
 	}
+	<-t.C
+	return n
 }
 
 // Scenario 1: kill -9 a random worker every few seconds while three drain a
@@ -46,19 +46,26 @@ func TestKillWorkers(t *testing.T) {
 	r := newReceiver(t)
 	ws := s.startWorkers(3)
 
-	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
 	restarts := 0
-	kills := every(ctx, streamFor/5, func() {
+	kills := strike(4, streamFor/5, func() {
 		i := rand.IntN(len(ws))
 		s.fault(ws[i].kill9)
 		restarts++
 		ws[i] = s.startWorker(fmt.Sprintf("%s-%d-r%d", s.name, i+1, restarts))
 		s.waitListening(ws[i])
 	})
+	stop()
 	keys := p.wait(t)
 	s.drain(60 * time.Second)
+	rescued := 0
+	for _, w := range s.live() {
+		rescued += strings.Count(w.log.String(), "lease expired: job back to pending")
+	}
+	t.Logf("kill9: %d jobs of killed workers rescued by the sweeper", rescued)
+	require.Positive(t, rescued, "no killed worker held a job: the scenario did not exercise the sweeper")
 	// A killed worker can have had every slot in flight.
 	s.verify(keys, r.deliveries(), r.deliveryTimes(), kills*slots)
 	s.checkServing(r, slots)
@@ -73,11 +80,11 @@ func TestTerminateConnections(t *testing.T) {
 	r := newReceiver(t)
 	s.startWorkers(3)
 
-	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
 	var sessions []int
-	terminations := every(ctx, streamFor/6, func() {
+	terminations := strike(5, streamFor/6, func() {
 		s.fault(func() {
 			callCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -88,6 +95,7 @@ func TestTerminateConnections(t *testing.T) {
 			sessions = append(sessions, n)
 		})
 	})
+	stop()
 	keys := p.wait(t)
 	for i, n := range sessions {
 		// Three workers hold at least a listener and a pool connection each.
@@ -109,18 +117,18 @@ func TestRestartPostgres(t *testing.T) {
 	r := newReceiver(t)
 	s.startWorkers(3)
 
-	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
-	restarts := every(ctx, streamFor/3, func() {
+	restarts := strike(2, streamFor/3, func() {
 		s.fault(func() {
 			restartCtx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			require.NoError(t, cluster.Restart(restartCtx))
 		})
 	})
+	stop()
 	keys := p.wait(t)
-	require.Positive(t, restarts)
 	s.drain(60 * time.Second)
 	s.verify(keys, r.deliveries(), r.deliveryTimes(), restarts*3*slots)
 	s.checkServing(r, slots)
@@ -181,12 +189,13 @@ func TestCloseBrokerConnections(t *testing.T) {
 	s.dumpLogsOnFailure()
 	s.startWorkers(3)
 
-	ctx, stop := context.WithTimeout(context.Background(), streamFor)
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	p := s.produce(ctx, s.name, 5*time.Millisecond, "rabbitmq", func(key string) any {
 		return map[string]any{"routing_key": b.queue, "body": map[string]any{"k": key}}
 	})
-	closes := every(ctx, streamFor/4, func() { s.fault(func() { b.closeAll(t) }) })
+	closes := strike(3, streamFor/4, func() { s.fault(func() { b.closeAll(t) }) })
+	stop()
 	keys := p.wait(t)
 	s.drain(90 * time.Second)
 	got, times := b.receive(t)

@@ -438,6 +438,15 @@ func (r *receiver) hook(w http.ResponseWriter, req *http.Request) {
 		r.mu.Unlock()
 		return
 	}
+	// ?delay= makes the receiver slow, so that workers hold jobs in flight
+	// when a fault strikes.
+	if d, err := time.ParseDuration(req.URL.Query().Get("delay")); err == nil {
+		select {
+		case <-time.After(d):
+		case <-req.Context().Done():
+			return
+		}
+	}
 	r.mu.Lock()
 	r.got[key]++
 	r.times = append(r.times, time.Now())

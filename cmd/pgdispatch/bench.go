@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"io"
 	"os"
 	"runtime"
@@ -56,6 +57,12 @@ type benchResult struct {
 }
 
 func (r *benchResult) set(name string, v float64) {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		// A rate over nothing (a side that committed nothing on a starved
+		// machine): JSON has no such number, so the figure is left out.
+		r.Conditions += fmt.Sprintf("; %s not computable", name)
+		return
+	}
 	if r.Figures == nil {
 		r.Figures = map[string]float64{}
 	}

@@ -349,7 +349,7 @@ func TestHelp(t *testing.T) {
 func TestBenchRuns(t *testing.T) {
 	t.Parallel()
 	p := start(t, env("DATABASE_URL="+pgtest.URL()), "bench", "--json", "--scenario", "latency,drain,sustained,writers,idle,soak",
-		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "300ms", "--idle-duration", "200ms",
+		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "1s", "--idle-duration", "200ms",
 		"--soak-duration", "1s", "--soak-writers", "2")
 	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
 	var results []struct {
