@@ -68,7 +68,7 @@ type Config struct {
 	// PollInterval is the fallback tick. Default: 30s.
 	PollInterval time.Duration
 	// Linger is how long a claimer keeps looking at its empty queue before
-	// it sleeps and writers start to notify it. Default: 20ms; negative:
+	// it sleeps and writers start to notify it. Default: 2ms; negative:
 	// sleep at once.
 	Linger time.Duration
 	// Lease is how long a claimed job stays this worker's without a
@@ -107,6 +107,9 @@ type Config struct {
 	// found nothing more to claim, so writers now notify. It must not
 	// block. For tests.
 	OnSleep func(queue string)
+	// Observer, when set, is told of every job's start and outcome, for
+	// metrics (see package metrics). Its methods must not block.
+	Observer claimer.Observer
 	// Logger receives all logs. Default: no logging.
 	Logger *zap.Logger
 }
@@ -156,7 +159,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 			Lease: cfg.Lease, PollInterval: cfg.PollInterval, Linger: cfg.Linger, JobTimeout: cfg.JobTimeout,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, DeleteDone: cfg.DeleteDone,
 			ShutdownTimeout: cfg.ShutdownTimeout, StatementTimeout: cfg.StatementTimeout,
-			OnSleep: onSleep(cfg.OnSleep, q.Name), Logger: logger,
+			OnSleep: onSleep(cfg.OnSleep, q.Name), Observer: cfg.Observer, Logger: logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("pgdispatch: queue %q: %w", q.Name, err)
@@ -234,6 +237,18 @@ func (w *Worker) Run(ctx context.Context) error {
 
 // Listener is the worker's listener, for health checks.
 func (w *Worker) Listener() *listener.Listener { return w.listener }
+
+// Queues lists the queues the worker serves.
+func (w *Worker) Queues() []string {
+	out := make([]string, 0, len(w.cfg.Queues))
+	for _, q := range w.cfg.Queues {
+		out = append(out, q.Name)
+	}
+	return out
+}
+
+// Schema is the schema the worker serves.
+func (w *Worker) Schema() string { return w.cfg.Schema }
 
 // Claimer returns the claimer of queue, for its stats.
 func (w *Worker) Claimer(queue string) *claimer.Claimer { return w.claimers[queue] }

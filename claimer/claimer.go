@@ -116,8 +116,22 @@ type Config struct {
 	// key and found the queue still empty: from then on writers notify. It
 	// must not block. For tests.
 	OnSleep func()
+	// Observer, when set, is told of each job's start and outcome, for
+	// metrics. Its methods must not block.
+	Observer Observer
 	// Logger receives the claimer's logs. Default: no logging.
 	Logger *zap.Logger
+}
+
+// Observer watches a claimer's jobs. Its methods are called from the jobs'
+// goroutines and must not block.
+type Observer interface {
+	// JobStarted is called as the executor is about to run job.
+	JobStarted(job *executors.Job)
+	// JobFinished is called with each attempt's outcome: "done", "retry",
+	// "dead" or "released" (given back at shutdown), and how long the
+	// executor ran (0 when it never ran: an unknown kind, a bad timeout).
+	JobFinished(job *executors.Job, outcome string, took time.Duration)
 }
 
 func (c *Config) validate() error {
@@ -240,6 +254,9 @@ func (c *Claimer) Wake() {
 // key and has looked at the queue since it took it, so a job committed from
 // now on is found by a notification (or the fallback tick).
 func (c *Claimer) Sleeping() bool { return c.sleeping.Load() && c.sleep.holding.Load() }
+
+// Running is how many of the claimer's jobs are running now.
+func (c *Claimer) Running() int { return c.runningCount() }
 
 // Stats returns the claimer's counters.
 func (c *Claimer) Stats() Stats {

@@ -77,11 +77,11 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
 	if !ok {
 		err := fmt.Errorf("unknown kind %q: no executor is registered for it (known kinds: %s)",
 			job.Kind, strings.Join(c.cfg.Registry.Kinds(), ", "))
-		return c.classify(log, job, executors.Permanent(err), false)
+		return c.observe(job, c.classify(log, job, executors.Permanent(err), false), 0)
 	}
 	timeout, set, err := executors.PayloadDuration(job.Payload, "timeout")
 	if err != nil {
-		return c.classify(log, job, executors.Permanent(err), false)
+		return c.observe(job, c.classify(log, job, executors.Permanent(err), false), 0)
 	}
 	if !set || timeout == 0 {
 		timeout = c.cfg.JobTimeout
@@ -95,6 +95,9 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
 	// the deadline or the hard stop, the job is given up on without it.
 	returned := make(chan struct{})
 	stopWatch := context.AfterFunc(ctx, func() { c.watch(workCtx, job, timeout, returned) })
+	if c.cfg.Observer != nil {
+		c.cfg.Observer.JobStarted(job)
+	}
 	start := time.Now()
 	err = safeExecute(ctx, exec, job)
 	close(returned)
@@ -106,8 +109,25 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
 	}
 	// workCtx ends only at the hard stop: a failure then is the shutdown's.
 	released := err != nil && workCtx.Err() != nil
-	log.Debug("job returned", zap.Duration("duration", time.Since(start)), zap.Bool("ok", err == nil))
-	return c.classify(log, job, err, released)
+	took := time.Since(start)
+	log.Debug("job returned", zap.Duration("duration", took), zap.Bool("ok", err == nil))
+	return c.observe(job, c.classify(log, job, err, released), took)
+}
+
+// observe tells the Observer of an attempt's outcome and returns it.
+func (c *Claimer) observe(job *executors.Job, o outcome, took time.Duration) outcome {
+	if c.cfg.Observer == nil {
+		return o
+	}
+	result := o.status
+	switch {
+	case o.release:
+		result = "released"
+	case o.status == "pending":
+		result = "retry"
+	}
+	c.cfg.Observer.JobFinished(job, result, took)
+	return o
 }
 
 // watch runs once a job's context has ended. If the executor has not
@@ -126,12 +146,17 @@ func (c *Claimer) watch(workCtx context.Context, job *executors.Job, timeout tim
 	err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, timeout)
 	o := c.classify(c.jobLogger(job), job, err, workCtx.Err() != nil)
 	c.mu.Lock()
-	if r := c.inflight[job.ID]; r != nil && !r.reported && !r.abandoned {
+	r := c.inflight[job.ID]
+	given := r != nil && !r.reported && !r.abandoned
+	if given {
 		r.abandoned = true
 		c.running--
 		c.pending = append(c.pending, o)
 	}
 	c.mu.Unlock()
+	if given {
+		c.observe(job, o, timeout+abandonGrace)
+	}
 	signal(c.flush)
 	signal(c.slotFreed)
 }

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -87,6 +88,13 @@ type Sweeper struct {
 	logger *zap.Logger
 	rescue string
 	purge  string
+
+	rescued, killed, purged atomic.Int64
+}
+
+// Stats is what every pass so far did, in total.
+func (s *Sweeper) Stats() Result {
+	return Result{Rescued: s.rescued.Load(), Killed: s.killed.Load(), Purged: s.purged.Load()}
 }
 
 // New checks cfg, fills defaults and returns a Sweeper.
@@ -172,6 +180,9 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 		total.Rescued += res.Rescued
 		total.Killed += res.Killed
 		total.Purged += res.Purged
+		s.rescued.Add(res.Rescued)
+		s.killed.Add(res.Killed)
+		s.purged.Add(res.Purged)
 		if err != nil || !more {
 			return total, err
 		}

@@ -51,6 +51,11 @@ var workerSettings = []setting{
 	{"SYNCHRONOUS_COMMIT", "synchronous-commit", "on", "synchronous_commit of the worker's own connections (on, off, local, remote_write, remote_apply); off saves a WAL flush per claim, and a server crash may then re-run jobs whose claim or outcome was not yet flushed"},
 }
 
+// The settings of run alone.
+var serveSettings = []setting{
+	{"METRICS_ADDR", "metrics-addr", "", "address of the HTTP server for /metrics, /healthz and /readyz, such as :9090 (empty: off)"},
+}
+
 // withDefaults returns a copy of settings with other defaults, by variable.
 func withDefaults(settings []setting, defaults map[string]string) []setting {
 	out := make([]setting, len(settings))

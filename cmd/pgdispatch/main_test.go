@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -116,7 +118,7 @@ func env(extra ...string) []string {
 }
 
 func isSetting(name string) bool {
-	for _, g := range [][]setting{connSettings, workerSettings, executorSettings} {
+	for _, g := range [][]setting{connSettings, workerSettings, executorSettings, serveSettings} {
 		for _, s := range g {
 			if s.env == name {
 				return true
@@ -417,4 +419,45 @@ func TestRetainDoneZeroDeletesAtOnce(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, deleteDone, cfg.DeleteDone, "RETAIN_DONE=%s", retain)
 	}
+}
+
+// METRICS_ADDR serves /metrics, /healthz and /readyz from run; a port in use
+// is an error at start.
+func TestRunServesMetrics(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	w := pgtest.Watch(t, schema)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+
+	busy := start(t, dbEnv(schema, "METRICS_ADDR="+addr), "run")
+	require.Equal(t, 1, busy.wait(t, 30*time.Second))
+	require.Contains(t, busy.stderr.String(), "METRICS_ADDR \""+addr+"\"")
+	require.NoError(t, l.Close())
+
+	p := start(t, dbEnv(schema, "METRICS_ADDR="+addr), "run")
+	p.stderr.waitFor(t, "listening", 30*time.Second)
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		require.NoError(t, err)
+		defer func() { _ = resp.Body.Close() }()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(body)
+	}
+	code, _ := get("/healthz")
+	require.Equal(t, http.StatusOK, code)
+	code, _ = get("/readyz")
+	require.Equal(t, http.StatusOK, code)
+
+	id := insert(t, schema, `INSERT INTO {jobs} (kind) VALUES ('noop') RETURNING id`)
+	w.Status(t, id, "done", 30*time.Second)
+	require.Eventually(t, func() bool {
+		_, body := get("/metrics")
+		return strings.Contains(body, `pgdispatch_jobs_completed_total{kind="noop",outcome="done",queue="default"} 1`)
+	}, 30*time.Second, 20*time.Millisecond)
+	_, body := get("/metrics")
+	require.Contains(t, body, `pgdispatch_listener_connected 1`)
+	require.Contains(t, body, `pgdispatch_jobs_claimed_total{queue="default"} 1`)
 }

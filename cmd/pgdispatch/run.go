@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/claimer"
+	"github.com/pgdispatch/pgdispatch/metrics"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -167,7 +169,7 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 
 func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("run", "Serve the queues until SIGINT or SIGTERM, then shut down gracefully.", stderr)
-	v := newValues(fs, connSettings, workerSettings, executorSettings)
+	v := newValues(fs, connSettings, workerSettings, executorSettings, serveSettings)
 	migrate := fs.Bool("migrate", false, "create or upgrade the schema before starting")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -192,9 +194,34 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 			return err
 		}
 	}
+	var (
+		m  *metrics.Metrics
+		ml net.Listener
+	)
+	if addr := v.str("METRICS_ADDR"); addr != "" {
+		if ml, err = metrics.Listen(addr); err != nil {
+			return err
+		}
+		defer func() { _ = ml.Close() }()
+		m = metrics.New(c.pool, registry)
+		cfg.Observer = m
+	}
 	w, err := pgdispatch.NewWorker(cfg)
 	if err != nil {
 		return err
+	}
+	if m != nil {
+		// The endpoints outlive the worker's shutdown, and stop after it.
+		m.Attach(w)
+		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+		served := make(chan error, 1)
+		go func() { served <- m.Serve(serveCtx, ml, c.logger) }()
+		defer func() {
+			stopServing()
+			if err := <-served; err != nil {
+				c.logger.Warn("metrics server", zap.Error(err))
+			}
+		}()
 	}
 	return explainSchema(w.Run(ctx), c.schema)
 }

@@ -1,0 +1,300 @@
+// Package metrics exposes a worker's Prometheus metrics and its health
+// endpoints over HTTP.
+//
+// Counters kept by the worker's parts (claims, ticks, notifications,
+// rescues, purges) are read when Prometheus scrapes; the per-job counters and
+// histograms are fed by the claimers through the claimer.Observer interface.
+// Queue depth is sampled from the database at most once per
+// DepthInterval, and only when scraped: an idle worker that nobody scrapes
+// sends nothing.
+package metrics
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/executors"
+)
+
+const (
+	namespace = "pgdispatch"
+	// DepthInterval is how old a queue depth sample may be before a scrape
+	// takes a new one.
+	DepthInterval = 10 * time.Second
+	// queryTimeout bounds the depth query and the readiness ping.
+	queryTimeout = 2 * time.Second
+	// unknownKind labels jobs of kinds no executor is registered for, so that
+	// rows with arbitrary kinds cannot grow the label set without bound.
+	unknownKind = "unknown"
+)
+
+// Metrics is a worker's metrics. Create it with New, pass it as the
+// worker's Observer, then Attach the worker.
+type Metrics struct {
+	reg   *prometheus.Registry
+	pool  *pgxpool.Pool
+	kinds *executors.Registry
+
+	completed *prometheus.CounterVec
+	duration  *prometheus.HistogramVec
+	latency   *prometheus.HistogramVec
+
+	mu     sync.Mutex
+	worker *pgdispatch.Worker
+	depth  depthSample
+}
+
+type depthSample struct {
+	at     time.Time
+	counts map[[2]string]float64 // {queue, status} -> jobs
+	err    error
+}
+
+// New creates the metrics of a worker that runs jobs from pool's schema
+// with the executors in kinds.
+func New(pool *pgxpool.Pool, kinds *executors.Registry) *Metrics {
+	m := &Metrics{
+		reg:   prometheus.NewRegistry(),
+		pool:  pool,
+		kinds: kinds,
+		completed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "jobs_completed_total",
+			Help: "Attempts finished, by queue, kind and outcome (done, retry, dead or released at shutdown).",
+		}, []string{"queue", "kind", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "job_duration_seconds",
+			Help:    "How long executors ran, by queue and kind.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10), // 1ms to about 4m
+		}, []string{"queue", "kind"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "dispatch_latency_seconds",
+			Help:    "From a job's run_at (its insert, unless scheduled or retried) to its executor's start, by queue and kind. run_at is the database's clock.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2.5, 12), // 0.5ms to about 12s
+		}, []string{"queue", "kind"}),
+	}
+	m.reg.MustRegister(m.completed, m.duration, m.latency, collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Attach registers the counters that w's parts keep. Call it once, before
+// serving.
+func (m *Metrics) Attach(w *pgdispatch.Worker) {
+	m.mu.Lock()
+	m.worker = w
+	m.mu.Unlock()
+	m.reg.MustRegister(workerCollector{m})
+}
+
+func (m *Metrics) kind(k string) string {
+	if _, ok := m.kinds.Lookup(k); ok {
+		return k
+	}
+	return unknownKind
+}
+
+// JobStarted implements claimer.Observer.
+func (m *Metrics) JobStarted(job *executors.Job) {
+	m.latency.WithLabelValues(job.Queue, m.kind(job.Kind)).Observe(max(time.Since(job.RunAt), 0).Seconds())
+}
+
+// JobFinished implements claimer.Observer.
+func (m *Metrics) JobFinished(job *executors.Job, outcome string, took time.Duration) {
+	kind := m.kind(job.Kind)
+	m.completed.WithLabelValues(job.Queue, kind, outcome).Inc()
+	if took > 0 {
+		m.duration.WithLabelValues(job.Queue, kind).Observe(took.Seconds())
+	}
+}
+
+// Handler serves /metrics, /healthz (the process is alive) and /readyz (the
+// database answers and the listener is connected).
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := m.ready(r.Context()); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+func (m *Metrics) ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	if err := m.pool.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	m.mu.Lock()
+	w := m.worker
+	m.mu.Unlock()
+	if w != nil && !w.Listener().Connected() {
+		return errors.New("the listener is not connected")
+	}
+	return nil
+}
+
+// Listen binds addr at once, so that a port in use is an error at start.
+// Serve the returned listener with Serve.
+func Listen(addr string) (net.Listener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("METRICS_ADDR %q: %w", addr, err)
+	}
+	return l, nil
+}
+
+// Serve serves Handler on l until ctx ends, then shuts the server down.
+func (m *Metrics) Serve(ctx context.Context, l net.Listener, logger *zap.Logger) error {
+	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	cmp.Or(logger, zap.NewNop()).Info("serving metrics", zap.String("addr", l.Addr().String()))
+	err := srv.Serve(l)
+	<-done
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("metrics server: %w", err)
+}
+
+var (
+	descClaimed = prometheus.NewDesc(namespace+"_jobs_claimed_total",
+		"Jobs claimed, by queue.", []string{"queue"}, nil)
+	descClaims = prometheus.NewDesc(namespace+"_claims_total",
+		"Claim statements run, by queue.", []string{"queue"}, nil)
+	descInFlight = prometheus.NewDesc(namespace+"_jobs_in_flight",
+		"Jobs running now, by queue.", []string{"queue"}, nil)
+	descTicks = prometheus.NewDesc(namespace+"_fallback_ticks_total",
+		"Fallback ticks, by queue.", []string{"queue"}, nil)
+	descTickHits = prometheus.NewDesc(namespace+"_fallback_ticks_found_work_total",
+		"Fallback ticks that found due jobs, by queue: notifications that were missed.", []string{"queue"}, nil)
+	descSleeps = prometheus.NewDesc(namespace+"_claimer_sleeps_total",
+		"Times a claimer went to sleep holding its queue's sleep key, after which writers notify.", []string{"queue"}, nil)
+	descNotifications = prometheus.NewDesc(namespace+"_notifications_received_total",
+		"Notifications the listener received.", nil, nil)
+	descConnected = prometheus.NewDesc(namespace+"_listener_connected",
+		"1 while the listener's connection is up and LISTEN is in place, else 0.", nil, nil)
+	descRescued = prometheus.NewDesc(namespace+"_jobs_rescued_total",
+		"Jobs whose lease expired, given back by the sweeper: to pending, or dead when their attempts were used up.", []string{"result"}, nil)
+	descPurged = prometheus.NewDesc(namespace+"_jobs_purged_total",
+		"Finished jobs the sweeper deleted after their retention.", nil, nil)
+	descDepth = prometheus.NewDesc(namespace+"_queue_jobs",
+		"Jobs in the table by queue and status (pending, running, dead), sampled at most every 10s.", []string{"queue", "status"}, nil)
+	descDepthUp = prometheus.NewDesc(namespace+"_queue_jobs_sample_ok",
+		"1 when the last queue depth sample succeeded, else 0.", nil, nil)
+)
+
+// workerCollector reads the worker's own counters at scrape time.
+type workerCollector struct{ m *Metrics }
+
+func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps,
+		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp} {
+		ch <- d
+	}
+}
+
+func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.Lock()
+	w := c.m.worker
+	c.m.mu.Unlock()
+	for _, q := range w.Queues() {
+		cl := w.Claimer(q)
+		s := cl.Stats()
+		ch <- prometheus.MustNewConstMetric(descClaimed, prometheus.CounterValue, float64(s.Claimed), q)
+		ch <- prometheus.MustNewConstMetric(descClaims, prometheus.CounterValue, float64(s.Claims), q)
+		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(cl.Running()), q)
+		ch <- prometheus.MustNewConstMetric(descTicks, prometheus.CounterValue, float64(s.Ticks), q)
+		ch <- prometheus.MustNewConstMetric(descTickHits, prometheus.CounterValue, float64(s.TickHits), q)
+		ch <- prometheus.MustNewConstMetric(descSleeps, prometheus.CounterValue, float64(s.Sleeps), q)
+	}
+	l := w.Listener()
+	ch <- prometheus.MustNewConstMetric(descNotifications, prometheus.CounterValue, float64(l.Notifications()))
+	connected := 0.0
+	if l.Connected() {
+		connected = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, connected)
+	sw := w.Sweeper().Stats()
+	ch <- prometheus.MustNewConstMetric(descRescued, prometheus.CounterValue, float64(sw.Rescued), "pending")
+	ch <- prometheus.MustNewConstMetric(descRescued, prometheus.CounterValue, float64(sw.Killed), "dead")
+	ch <- prometheus.MustNewConstMetric(descPurged, prometheus.CounterValue, float64(sw.Purged))
+
+	d := c.m.sampleDepth(w.Schema(), w.Queues())
+	ok := 0.0
+	if d.err == nil {
+		ok = 1
+		for k, n := range d.counts {
+			ch <- prometheus.MustNewConstMetric(descDepth, prometheus.GaugeValue, n, k[0], k[1])
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descDepthUp, prometheus.GaugeValue, ok)
+}
+
+// depthSQL counts each status through an index of its own: the claim index
+// for pending, the lease index for running, the finished index for dead.
+// Done jobs, the retained history, are not counted.
+// Only the worker's own queues are counted, so that rows naming other
+// queues cannot grow the label set.
+const depthSQL = `
+SELECT queue, 'pending', count(*) FROM {jobs} WHERE status = 'pending' AND queue = ANY($1) GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM {jobs} WHERE status = 'running' AND queue = ANY($1) GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*) FROM {jobs} WHERE status = 'dead' AND finished_at IS NOT NULL AND queue = ANY($1) GROUP BY queue`
+
+// sampleDepth returns the last depth sample, taking a new one when it is
+// older than DepthInterval.
+func (m *Metrics) sampleDepth(schema string, queues []string) depthSample {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.depth.at.IsZero() && time.Since(m.depth.at) < DepthInterval {
+		return m.depth
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+	defer cancel()
+	sample := depthSample{at: time.Now(), counts: map[[2]string]float64{}}
+	sql := strings.ReplaceAll(depthSQL, "{jobs}", pgx.Identifier{schema, "jobs"}.Sanitize())
+	rows, err := m.pool.Query(ctx, sql, queues)
+	if err == nil {
+		var (
+			queue, status string
+			n             int64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&queue, &status, &n}, func() error {
+			sample.counts[[2]string{queue, status}] = float64(n)
+			return nil
+		})
+	}
+	sample.err = err
+	m.depth = sample
+	return sample
+}

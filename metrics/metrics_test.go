@@ -1,0 +1,199 @@
+package metrics_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/metrics"
+)
+
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
+
+// scrape reads /metrics as Prometheus would.
+func scrape(t *testing.T, srv *httptest.Server) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	defer func() { _ = resp.Body.Close() }()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	return families
+}
+
+// value is the value of the family's series whose labels are exactly want.
+func value(t *testing.T, families map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+	t.Helper()
+	f, ok := families[name]
+	require.True(t, ok, "no metric %s", name)
+	for _, m := range f.GetMetric() {
+		got := map[string]string{}
+		for _, l := range m.GetLabel() {
+			got[l.GetName()] = l.GetValue()
+		}
+		if len(got) != len(want) {
+			continue
+		}
+		match := true
+		for k, v := range want {
+			match = match && got[k] == v
+		}
+		if !match {
+			continue
+		}
+		switch {
+		case m.GetCounter() != nil:
+			return m.GetCounter().GetValue()
+		case m.GetGauge() != nil:
+			return m.GetGauge().GetValue()
+		case m.GetHistogram() != nil:
+			return float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	t.Fatalf("no series %s%v", name, want)
+	return 0
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+// Real jobs run on a real worker; /metrics then shows what happened.
+func TestMetricsAfterRealJobs(t *testing.T) {
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	reg := executors.NewRegistry()
+	reg.Register("ok", executors.Func(func(context.Context, *executors.Job) error { return nil }))
+	reg.Register("flaky", executors.Func(func(_ context.Context, job *executors.Job) error {
+		if job.Attempt == 1 {
+			return context.DeadlineExceeded // a retryable failure
+		}
+		return nil
+	}))
+	reg.Register("refused", executors.Func(func(context.Context, *executors.Job) error {
+		return executors.Permanentf("refused for good")
+	}))
+
+	m := metrics.New(pool, reg)
+	listening := make(chan struct{}, 8)
+	asleep := make(chan struct{}, 8)
+	w, err := pgdispatch.NewWorker(pgdispatch.Config{
+		Pool: pool, Schema: schema, WorkerID: "metrics", Registry: reg, PollInterval: time.Hour,
+		RetryBackoff: func(int) time.Duration { return 10 * time.Millisecond },
+		Observer:     m, Logger: zaptest.NewLogger(t),
+		OnListen: func() {
+			select {
+			case listening <- struct{}{}:
+			default:
+			}
+		},
+		OnSleep: func(string) {
+			select {
+			case asleep <- struct{}{}:
+			default:
+			}
+		},
+	})
+	require.NoError(t, err)
+	m.Attach(w)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+
+	code, _ := get(t, srv.URL+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	code, body := get(t, srv.URL+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, "not ready before the listener connects")
+	require.Contains(t, body, "listener is not connected")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+	select {
+	case <-listening:
+	case <-time.After(30 * time.Second):
+		t.Fatal("listener did not connect")
+	}
+	code, _ = get(t, srv.URL+"/readyz")
+	require.Equal(t, http.StatusOK, code)
+	// Asleep, the claimer is woken by a notification.
+	select {
+	case <-asleep:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the claimer did not go to sleep")
+	}
+
+	jobs := `"` + schema + `".jobs`
+	_, err = pool.Exec(context.Background(), `INSERT INTO `+jobs+` (kind, max_attempts)
+		SELECT k, 3 FROM unnest(ARRAY['ok', 'ok', 'ok', 'flaky', 'refused', 'no_such_kind']) k`)
+	require.NoError(t, err)
+	// Every attempt is counted once it is written: 3 ok, flaky twice,
+	// refused once, the unknown kind once.
+	require.Eventually(t, func() bool {
+		return w.Claimer("default").Stats().Completed == 7
+	}, 30*time.Second, 5*time.Millisecond)
+
+	f := scrape(t, srv)
+	q := map[string]string{"queue": "default"}
+	require.Equal(t, 7.0, value(t, f, "pgdispatch_jobs_claimed_total", q))
+	require.Equal(t, 0.0, value(t, f, "pgdispatch_jobs_in_flight", q))
+	for _, c := range []struct {
+		kind, outcome string
+		n             float64
+	}{{"ok", "done", 3}, {"flaky", "retry", 1}, {"flaky", "done", 1}, {"refused", "dead", 1}, {"unknown", "dead", 1}} {
+		require.Equal(t, c.n, value(t, f, "pgdispatch_jobs_completed_total",
+			map[string]string{"queue": "default", "kind": c.kind, "outcome": c.outcome}), "%s %s", c.kind, c.outcome)
+	}
+	require.Equal(t, 3.0, value(t, f, "pgdispatch_job_duration_seconds", map[string]string{"queue": "default", "kind": "ok"}))
+	require.Equal(t, 2.0, value(t, f, "pgdispatch_dispatch_latency_seconds", map[string]string{"queue": "default", "kind": "flaky"}))
+	require.Equal(t, 1.0, value(t, f, "pgdispatch_listener_connected", nil))
+	require.GreaterOrEqual(t, value(t, f, "pgdispatch_notifications_received_total", nil), 1.0)
+	require.Equal(t, 0.0, value(t, f, "pgdispatch_fallback_ticks_found_work_total", q))
+	require.Equal(t, 0.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
+	require.Equal(t, 1.0, value(t, f, "pgdispatch_queue_jobs_sample_ok", nil))
+	require.Equal(t, 2.0, value(t, f, "pgdispatch_queue_jobs", map[string]string{"queue": "default", "status": "dead"}))
+	_, hasPending := findSeries(f, "pgdispatch_queue_jobs", "pending")
+	require.False(t, hasPending, "no pending jobs are left")
+
+	// A job left running by a worker that died is rescued by the sweeper.
+	_, err = pool.Exec(context.Background(), `INSERT INTO `+jobs+` (kind, status, attempts, max_attempts, locked_by, locked_until)
+		VALUES ('ok', 'running', 1, 3, 'gone', now() - interval '1 minute')`)
+	require.NoError(t, err)
+	_, err = w.Sweeper().Sweep(context.Background())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return w.Claimer("default").Stats().Completed == 8 }, 30*time.Second, 5*time.Millisecond)
+	f = scrape(t, srv)
+	require.Equal(t, 1.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
+	require.Equal(t, 4.0, value(t, f, "pgdispatch_jobs_completed_total", map[string]string{"queue": "default", "kind": "ok", "outcome": "done"}))
+}
+
+func findSeries(f map[string]*dto.MetricFamily, name, status string) (float64, bool) {
+	for _, m := range f[name].GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "status" && l.GetValue() == status {
+				return m.GetGauge().GetValue(), true
+			}
+		}
+	}
+	return 0, false
+}
