@@ -34,6 +34,8 @@ Usage:
   pgdispatch demo [flags]      run a worker on a throwaway PostgreSQL and print each dispatch
   pgdispatch bench [flags]     measure latency, throughput, writer overhead and idle cost
   pgdispatch triggers add|list|remove   dispatch jobs from row changes in any table
+  pgdispatch stats [flags]     jobs by queue, kind and status, the oldest due job, the last minute's throughput
+  pgdispatch jobs list|show|retry|cancel   look at jobs, retry dead ones, cancel pending ones
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
@@ -50,6 +52,8 @@ var commands = map[string]command{
 	"demo":     {demoCommand},
 	"bench":    {benchCommand},
 	"triggers": {triggersCommand},
+	"stats":    {statsCommand},
+	"jobs":     {jobsCommand},
 }
 
 func main() {

@@ -461,3 +461,68 @@ func TestRunServesMetrics(t *testing.T) {
 	require.Contains(t, body, `pgdispatch_listener_connected 1`)
 	require.Contains(t, body, `pgdispatch_jobs_claimed_total{queue="default"} 1`)
 }
+
+// The admin commands as a user runs them: stats, list, show, retry, cancel.
+func TestAdminCommands(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	e := dbEnv(schema)
+	dead := insert(t, schema, `INSERT INTO {jobs} (kind, status, attempts, max_attempts, last_error, finished_at, payload)
+		VALUES ('noop', 'dead', 3, 3, 'boom: it broke', now(), '{"sleep": "1ms"}') RETURNING id`)
+	insert(t, schema, `INSERT INTO {jobs} (kind, queue, status, attempts, max_attempts, finished_at)
+		SELECT 'noop', 'other', 'dead', 1, 1, now() FROM generate_series(1, 3) RETURNING 1`)
+	scheduled := insert(t, schema, `INSERT INTO {jobs} (kind, run_at) VALUES ('email', now() + interval '1 day') RETURNING id`)
+
+	run := func(args ...string) string {
+		t.Helper()
+		p := start(t, e, args...)
+		require.Equal(t, 0, p.wait(t, 30*time.Second), p.stderr.String())
+		return p.stdout.String()
+	}
+	out := run("stats")
+	require.Regexp(t, `(?m)^\s*default\s+email\s+1\s+0\s+0\s+0\s+0\s+0\s+-\s+0\s+0\s*$`, out)
+	require.Regexp(t, `(?m)^\s*default\s+noop\s+0\s+0\s+0\s+0\s+1\s+0\s+-\s+0\s+1\s*$`, out)
+	require.Regexp(t, `(?m)^\s*other\s+noop\s+0\s+0\s+0\s+0\s+3\s+0\s+-\s+0\s+3\s*$`, out)
+	var stats []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(run("stats", "--json")), &stats))
+	require.Len(t, stats, 3)
+
+	out = run("jobs", "list", "--status", "dead", "--queue", "default")
+	require.Contains(t, out, "boom: it broke")
+	require.Contains(t, out, "3/3")
+	require.Equal(t, 2, strings.Count(out, "\n"), out)
+	out = run("jobs", "show", strconv.FormatInt(dead, 10))
+	require.Contains(t, out, `"sleep": "1ms"`)
+	require.Regexp(t, `(?m)^status\s+dead$`, out)
+
+	out = run("jobs", "cancel", strconv.FormatInt(scheduled, 10), strconv.FormatInt(dead, 10), "999999")
+	require.Contains(t, out, fmt.Sprintf("job %d: cancelled (was pending)", scheduled))
+	require.Contains(t, out, fmt.Sprintf("job %d: left as it is: dead, not pending or running", dead))
+	require.Contains(t, out, "job 999999: not found")
+
+	out = run("jobs", "retry", "--all-dead", "--queue", "other")
+	require.Equal(t, "3 dead jobs retried\n", out)
+	out = run("jobs", "retry", strconv.FormatInt(dead, 10))
+	require.Contains(t, out, fmt.Sprintf("job %d: retried (was dead)", dead))
+	out = run("jobs", "list", "--status", "pending", "--json")
+	var pending []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &pending))
+	require.Len(t, pending, 4)
+
+	// A worker then runs them.
+	w := start(t, append(e, "QUEUES=default,other"), "run")
+	w.stderr.waitFor(t, "listening", 30*time.Second)
+	require.Eventually(t, func() bool {
+		var n int
+		err := pgtest.Pool(t).QueryRow(context.Background(),
+			"SELECT count(*) FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE status = 'done'").Scan(&n)
+		return err == nil && n == 4
+	}, 30*time.Second, 20*time.Millisecond)
+
+	bad := start(t, e, "jobs", "retry", "12", "--all-dead")
+	require.Equal(t, 1, bad.wait(t, 30*time.Second))
+	require.Contains(t, bad.stderr.String(), "give job ids or --all-dead, not both")
+	missing := start(t, dbEnv("no_such_schema"), "stats")
+	require.Equal(t, 1, missing.wait(t, 30*time.Second))
+	require.Contains(t, missing.stderr.String(), `schema "no_such_schema" is not installed`)
+}

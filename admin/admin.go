@@ -1,0 +1,332 @@
+// Package admin reads and repairs a pgdispatch queue: the numbers per queue
+// and kind, job listings, and the retry and cancel of jobs. Every write locks
+// its rows in id order, in batches, so it is safe while workers run.
+package admin
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+const (
+	defaultTimeout = 10 * time.Second
+	// BatchSize is how many jobs one transaction of a bulk retry touches.
+	BatchSize = 1000
+	// DefaultLimit is how many jobs List returns unless told.
+	DefaultLimit = 50
+)
+
+// ErrNotFound means no job has the id.
+var ErrNotFound = errors.New("no such job")
+
+// Admin works on one schema's jobs.
+type Admin struct {
+	pool    *pgxpool.Pool
+	jobs    string // the quoted table name
+	timeout time.Duration
+}
+
+// New returns an Admin for schema's jobs on pool. timeout bounds each
+// statement (default 10s).
+func New(pool *pgxpool.Pool, schema string, timeout time.Duration) *Admin {
+	return &Admin{pool: pool, jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), timeout: cmp.Or(timeout, defaultTimeout)}
+}
+
+func (a *Admin) sql(s string) string { return strings.ReplaceAll(s, "{jobs}", a.jobs) }
+
+// QueueStats are the numbers of one queue and kind.
+type QueueStats struct {
+	Queue     string `json:"queue"`
+	Kind      string `json:"kind"`
+	Pending   int64  `json:"pending"`   // all pending, due or scheduled
+	Due       int64  `json:"due"`       // pending and due now
+	Running   int64  `json:"running"`   //
+	Done      int64  `json:"done"`      // kept for RETAIN_DONE
+	Dead      int64  `json:"dead"`      // kept for RETAIN_DEAD
+	Cancelled int64  `json:"cancelled"` //
+	// OldestDueSeconds is the age of the oldest due pending job, from its
+	// run_at; nil when none is due.
+	OldestDueSeconds *float64 `json:"oldest_due_seconds"`
+	// DoneLastMinute and DeadLastMinute are the jobs that finished in the
+	// last minute: the throughput. Done jobs count only while they are kept
+	// (RETAIN_DONE above a minute).
+	DoneLastMinute int64 `json:"done_last_minute"`
+	DeadLastMinute int64 `json:"dead_last_minute"`
+}
+
+const statsSQL = `
+SELECT queue, kind,
+       count(*) FILTER (WHERE status = 'pending'),
+       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()),
+       count(*) FILTER (WHERE status = 'running'),
+       count(*) FILTER (WHERE status = 'done'),
+       count(*) FILTER (WHERE status = 'dead'),
+       count(*) FILTER (WHERE status = 'cancelled'),
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()))::float8,
+       count(*) FILTER (WHERE status = 'done' AND finished_at > now() - interval '1 minute'),
+       count(*) FILTER (WHERE status = 'dead' AND finished_at > now() - interval '1 minute')
+FROM {jobs}
+GROUP BY queue, kind
+ORDER BY queue, kind`
+
+// Stats counts the jobs of every queue and kind by status. It reads the
+// whole table, once.
+func (a *Admin) Stats(ctx context.Context) ([]QueueStats, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rows, err := a.pool.Query(ctx, a.sql(statsSQL))
+	if err != nil {
+		return nil, fmt.Errorf("stats: %w", err)
+	}
+	var (
+		out []QueueStats
+		s   QueueStats
+	)
+	_, err = pgx.ForEachRow(rows, []any{&s.Queue, &s.Kind, &s.Pending, &s.Due, &s.Running, &s.Done, &s.Dead,
+		&s.Cancelled, &s.OldestDueSeconds, &s.DoneLastMinute, &s.DeadLastMinute}, func() error {
+		out = append(out, s)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stats: %w", err)
+	}
+	return out, nil
+}
+
+// Job is a job's row.
+type Job struct {
+	ID          int64           `json:"id"`
+	Queue       string          `json:"queue"`
+	Kind        string          `json:"kind"`
+	Payload     json.RawMessage `json:"payload"`
+	Priority    int16           `json:"priority"`
+	RunAt       time.Time       `json:"run_at"`
+	Status      string          `json:"status"`
+	Attempts    int32           `json:"attempts"`
+	MaxAttempts *int32          `json:"max_attempts"`
+	DedupKey    *string         `json:"dedup_key"`
+	LastError   *string         `json:"last_error"`
+	LockedBy    *string         `json:"locked_by"`
+	LockedUntil *time.Time      `json:"locked_until"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	FinishedAt  *time.Time      `json:"finished_at"`
+}
+
+const jobColumns = `id, queue, kind, payload, priority, run_at, status, attempts, max_attempts, dedup_key,
+       last_error, locked_by, locked_until, created_at, updated_at, finished_at`
+
+func scanJob(row pgx.CollectableRow) (Job, error) {
+	var j Job
+	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.RunAt, &j.Status, &j.Attempts,
+		&j.MaxAttempts, &j.DedupKey, &j.LastError, &j.LockedBy, &j.LockedUntil, &j.CreatedAt, &j.UpdatedAt, &j.FinishedAt)
+	return j, err
+}
+
+// Filter selects jobs. Empty fields select everything.
+type Filter struct {
+	Statuses []string
+	Queue    string
+	Kind     string
+	// Limit is the most jobs returned, newest first. Default: DefaultLimit.
+	Limit int
+}
+
+// Statuses are the statuses a job can have.
+var Statuses = []string{"pending", "running", "done", "dead", "cancelled"}
+
+// List returns the newest jobs that f selects.
+func (a *Admin) List(ctx context.Context, f Filter) ([]Job, error) {
+	for _, s := range f.Statuses {
+		if !slices.Contains(Statuses, s) {
+			return nil, fmt.Errorf("unknown status %q: want one of %s", s, strings.Join(Statuses, ", "))
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	var statuses []string // nil selects all
+	if len(f.Statuses) > 0 {
+		statuses = f.Statuses
+	}
+	rows, err := a.pool.Query(ctx, a.sql(`SELECT `+jobColumns+` FROM {jobs}
+		WHERE ($1::text[] IS NULL OR status = ANY($1)) AND ($2 = '' OR queue = $2) AND ($3 = '' OR kind = $3)
+		ORDER BY id DESC LIMIT $4`), statuses, f.Queue, f.Kind, cmp.Or(f.Limit, DefaultLimit))
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	jobs, err := pgx.CollectRows(rows, scanJob)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	return jobs, nil
+}
+
+// Get returns job id, or ErrNotFound.
+func (a *Admin) Get(ctx context.Context, id int64) (Job, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rows, err := a.pool.Query(ctx, a.sql(`SELECT `+jobColumns+` FROM {jobs} WHERE id = $1`), id)
+	if err != nil {
+		return Job{}, fmt.Errorf("job %d: %w", id, err)
+	}
+	j, err := pgx.CollectExactlyOneRow(rows, scanJob)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Job{}, fmt.Errorf("job %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Job{}, fmt.Errorf("job %d: %w", id, err)
+	}
+	return j, nil
+}
+
+// Change is what a retry or cancel did to one job.
+type Change struct {
+	ID int64 `json:"id"`
+	// Status is the job's status before; empty when there is no such job.
+	Status string `json:"status"`
+	// Changed is false when the job was left as it was: not found, or in a
+	// status the operation does not apply to.
+	Changed bool `json:"changed"`
+}
+
+// retrySet makes a job pending and due now. A job whose attempts are used
+// up gets one more.
+const retrySet = `status = 'pending',
+    run_at = now(),
+    max_attempts = CASE WHEN j.max_attempts IS NOT NULL AND j.attempts >= j.max_attempts
+                        THEN j.attempts + 1 ELSE j.max_attempts END,
+    finished_at = NULL,
+    locked_by = NULL,
+    locked_until = NULL,
+    updated_at = now()`
+
+// Retry makes the dead or cancelled jobs among ids pending and due now,
+// each with at least one more attempt; last_error keeps the last failure.
+// Jobs in other statuses are left as they are.
+func (a *Admin) Retry(ctx context.Context, ids []int64) ([]Change, error) {
+	return a.change(ctx, ids, "retry", `WITH l AS (
+	    SELECT id, status FROM {jobs} WHERE id = ANY($1) ORDER BY id FOR UPDATE
+	), u AS (
+	    UPDATE {jobs} j SET `+retrySet+`
+	    FROM l WHERE j.id = l.id AND l.status IN ('dead', 'cancelled')
+	    RETURNING j.id
+	)
+	SELECT l.id, l.status, u.id IS NOT NULL FROM l LEFT JOIN u ON u.id = l.id ORDER BY l.id`)
+}
+
+// Cancel makes the pending and running jobs among ids cancelled. A running
+// job's executor is not interrupted: the worker finds the job cancelled when
+// it records the outcome, and leaves it so.
+func (a *Admin) Cancel(ctx context.Context, ids []int64) ([]Change, error) {
+	return a.change(ctx, ids, "cancel", `WITH l AS (
+	    SELECT id, status FROM {jobs} WHERE id = ANY($1) ORDER BY id FOR UPDATE
+	), u AS (
+	    UPDATE {jobs} j
+	    SET status = 'cancelled', finished_at = now(), locked_by = NULL, locked_until = NULL, updated_at = now()
+	    FROM l WHERE j.id = l.id AND l.status IN ('pending', 'running')
+	    RETURNING j.id
+	)
+	SELECT l.id, l.status, u.id IS NOT NULL FROM l LEFT JOIN u ON u.id = l.id ORDER BY l.id`)
+}
+
+// change runs a per-id statement over ids in batches, in id order, and
+// reports each id, found or not.
+func (a *Admin) change(ctx context.Context, ids []int64, what, stmt string) ([]Change, error) {
+	ids = slices.Clone(ids)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	out := make([]Change, 0, len(ids))
+	for batch := range slices.Chunk(ids, BatchSize) {
+		found, err := a.changeBatch(ctx, batch, what, stmt)
+		if err != nil {
+			return out, err
+		}
+		for _, id := range batch {
+			c, ok := found[id]
+			if !ok {
+				c = Change{ID: id}
+			}
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+func (a *Admin) changeBatch(ctx context.Context, ids []int64, what, stmt string) (map[int64]Change, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rows, err := a.pool.Query(ctx, a.sql(stmt), ids)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	found := map[int64]Change{}
+	var c Change
+	_, err = pgx.ForEachRow(rows, []any{&c.ID, &c.Status, &c.Changed}, func() error {
+		found[c.ID] = c
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return found, nil
+}
+
+// RetryDead retries every dead job of queue and kind (empty: all), BatchSize
+// at a time, each batch in its own transaction with its rows locked in id
+// order; rows a worker or the sweeper holds are skipped. It returns how many
+// it retried.
+func (a *Admin) RetryDead(ctx context.Context, queue, kind string) (int64, error) {
+	stmt := a.sql(`WITH l AS (
+	    SELECT id FROM {jobs}
+	    WHERE status = 'dead' AND id > $1 AND ($2 = '' OR queue = $2) AND ($3 = '' OR kind = $3)
+	    ORDER BY id
+	    LIMIT $4
+	    FOR UPDATE SKIP LOCKED
+	)
+	UPDATE {jobs} j SET ` + retrySet + `
+	FROM l WHERE j.id = l.id
+	RETURNING j.id`)
+	var (
+		total int64
+		after int64
+	)
+	for {
+		n, last, err := a.retryDeadBatch(ctx, stmt, after, queue, kind)
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if n < BatchSize {
+			return total, nil
+		}
+		after = last
+	}
+}
+
+func (a *Admin) retryDeadBatch(ctx context.Context, stmt string, after int64, queue, kind string) (n, last int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rows, err := a.pool.Query(ctx, stmt, after, queue, kind, BatchSize)
+	if err != nil {
+		return 0, 0, fmt.Errorf("retry dead jobs: %w", err)
+	}
+	var id int64
+	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+		n++
+		last = max(last, id)
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("retry dead jobs: %w", err)
+	}
+	return n, last, nil
+}

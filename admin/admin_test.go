@@ -1,0 +1,193 @@
+package admin_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
+
+func setup(t *testing.T) (*admin.Admin, string, func(sql string, args ...any)) {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := pgtest.Pool(t).Exec(ctx, strings.ReplaceAll(sql, "{jobs}", jobs), args...)
+		require.NoError(t, err)
+	}
+	return admin.New(pgtest.Pool(t), schema, 10*time.Second), schema, exec
+}
+
+// The stats match the table, status by status.
+func TestStats(t *testing.T) {
+	t.Parallel()
+	a, _, exec := setup(t)
+	exec(`INSERT INTO {jobs} (queue, kind, status, run_at, finished_at) VALUES
+		('default', 'http_callback', 'pending', now() - interval '90 seconds', NULL),
+		('default', 'http_callback', 'pending', now() - interval '10 seconds', NULL),
+		('default', 'http_callback', 'pending', now() + interval '1 hour', NULL),
+		('default', 'http_callback', 'running', now(), NULL),
+		('default', 'http_callback', 'done', now(), now() - interval '10 seconds'),
+		('default', 'http_callback', 'done', now(), now() - interval '10 minutes'),
+		('default', 'http_callback', 'dead', now(), now() - interval '5 seconds'),
+		('default', 'email', 'cancelled', now(), now()),
+		('mail', 'email', 'dead', now(), now() - interval '2 hours')`)
+	stats, err := a.Stats(context.Background())
+	require.NoError(t, err)
+	require.Len(t, stats, 3)
+
+	email, http, mail := stats[0], stats[1], stats[2]
+	require.Equal(t, admin.QueueStats{Queue: "default", Kind: "email", Cancelled: 1}, email)
+	require.Equal(t, "http_callback", http.Kind)
+	require.Equal(t, [7]int64{3, 2, 1, 2, 1, 0, 1}, [7]int64{http.Pending, http.Due, http.Running, http.Done, http.Dead, http.Cancelled, http.DoneLastMinute})
+	require.Equal(t, int64(1), http.DeadLastMinute)
+	require.NotNil(t, http.OldestDueSeconds)
+	require.InDelta(t, 90, *http.OldestDueSeconds, 5)
+	require.Equal(t, admin.QueueStats{Queue: "mail", Kind: "email", Dead: 1}, mail)
+}
+
+func TestListAndGet(t *testing.T) {
+	t.Parallel()
+	a, _, exec := setup(t)
+	exec(`INSERT INTO {jobs} (queue, kind, status, payload) VALUES
+		('default', 'noop', 'pending', '{"n": 1}'), ('default', 'noop', 'dead', '{"n": 2}'),
+		('mail', 'email', 'dead', '{"n": 3}'), ('default', 'email', 'done', '{"n": 4}')`)
+	ctx := context.Background()
+	all, err := a.List(ctx, admin.Filter{})
+	require.NoError(t, err)
+	require.Len(t, all, 4)
+	require.Greater(t, all[0].ID, all[3].ID, "newest first")
+
+	dead, err := a.List(ctx, admin.Filter{Statuses: []string{"dead"}, Queue: "default"})
+	require.NoError(t, err)
+	require.Len(t, dead, 1)
+	require.JSONEq(t, `{"n": 2}`, string(dead[0].Payload))
+
+	email, err := a.List(ctx, admin.Filter{Kind: "email", Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, email, 1)
+	require.Equal(t, "done", email[0].Status)
+
+	_, err = a.List(ctx, admin.Filter{Statuses: []string{"finished"}})
+	require.ErrorContains(t, err, `unknown status "finished"`)
+
+	j, err := a.Get(ctx, dead[0].ID)
+	require.NoError(t, err)
+	require.Equal(t, dead[0], j)
+	_, err = a.Get(ctx, 999999)
+	require.ErrorIs(t, err, admin.ErrNotFound)
+}
+
+// worker runs a worker on schema with the executors of reg until the test
+// ends.
+func worker(t *testing.T, schema string, reg *executors.Registry) *pgdispatch.Worker {
+	t.Helper()
+	w, err := pgdispatch.NewWorker(pgdispatch.Config{
+		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "admin-test", Registry: reg,
+		PollInterval: time.Hour, Logger: zaptest.NewLogger(t),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+	return w
+}
+
+// Dead jobs retried while a worker runs are run again, each with one more
+// attempt, in batches.
+func TestRetryDeadWhileWorkerRuns(t *testing.T) {
+	t.Parallel()
+	a, schema, exec := setup(t)
+	exec(`INSERT INTO {jobs} (kind, queue, status, attempts, max_attempts, last_error, finished_at)
+		SELECT CASE WHEN i % 2 = 0 THEN 'ok' ELSE 'other' END, 'default', 'dead', 3, 3, 'boom', now()
+		FROM generate_series(1, 2500) i`)
+	exec(`INSERT INTO {jobs} (kind, queue, status, attempts, max_attempts, finished_at) VALUES ('ok', 'elsewhere', 'dead', 1, 1, now())`)
+	reg := executors.NewRegistry()
+	reg.Register("ok", executors.Func(func(context.Context, *executors.Job) error { return nil }))
+	w := worker(t, schema, reg)
+
+	n, err := a.RetryDead(context.Background(), "default", "ok")
+	require.NoError(t, err)
+	require.Equal(t, int64(1250), n, "more than one batch")
+	require.Eventually(t, func() bool { return w.Claimer("default").Stats().Completed == 1250 }, time.Minute, 10*time.Millisecond)
+
+	stats, err := a.Stats(context.Background())
+	require.NoError(t, err)
+	byKey := map[string]admin.QueueStats{}
+	for _, s := range stats {
+		byKey[s.Queue+"/"+s.Kind] = s
+	}
+	require.Equal(t, int64(1250), byKey["default/ok"].Done)
+	require.Equal(t, int64(0), byKey["default/ok"].Dead)
+	require.Equal(t, int64(1250), byKey["default/other"].Dead, "another kind is left alone")
+	require.Equal(t, int64(1), byKey["elsewhere/ok"].Dead, "another queue is left alone")
+
+	done, err := a.List(context.Background(), admin.Filter{Statuses: []string{"done"}, Limit: 1})
+	require.NoError(t, err)
+	require.Equal(t, int32(4), done[0].Attempts)
+	require.Equal(t, "boom", *done[0].LastError, "the last failure is kept")
+}
+
+func TestRetryAndCancelByID(t *testing.T) {
+	t.Parallel()
+	a, schema, exec := setup(t)
+	release := make(chan struct{})
+	started := make(chan int64, 10)
+	reg := executors.NewRegistry()
+	reg.Register("block", executors.Func(func(_ context.Context, job *executors.Job) error {
+		started <- job.ID
+		<-release
+		return nil
+	}))
+	reg.Register("ok", executors.Func(func(context.Context, *executors.Job) error { return nil }))
+	w := worker(t, schema, reg)
+	ctx := context.Background()
+
+	// A running job cancelled stays cancelled when its executor returns.
+	exec(`INSERT INTO {jobs} (kind) VALUES ('block')`)
+	running := <-started
+	changes, err := a.Cancel(ctx, []int64{running, 424242})
+	require.NoError(t, err)
+	require.Equal(t, []admin.Change{{ID: running, Status: "running", Changed: true}, {ID: 424242}}, changes)
+	close(release)
+	require.Eventually(t, func() bool { return w.Claimer("default").Running() == 0 }, time.Minute, 10*time.Millisecond)
+
+	// A scheduled job cancelled never runs; a done one cannot be cancelled.
+	exec(`INSERT INTO {jobs} (kind, run_at) VALUES ('ok', now() + interval '1 hour')`)
+	exec(`INSERT INTO {jobs} (kind, status, finished_at) VALUES ('ok', 'done', now())`)
+	jobs, err := a.List(ctx, admin.Filter{Limit: 2})
+	require.NoError(t, err)
+	doneID, scheduledID := jobs[0].ID, jobs[1].ID
+	changes, err = a.Cancel(ctx, []int64{doneID, scheduledID})
+	require.NoError(t, err)
+	require.Equal(t, []admin.Change{{ID: scheduledID, Status: "pending", Changed: true}, {ID: doneID, Status: "done"}}, changes)
+
+	// Retry by id: the cancelled ones run; the done one is left alone.
+	changes, err = a.Retry(ctx, []int64{doneID, scheduledID, running})
+	require.NoError(t, err)
+	require.Equal(t, []admin.Change{{ID: running, Status: "cancelled", Changed: true},
+		{ID: scheduledID, Status: "cancelled", Changed: true}, {ID: doneID, Status: "done"}}, changes)
+	require.Eventually(t, func() bool {
+		j1, err1 := a.Get(ctx, scheduledID)
+		j2, err2 := a.Get(ctx, running)
+		return err1 == nil && err2 == nil && j1.Status == "done" && j2.Status == "done"
+	}, time.Minute, 10*time.Millisecond)
+	j, err := a.Get(ctx, running)
+	require.NoError(t, err)
+	require.Equal(t, int32(2), j.Attempts)
+}

@@ -1,0 +1,307 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/migrations"
+)
+
+// statsCommand prints the numbers per queue and kind.
+func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("stats", "Per queue and kind: jobs by status, the age of the oldest due pending job, and the jobs\n"+
+		"that finished in the last minute (done jobs count only while RETAIN_DONE keeps them).", stderr)
+	v := newValues(fs, connSettings)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		stats, err := a.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, stats)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "QUEUE\tKIND\tPENDING\tDUE\tRUNNING\tDONE\tDEAD\tCANCELLED\tOLDEST DUE\tDONE/MIN\tDEAD/MIN\t")
+		for _, s := range stats {
+			oldest := "-"
+			if s.OldestDueSeconds != nil {
+				oldest = (time.Duration(*s.OldestDueSeconds * float64(time.Second))).Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t\n", s.Queue, s.Kind, s.Pending, s.Due, s.Running,
+				s.Done, s.Dead, s.Cancelled, oldest, s.DoneLastMinute, s.DeadLastMinute)
+		}
+		return tw.Flush()
+	})
+}
+
+const jobsUsage = `Usage:
+  pgdispatch jobs list [--status S,...] [--queue Q] [--kind K] [--limit N] [--json]
+  pgdispatch jobs show [--json] ID
+  pgdispatch jobs retry ID... | --all-dead [--queue Q] [--kind K]
+  pgdispatch jobs cancel ID...
+
+retry makes dead or cancelled jobs pending and due now, with one more attempt
+if theirs are used up. cancel makes pending or running jobs cancelled; a
+running job's executor is not interrupted, and its outcome is dropped. Both
+work in batches with rows locked in id order, so they are safe while workers
+run. Run 'pgdispatch jobs COMMAND --help' for the flags.
+`
+
+func jobsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, jobsUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "list":
+		return jobsList(ctx, args[1:], stdout, stderr)
+	case "show":
+		return jobsShow(ctx, args[1:], stdout, stderr)
+	case "retry":
+		return jobsRetry(ctx, args[1:], stdout, stderr)
+	case "cancel":
+		return jobsCancel(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, jobsUsage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "unknown jobs command %q\n\n%s", args[0], jobsUsage)
+	return errUsage
+}
+
+func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("jobs list", "List jobs, newest first.", stderr)
+	v := newValues(fs, connSettings)
+	status := fs.String("status", "", "comma-separated statuses: "+strings.Join(admin.Statuses, ", ")+" (default: all)")
+	queue := fs.String("queue", "", "only this queue")
+	kind := fs.String("kind", "", "only this kind")
+	limit := fs.Int("limit", admin.DefaultLimit, "the most jobs to list")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *limit <= 0 {
+		return fmt.Errorf("--limit %d: must be above 0", *limit)
+	}
+	f := admin.Filter{Queue: *queue, Kind: *kind, Limit: *limit}
+	for _, s := range strings.Split(*status, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			f.Statuses = append(f.Statuses, s)
+		}
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		jobs, err := a.List(ctx, f)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, jobs)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tQUEUE\tKIND\tSTATUS\tATTEMPTS\tRUN AT\tLAST ERROR")
+		for _, j := range jobs {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Queue, j.Kind, j.Status, attempts(j),
+				j.RunAt.UTC().Format(time.RFC3339), oneLine(j.LastError, 80))
+		}
+		return tw.Flush()
+	})
+}
+
+func attempts(j admin.Job) string {
+	if j.MaxAttempts == nil {
+		return strconv.Itoa(int(j.Attempts))
+	}
+	return fmt.Sprintf("%d/%d", j.Attempts, *j.MaxAttempts)
+}
+
+// oneLine shortens s to n runes on one line.
+func oneLine(s *string, n int) string {
+	if s == nil {
+		return ""
+	}
+	r := []rune(strings.Join(strings.Fields(*s), " "))
+	if len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return string(r)
+}
+
+func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("jobs show", "Show one job, with its payload: pgdispatch jobs show [flags] ID", stderr)
+	v := newValues(fs, connSettings)
+	asJSON := fs.Bool("json", false, "print JSON")
+	ids, err := parseIDs(fs, args, false)
+	if err != nil {
+		return err
+	}
+	if len(ids) != 1 {
+		fmt.Fprintln(stderr, "want exactly one job id")
+		fs.Usage()
+		return errUsage
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		j, err := a.Get(ctx, ids[0])
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, j)
+		}
+		payload, err := json.MarshalIndent(j.Payload, "  ", "  ")
+		if err != nil {
+			payload = j.Payload
+		}
+		ts := func(t *time.Time) string {
+			if t == nil {
+				return "-"
+			}
+			return t.UTC().Format(time.RFC3339Nano)
+		}
+		str := func(s *string) string {
+			if s == nil {
+				return "-"
+			}
+			return *s
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		for _, row := range [][2]string{
+			{"id", strconv.FormatInt(j.ID, 10)}, {"queue", j.Queue}, {"kind", j.Kind}, {"status", j.Status},
+			{"attempts", attempts(j)}, {"priority", strconv.Itoa(int(j.Priority))}, {"run_at", ts(&j.RunAt)},
+			{"dedup_key", str(j.DedupKey)}, {"locked_by", str(j.LockedBy)}, {"locked_until", ts(j.LockedUntil)},
+			{"created_at", ts(&j.CreatedAt)}, {"updated_at", ts(&j.UpdatedAt)}, {"finished_at", ts(j.FinishedAt)},
+			{"last_error", str(j.LastError)},
+		} {
+			fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(stdout, "payload\n  %s\n", payload)
+		return err
+	})
+}
+
+func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("jobs retry", "Run dead or cancelled jobs again: pgdispatch jobs retry [flags] ID... | --all-dead", stderr)
+	v := newValues(fs, connSettings)
+	allDead := fs.Bool("all-dead", false, "retry every dead job (of --queue and --kind when given)")
+	queue := fs.String("queue", "", "with --all-dead: only this queue")
+	kind := fs.String("kind", "", "with --all-dead: only this kind")
+	ids, err := parseIDs(fs, args, true)
+	if err != nil {
+		return err
+	}
+	switch {
+	case *allDead && len(ids) > 0:
+		return errors.New("give job ids or --all-dead, not both")
+	case !*allDead && (*queue != "" || *kind != ""):
+		return errors.New("--queue and --kind go with --all-dead")
+	case !*allDead && len(ids) == 0:
+		fmt.Fprintln(stderr, "give job ids, or --all-dead")
+		fs.Usage()
+		return errUsage
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		if *allDead {
+			n, err := a.RetryDead(ctx, *queue, *kind)
+			fmt.Fprintf(stdout, "%d dead jobs retried\n", n)
+			return err
+		}
+		changes, err := a.Retry(ctx, ids)
+		printChanges(stdout, changes, "retried", "dead or cancelled")
+		return err
+	})
+}
+
+func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("jobs cancel", "Cancel pending or running jobs: pgdispatch jobs cancel [flags] ID...", stderr)
+	v := newValues(fs, connSettings)
+	ids, err := parseIDs(fs, args, true)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 0 {
+		fmt.Fprintln(stderr, "give job ids")
+		fs.Usage()
+		return errUsage
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		changes, err := a.Cancel(ctx, ids)
+		printChanges(stdout, changes, "cancelled", "pending or running")
+		return err
+	})
+}
+
+func printChanges(w io.Writer, changes []admin.Change, did, applies string) {
+	for _, c := range changes {
+		switch {
+		case c.Changed:
+			fmt.Fprintf(w, "job %d: %s (was %s)\n", c.ID, did, c.Status)
+		case c.Status == "":
+			fmt.Fprintf(w, "job %d: not found\n", c.ID)
+		default:
+			fmt.Fprintf(w, "job %d: left as it is: %s, not %s\n", c.ID, c.Status, applies)
+		}
+	}
+}
+
+// parseIDs parses flags and then job ids, which may come before, between
+// or after the flags.
+func parseIDs(fs *flag.FlagSet, args []string, many bool) ([]int64, error) {
+	var ids []int64
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, errUsage
+		}
+		if fs.NArg() == 0 {
+			return ids, nil
+		}
+		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
+		if err != nil || id <= 0 {
+			fmt.Fprintf(fs.Output(), "not a job id: %q\n", fs.Arg(0))
+			return nil, errUsage
+		}
+		ids = append(ids, id)
+		if !many && len(ids) > 1 {
+			return ids, nil
+		}
+		args = fs.Args()[1:]
+	}
+}
+
+func withAdmin(ctx context.Context, v *values, f func(a *admin.Admin) error) error {
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	_, err = migrations.Check(checkCtx, c.pool, c.schema)
+	cancel()
+	if err != nil {
+		return explainSchema(err, c.schema)
+	}
+	return f(admin.New(c.pool, c.schema, c.timeout))
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
