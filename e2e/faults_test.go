@@ -23,6 +23,43 @@ func hookPayload(r *receiver) func(string) any {
 	}
 }
 
+// stream is a scenario with three workers and a producer of http_callback
+// jobs to a receiver, running until finish.
+type stream struct {
+	s    *scenario
+	r    *receiver
+	ws   []*worker
+	p    *producer
+	stop context.CancelFunc
+}
+
+func startStream(t *testing.T, name string, env map[string]string) *stream {
+	s := newScenario(t, name, env)
+	s.dumpLogsOnFailure()
+	r := newReceiver(t)
+	ws := s.startWorkers(3)
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	return &stream{s: s, r: r, ws: ws, p: s.produce(ctx, name, 5*time.Millisecond, "http_callback", hookPayload(r)), stop: stop}
+}
+
+// end stops the producer and waits until every job is finished; it returns
+// the committed keys.
+func (st *stream) end(t *testing.T, drainFor time.Duration) []string {
+	st.stop()
+	keys := st.p.wait(t)
+	st.s.drain(drainFor)
+	return keys
+}
+
+// check verifies the deliveries of keys, that every worker still serves,
+// and the logs.
+func (st *stream) check(keys []string, dupBound int) {
+	st.s.verify(keys, st.r.deliveries(), st.r.deliveryTimes(), dupBound)
+	st.s.checkServing(st.r, slots)
+	st.s.grepLogs()
+}
+
 // strike runs fault n times, interval apart, and returns after one more
 // interval, so that work goes on after the last fault however long the
 // faults took on a loaded machine.
@@ -41,14 +78,8 @@ func strike(n int, interval time.Duration, fault func()) int {
 // steady stream, restarting it each time. The dead worker's jobs come back
 // when their leases expire.
 func TestKillWorkers(t *testing.T) {
-	s := newScenario(t, "kill9", nil)
-	s.dumpLogsOnFailure()
-	r := newReceiver(t)
-	ws := s.startWorkers(3)
-
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	st := startStream(t, "kill9", nil)
+	s, ws := st.s, st.ws
 	restarts := 0
 	kills := strike(4, streamFor/5, func() {
 		i := rand.IntN(len(ws))
@@ -57,9 +88,7 @@ func TestKillWorkers(t *testing.T) {
 		ws[i] = s.startWorker(fmt.Sprintf("%s-%d-r%d", s.name, i+1, restarts))
 		s.waitListening(ws[i])
 	})
-	stop()
-	keys := p.wait(t)
-	s.drain(60 * time.Second)
+	keys := st.end(t, 60*time.Second)
 	rescued := 0
 	for _, w := range s.live() {
 		rescued += strings.Count(w.log.String(), "lease expired: job back to pending")
@@ -67,22 +96,14 @@ func TestKillWorkers(t *testing.T) {
 	t.Logf("kill9: %d jobs of killed workers rescued by the sweeper", rescued)
 	require.Positive(t, rescued, "no killed worker held a job: the scenario did not exercise the sweeper")
 	// A killed worker can have had every slot in flight.
-	s.verify(keys, r.deliveries(), r.deliveryTimes(), kills*slots)
-	s.checkServing(r, slots)
-	s.grepLogs()
+	st.check(keys, kills*slots)
 }
 
 // Scenario 2: terminate every pgdispatch session again and again: the pool's
 // connections, the listener's and the sleep key's.
 func TestTerminateConnections(t *testing.T) {
-	s := newScenario(t, "terminate", nil)
-	s.dumpLogsOnFailure()
-	r := newReceiver(t)
-	s.startWorkers(3)
-
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	st := startStream(t, "terminate", nil)
+	s := st.s
 	var sessions []int
 	terminations := strike(5, streamFor/6, func() {
 		s.fault(func() {
@@ -95,58 +116,37 @@ func TestTerminateConnections(t *testing.T) {
 			sessions = append(sessions, n)
 		})
 	})
-	stop()
-	keys := p.wait(t)
+	keys := st.end(t, 60*time.Second)
 	for i, n := range sessions {
 		// Three workers hold at least a listener and a pool connection each.
 		require.GreaterOrEqual(t, n, 6, "termination %d found only %d pgdispatch sessions", i+1, n)
 	}
-	s.drain(60 * time.Second)
 	// An outcome lost with its connection is written again; only a claim
 	// whose answer was lost waits for its lease, and runs once.
-	s.verify(keys, r.deliveries(), r.deliveryTimes(), terminations*3*slots)
-	s.checkServing(r, slots)
-	s.grepLogs()
+	st.check(keys, terminations*3*slots)
 }
 
 // Scenario 3: restart PostgreSQL (pg_ctl restart -m fast) mid-stream. The
 // workers reconnect on their own.
 func TestRestartPostgres(t *testing.T) {
-	s := newScenario(t, "restart", nil)
-	s.dumpLogsOnFailure()
-	r := newReceiver(t)
-	s.startWorkers(3)
-
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	st := startStream(t, "restart", nil)
 	restarts := strike(2, streamFor/3, func() {
-		s.fault(func() {
+		st.s.fault(func() {
 			restartCtx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
 			require.NoError(t, cluster.Restart(restartCtx))
 		})
 	})
-	stop()
-	keys := p.wait(t)
-	s.drain(60 * time.Second)
-	s.verify(keys, r.deliveries(), r.deliveryTimes(), restarts*3*slots)
-	s.checkServing(r, slots)
-	s.grepLogs()
+	keys := st.end(t, 60*time.Second)
+	st.check(keys, restarts*3*slots)
 }
 
 // Scenario 5: the receiver answers 500 for a while, then hangs past the job
 // timeout, then recovers. Every job ends done with its attempts recorded,
 // and no slot stays stuck on a hung request.
 func TestFailingReceiver(t *testing.T) {
-	s := newScenario(t, "receiver", map[string]string{"JOB_TIMEOUT": "1s"})
-	s.dumpLogsOnFailure()
-	r := newReceiver(t)
-	s.startWorkers(3)
-
-	ctx, stop := context.WithTimeout(context.Background(), streamFor)
-	defer stop()
-	p := s.produce(ctx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	st := startStream(t, "receiver", map[string]string{"JOB_TIMEOUT": "1s"})
+	s, r := st.s, st.r
 	phase := time.NewTicker(streamFor / 4)
 	<-phase.C
 	s.fault(func() {
@@ -156,12 +156,9 @@ func TestFailingReceiver(t *testing.T) {
 		<-phase.C
 		r.mode.Store(recvOK)
 	})
+	<-phase.C
 	phase.Stop()
-	keys := p.wait(t)
-	s.drain(90 * time.Second)
-	// Answers are recorded only when they succeed, and no process died:
-	// every job was delivered exactly once.
-	s.verify(keys, r.deliveries(), r.deliveryTimes(), 0)
+	keys := st.end(t, 90*time.Second)
 
 	r.mu.Lock()
 	hung := r.hung
@@ -176,8 +173,9 @@ func TestFailingReceiver(t *testing.T) {
 	}
 	require.Positive(t, retried, "no job needed a second attempt: the faults did not bite")
 	t.Logf("receiver: %d of %d jobs retried, %d requests hung until the timeout", retried, len(keys), hung)
-	s.checkServing(r, slots)
-	s.grepLogs()
+	// Answers are recorded only when they succeed, and no process died:
+	// every job was delivered exactly once.
+	st.check(keys, 0)
 }
 
 // Scenario 4: close the workers' broker connections mid-stream of rabbitmq

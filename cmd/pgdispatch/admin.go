@@ -61,25 +61,9 @@ run. Run 'pgdispatch jobs COMMAND --help' for the flags.
 `
 
 func jobsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, jobsUsage)
-		return errUsage
-	}
-	switch args[0] {
-	case "list":
-		return jobsList(ctx, args[1:], stdout, stderr)
-	case "show":
-		return jobsShow(ctx, args[1:], stdout, stderr)
-	case "retry":
-		return jobsRetry(ctx, args[1:], stdout, stderr)
-	case "cancel":
-		return jobsCancel(ctx, args[1:], stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, jobsUsage)
-		return nil
-	}
-	fmt.Fprintf(stderr, "unknown jobs command %q\n\n%s", args[0], jobsUsage)
-	return errUsage
+	return subcommand(ctx, "jobs", jobsUsage, map[string]commandFunc{
+		"list": jobsList, "show": jobsShow, "retry": jobsRetry, "cancel": jobsCancel,
+	}, args, stdout, stderr)
 }
 
 func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -41,8 +41,29 @@ Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
 `
 
+type commandFunc func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+
 type command struct {
-	run func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+	run commandFunc
+}
+
+// subcommand runs the subcommand of name that args[0] names, or prints
+// usage.
+func subcommand(ctx context.Context, name, usage string, subs map[string]commandFunc, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	if f, ok := subs[args[0]]; ok {
+		return f(ctx, args[1:], stdout, stderr)
+	}
+	switch args[0] {
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "unknown %s command %q\n\n%s", name, args[0], usage)
+	return errUsage
 }
 
 var commands = map[string]command{

@@ -26,23 +26,9 @@ the flags.
 `
 
 func triggersCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, triggersUsage)
-		return errUsage
-	}
-	switch args[0] {
-	case "add":
-		return triggersAdd(ctx, args[1:], stdout, stderr)
-	case "list":
-		return triggersList(ctx, args[1:], stdout, stderr)
-	case "remove":
-		return triggersRemove(ctx, args[1:], stdout, stderr)
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, triggersUsage)
-		return nil
-	}
-	fmt.Fprintf(stderr, "unknown triggers command %q\n\n%s", args[0], triggersUsage)
-	return errUsage
+	return subcommand(ctx, "triggers", triggersUsage, map[string]commandFunc{
+		"add": triggersAdd, "list": triggersList, "remove": triggersRemove,
+	}, args, stdout, stderr)
 }
 
 func triggersAdd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
