@@ -91,8 +91,10 @@ func (a *Admin) Stats(ctx context.Context) ([]QueueStats, error) {
 		out []QueueStats
 		s   QueueStats
 	)
-	_, err = pgx.ForEachRow(rows, []any{&s.Queue, &s.Kind, &s.Pending, &s.Due, &s.Running, &s.Done, &s.Dead,
-		&s.Cancelled, &s.OldestDueSeconds, &s.DoneLastMinute, &s.DeadLastMinute}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{
+		&s.Queue, &s.Kind, &s.Pending, &s.Due, &s.Running, &s.Done, &s.Dead,
+		&s.Cancelled, &s.OldestDueSeconds, &s.DoneLastMinute, &s.DeadLastMinute,
+	}, func() error {
 		out = append(out, s)
 		return nil
 	})

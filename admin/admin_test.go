@@ -180,8 +180,11 @@ func TestRetryAndCancelByID(t *testing.T) {
 	// Retry by id: the cancelled ones run; the done one is left alone.
 	changes, err = a.Retry(ctx, []int64{doneID, scheduledID, running})
 	require.NoError(t, err)
-	require.Equal(t, []admin.Change{{ID: running, Status: "cancelled", Changed: true},
-		{ID: scheduledID, Status: "cancelled", Changed: true}, {ID: doneID, Status: "done"}}, changes)
+	require.Equal(t, []admin.Change{
+		{ID: running, Status: "cancelled", Changed: true},
+		{ID: scheduledID, Status: "cancelled", Changed: true},
+		{ID: doneID, Status: "done"},
+	}, changes)
 	require.Eventually(t, func() bool {
 		j1, err1 := a.Get(ctx, scheduledID)
 		j2, err2 := a.Get(ctx, running)

@@ -192,7 +192,7 @@ func TestBadInput(t *testing.T) {
 		if c.want == "reject" {
 			require.Error(t, err, "%s: the INSERT was accepted", c.name)
 			var pgErr *pgconn.PgError
-			require.True(t, errors.As(err, &pgErr), "%s: %v", c.name, err)
+			require.ErrorAs(t, err, &pgErr, c.name)
 			assert.Contains(t, pgErr.Error(), c.wantErr, "%s: a clear message", c.name)
 			continue
 		}
@@ -232,7 +232,7 @@ func TestBadInput(t *testing.T) {
 	for _, k := range append(goodKeys, "huge") {
 		assert.Equal(t, 1, got[k], "good job %s", k)
 	}
-	require.Len(t, mail.Messages(), 0, "no bad email may have been sent")
+	require.Empty(t, mail.Messages(), "no bad email may have been sent")
 
 	// Idle now, with a job due in the year 9999: the workers must sleep,
 	// not spin.

@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -63,7 +62,7 @@ func run(m *testing.M) (int, error) {
 	binary = filepath.Join(dir, "pgdispatch")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	build := exec.CommandContext(ctx, goTool(), "build", "-o", binary, "github.com/pgdispatch/pgdispatch/cmd/pgdispatch")
+	build := exec.CommandContext(ctx, "go", "build", "-o", binary, "github.com/pgdispatch/pgdispatch/cmd/pgdispatch")
 	if out, err := build.CombinedOutput(); err != nil {
 		return 1, fmt.Errorf("build the pgdispatch binary: %w\n%s", err, out)
 	}
@@ -82,14 +81,4 @@ func run(m *testing.M) (int, error) {
 		fmt.Fprintln(os.Stderr, "e2e: stop the cluster:", err)
 	}
 	return code, nil
-}
-
-// goTool is the go command that runs these tests.
-func goTool() string {
-	if p := filepath.Join(runtime.GOROOT(), "bin", "go"); runtime.GOROOT() != "" {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	return "go"
 }

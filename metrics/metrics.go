@@ -216,8 +216,10 @@ var (
 type workerCollector struct{ m *Metrics }
 
 func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps,
-		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp} {
+	for _, d := range []*prometheus.Desc{
+		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps,
+		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp,
+	} {
 		ch <- d
 	}
 }

@@ -155,23 +155,23 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 
 	f := scrape(t, srv)
 	q := map[string]string{"queue": "default"}
-	require.Equal(t, 7.0, value(t, f, "pgdispatch_jobs_claimed_total", q))
-	require.Equal(t, 0.0, value(t, f, "pgdispatch_jobs_in_flight", q))
+	requireValue(t, 7.0, value(t, f, "pgdispatch_jobs_claimed_total", q))
+	requireValue(t, 0.0, value(t, f, "pgdispatch_jobs_in_flight", q))
 	for _, c := range []struct {
 		kind, outcome string
 		n             float64
 	}{{"ok", "done", 3}, {"flaky", "retry", 1}, {"flaky", "done", 1}, {"refused", "dead", 1}, {"unknown", "dead", 1}} {
-		require.Equal(t, c.n, value(t, f, "pgdispatch_jobs_completed_total",
+		requireValue(t, c.n, value(t, f, "pgdispatch_jobs_completed_total",
 			map[string]string{"queue": "default", "kind": c.kind, "outcome": c.outcome}), "%s %s", c.kind, c.outcome)
 	}
-	require.Equal(t, 3.0, value(t, f, "pgdispatch_job_duration_seconds", map[string]string{"queue": "default", "kind": "ok"}))
-	require.Equal(t, 2.0, value(t, f, "pgdispatch_dispatch_latency_seconds", map[string]string{"queue": "default", "kind": "flaky"}))
-	require.Equal(t, 1.0, value(t, f, "pgdispatch_listener_connected", nil))
+	requireValue(t, 3.0, value(t, f, "pgdispatch_job_duration_seconds", map[string]string{"queue": "default", "kind": "ok"}))
+	requireValue(t, 2.0, value(t, f, "pgdispatch_dispatch_latency_seconds", map[string]string{"queue": "default", "kind": "flaky"}))
+	requireValue(t, 1.0, value(t, f, "pgdispatch_listener_connected", nil))
 	require.GreaterOrEqual(t, value(t, f, "pgdispatch_notifications_received_total", nil), 1.0)
-	require.Equal(t, 0.0, value(t, f, "pgdispatch_fallback_ticks_found_work_total", q))
-	require.Equal(t, 0.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
-	require.Equal(t, 1.0, value(t, f, "pgdispatch_queue_jobs_sample_ok", nil))
-	require.Equal(t, 2.0, value(t, f, "pgdispatch_queue_jobs", map[string]string{"queue": "default", "status": "dead"}))
+	requireValue(t, 0.0, value(t, f, "pgdispatch_fallback_ticks_found_work_total", q))
+	requireValue(t, 0.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
+	requireValue(t, 1.0, value(t, f, "pgdispatch_queue_jobs_sample_ok", nil))
+	requireValue(t, 2.0, value(t, f, "pgdispatch_queue_jobs", map[string]string{"queue": "default", "status": "dead"}))
 	_, hasPending := findSeries(f, "pgdispatch_queue_jobs", "pending")
 	require.False(t, hasPending, "no pending jobs are left")
 
@@ -183,8 +183,8 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return w.Claimer("default").Stats().Completed == 8 }, 30*time.Second, 5*time.Millisecond)
 	f = scrape(t, srv)
-	require.Equal(t, 1.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
-	require.Equal(t, 4.0, value(t, f, "pgdispatch_jobs_completed_total", map[string]string{"queue": "default", "kind": "ok", "outcome": "done"}))
+	requireValue(t, 1.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
+	requireValue(t, 4.0, value(t, f, "pgdispatch_jobs_completed_total", map[string]string{"queue": "default", "kind": "ok", "outcome": "done"}))
 }
 
 func findSeries(f map[string]*dto.MetricFamily, name, status string) (float64, bool) {
@@ -196,4 +196,9 @@ func findSeries(f map[string]*dto.MetricFamily, name, status string) (float64, b
 		}
 	}
 	return 0, false
+}
+
+func requireValue(t *testing.T, want, got float64, msgAndArgs ...any) {
+	t.Helper()
+	require.InDelta(t, want, got, 1e-9, msgAndArgs...)
 }

@@ -38,7 +38,7 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		for _, s := range stats {
 			oldest := "-"
 			if s.OldestDueSeconds != nil {
-				oldest = (time.Duration(*s.OldestDueSeconds * float64(time.Second))).Round(time.Millisecond).String()
+				oldest = time.Duration(*s.OldestDueSeconds * float64(time.Second)).Round(time.Millisecond).String()
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t\n", s.Queue, s.Kind, s.Pending, s.Due, s.Running,
 				s.Done, s.Dead, s.Cancelled, oldest, s.DoneLastMinute, s.DeadLastMinute)
@@ -162,10 +162,19 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		for _, row := range [][2]string{
-			{"id", strconv.FormatInt(j.ID, 10)}, {"queue", j.Queue}, {"kind", j.Kind}, {"status", j.Status},
-			{"attempts", attempts(j)}, {"priority", strconv.Itoa(int(j.Priority))}, {"run_at", ts(&j.RunAt)},
-			{"dedup_key", str(j.DedupKey)}, {"locked_by", str(j.LockedBy)}, {"locked_until", ts(j.LockedUntil)},
-			{"created_at", ts(&j.CreatedAt)}, {"updated_at", ts(&j.UpdatedAt)}, {"finished_at", ts(j.FinishedAt)},
+			{"id", strconv.FormatInt(j.ID, 10)},
+			{"queue", j.Queue},
+			{"kind", j.Kind},
+			{"status", j.Status},
+			{"attempts", attempts(j)},
+			{"priority", strconv.Itoa(int(j.Priority))},
+			{"run_at", ts(&j.RunAt)},
+			{"dedup_key", str(j.DedupKey)},
+			{"locked_by", str(j.LockedBy)},
+			{"locked_until", ts(j.LockedUntil)},
+			{"created_at", ts(&j.CreatedAt)},
+			{"updated_at", ts(&j.UpdatedAt)},
+			{"finished_at", ts(j.FinishedAt)},
 			{"last_error", str(j.LastError)},
 		} {
 			fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
