@@ -38,8 +38,9 @@ type outcome struct {
 // execute runs one claimed job and queues its outcome, unless the job was
 // abandoned meanwhile: then its slot and outcome are already accounted for.
 func (c *Claimer) execute(workCtx context.Context, job *executors.Job) {
-	o := c.run(workCtx, job)
+	o, took := c.run(workCtx, job)
 	if c.report(job.ID, o) {
+		c.observe(job, o, took)
 		return
 	}
 	c.logger.Warn("an abandoned job's executor returned at last; its result is dropped",
@@ -71,17 +72,19 @@ func signal(ch chan struct{}) {
 	}
 }
 
-func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
+// run runs one attempt and returns its outcome and how long the executor
+// ran (0 when it did not).
+func (c *Claimer) run(workCtx context.Context, job *executors.Job) (outcome, time.Duration) {
 	log := c.jobLogger(job)
 	exec, ok := c.cfg.Registry.Lookup(job.Kind)
 	if !ok {
 		err := fmt.Errorf("unknown kind %q: no executor is registered for it (known kinds: %s)",
 			job.Kind, strings.Join(c.cfg.Registry.Kinds(), ", "))
-		return c.observe(job, c.classify(log, job, executors.Permanent(err), false), 0)
+		return c.classify(log, job, executors.Permanent(err), false), 0
 	}
 	timeout, set, err := executors.PayloadDuration(job.Payload, "timeout")
 	if err != nil {
-		return c.observe(job, c.classify(log, job, executors.Permanent(err), false), 0)
+		return c.classify(log, job, executors.Permanent(err), false), 0
 	}
 	if !set || timeout == 0 {
 		timeout = c.cfg.JobTimeout
@@ -111,13 +114,13 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) outcome {
 	released := err != nil && workCtx.Err() != nil
 	took := time.Since(start)
 	log.Debug("job returned", zap.Duration("duration", took), zap.Bool("ok", err == nil))
-	return c.observe(job, c.classify(log, job, err, released), took)
+	return c.classify(log, job, err, released), took
 }
 
-// observe tells the Observer of an attempt's outcome and returns it.
-func (c *Claimer) observe(job *executors.Job, o outcome, took time.Duration) outcome {
+// observe tells the Observer of an attempt's outcome.
+func (c *Claimer) observe(job *executors.Job, o outcome, took time.Duration) {
 	if c.cfg.Observer == nil {
-		return o
+		return
 	}
 	result := o.status
 	switch {
@@ -127,7 +130,6 @@ func (c *Claimer) observe(job *executors.Job, o outcome, took time.Duration) out
 		result = "retry"
 	}
 	c.cfg.Observer.JobFinished(job, result, took)
-	return o
 }
 
 // watch runs once a job's context has ended. If the executor has not
