@@ -713,7 +713,10 @@ func (s *scenario) grepLogs() {
 	}
 	server, err := os.ReadFile(cluster.LogPath())
 	require.NoError(s.t, err)
-	require.NotContains(s.t, string(server), "deadlock detected", "the server logged a deadlock")
+	if i := strings.Index(string(server), "deadlock detected"); i >= 0 {
+		// The lines after it name the processes and their statements.
+		s.t.Fatalf("the server logged a deadlock:\n%s", string(server)[max(0, i-200):min(len(server), i+3000)])
+	}
 }
 
 func atoi(s string) int {
