@@ -281,9 +281,10 @@ func (c *Claimer) Run(ctx context.Context) error {
 	// outcomes must still be written and their leases kept meanwhile.
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var bg sync.WaitGroup
-	bg.Add(2)
+	bg.Add(3)
 	go func() { defer bg.Done(); c.runCompleter(bgCtx) }()
 	go func() { defer bg.Done(); c.runHeartbeat(bgCtx) }()
+	go func() { defer bg.Done(); c.runWatchdog(bgCtx, workCtx) }()
 
 	// The sleep key goes back as soon as claiming stops: peers take over.
 	sleepCtx, stopSleep := context.WithCancel(ctx)
@@ -372,9 +373,9 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 				zap.Int("num_claimed", len(claimed)), zap.Int64("tick_hits", c.tickHits.Load()))
 		}
 		fromTick = false
-		for _, job := range claimed {
+		for _, r := range claimed {
 			jobs.Add(1)
-			go func() { defer jobs.Done(); c.execute(workCtx, job) }()
+			go func() { defer jobs.Done(); c.execute(workCtx, r) }()
 		}
 
 		if fromGrant && len(claimed) > 0 {
@@ -463,7 +464,7 @@ func (c *Claimer) freeSlots() int {
 // claim takes up to limit due jobs and marks them running. When it claimed
 // fewer than limit it also returns the wait until the queue's earliest future
 // run_at, by the database's clock.
-func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time.Duration, error) {
+func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
@@ -509,14 +510,16 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*executors.Job, *time
 		return nil, next, nil
 	}
 	c.claimed.Add(int64(len(claimed)))
+	runs := make([]*running, len(claimed))
 	c.mu.Lock()
 	c.running += len(claimed)
-	for _, j := range claimed {
-		c.inflight[j.ID] = &running{attempt: j.Attempt}
+	for i, j := range claimed {
+		runs[i] = &running{attempt: j.Attempt, job: j}
+		c.inflight[j.ID] = runs[i]
 	}
 	c.mu.Unlock()
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", len(claimed)))
-	return claimed, next, nil
+	return runs, next, nil
 }
 
 // scheduleWait turns the seconds until the earliest future run_at into a

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -20,6 +21,8 @@ const maxErrorLen = 2000
 
 // running is the claimer's record of a claimed job until its outcome is written.
 type running struct {
+	job       *executors.Job
+	deadline  atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
 	attempt   int
 	reported  bool // its outcome is in pending
 	abandoned bool // given up on while its executor still ran (see watch)
@@ -37,8 +40,9 @@ type outcome struct {
 
 // execute runs one claimed job and queues its outcome, unless the job was
 // abandoned meanwhile: then its slot and outcome are already accounted for.
-func (c *Claimer) execute(workCtx context.Context, job *executors.Job) {
-	o, took := c.run(workCtx, job)
+func (c *Claimer) execute(workCtx context.Context, r *running) {
+	job := r.job
+	o, took := c.run(workCtx, r)
 	if c.report(job.ID, o) {
 		c.observe(job, o, took)
 		return
@@ -74,7 +78,8 @@ func signal(ch chan struct{}) {
 
 // run runs one attempt and returns its outcome and how long the executor
 // ran (0 when it did not).
-func (c *Claimer) run(workCtx context.Context, job *executors.Job) (outcome, time.Duration) {
+func (c *Claimer) run(workCtx context.Context, r *running) (outcome, time.Duration) {
+	job := r.job
 	log := c.jobLogger(job)
 	exec, ok := c.cfg.Registry.Lookup(job.Kind)
 	if !ok {
@@ -93,18 +98,13 @@ func (c *Claimer) run(workCtx context.Context, job *executors.Job) (outcome, tim
 
 	log.Debug("job started")
 	ctx, cancel := context.WithTimeout(workCtx, timeout)
-	// An executor that ignores its context must not hold the job and its
-	// slot for ever (the heartbeat would keep the lease): abandonGrace after
-	// the deadline or the hard stop, the job is given up on without it.
-	returned := make(chan struct{})
-	stopWatch := context.AfterFunc(ctx, func() { c.watch(workCtx, job, timeout, returned) })
 	if c.cfg.Observer != nil {
 		c.cfg.Observer.JobStarted(job)
 	}
 	start := time.Now()
+	// The watchdog gives up on the job if the executor ignores ctx.
+	r.deadline.Store(start.Add(timeout).UnixNano())
 	err = safeExecute(ctx, exec, job)
-	close(returned)
-	stopWatch()
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
 	cancel()
 	if err != nil && timedOut {
@@ -132,33 +132,56 @@ func (c *Claimer) observe(job *executors.Job, o outcome, took time.Duration) {
 	c.cfg.Observer.JobFinished(job, result, took)
 }
 
-// watch runs once a job's context has ended. If the executor has not
-// returned abandonGrace later, the job is given up on: it retries (or is
-// dead when its attempts are used up), or is given back when the worker is
-// stopping, and its slot is free again. The executor's goroutine is left to
-// finish, or not, on its own.
-func (c *Claimer) watch(workCtx context.Context, job *executors.Job, timeout time.Duration, returned <-chan struct{}) {
-	t := time.NewTimer(abandonGrace)
+// watchdogInterval is how often the watchdog looks for executors that
+// outlived their jobs' deadlines. It sends nothing to the database.
+const watchdogInterval = 500 * time.Millisecond
+
+// runWatchdog gives up on jobs whose executors have not returned
+// abandonGrace after their deadline: an executor that ignores its context
+// must not hold the job and its slot for ever (the heartbeat would keep the
+// lease). Such a job retries, or is dead when its attempts are used up, or
+// is given back when the worker is stopping; its slot is free again, and the
+// executor's goroutine is left to finish, or not, on its own.
+func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
+	t := time.NewTicker(watchdogInterval)
 	defer t.Stop()
-	select {
-	case <-returned:
-		return
-	case <-t.C:
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		limit := time.Now().Add(-abandonGrace).UnixNano()
+		var late []*running
+		c.mu.Lock()
+		for _, r := range c.inflight {
+			if d := r.deadline.Load(); d != 0 && d < limit && !r.reported && !r.abandoned {
+				late = append(late, r)
+			}
+		}
+		c.mu.Unlock()
+		for _, r := range late {
+			c.giveUp(workCtx, r)
+		}
 	}
-	err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, timeout)
+}
+
+func (c *Claimer) giveUp(workCtx context.Context, r *running) {
+	job := r.job
+	err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, job.Timeout)
 	o := c.classify(c.jobLogger(job), job, err, workCtx.Err() != nil)
 	c.mu.Lock()
-	r := c.inflight[job.ID]
-	given := r != nil && !r.reported && !r.abandoned
+	given := !r.reported && !r.abandoned
 	if given {
 		r.abandoned = true
 		c.running--
 		c.pending = append(c.pending, o)
 	}
 	c.mu.Unlock()
-	if given {
-		c.observe(job, o, timeout+abandonGrace)
+	if !given {
+		return
 	}
+	c.observe(job, o, job.Timeout+abandonGrace)
 	signal(c.flush)
 	signal(c.slotFreed)
 }
