@@ -24,8 +24,8 @@ type running struct {
 	job       *executors.Job
 	deadline  atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
 	attempt   int
-	reported  bool // its outcome is in pending
-	abandoned bool // given up on while its executor still ran (see watch)
+	reported  bool // its outcome is in pending (or was written)
+	abandoned bool // given back at shutdown while its executor still ran
 }
 
 // outcome is what becomes of one attempt.
@@ -43,7 +43,7 @@ type outcome struct {
 func (c *Claimer) execute(workCtx context.Context, r *running) {
 	job := r.job
 	o, took := c.run(workCtx, r)
-	if c.report(job.ID, o) {
+	if c.report(r, o) {
 		c.observe(job, o, took)
 		return
 	}
@@ -51,12 +51,11 @@ func (c *Claimer) execute(workCtx context.Context, r *running) {
 		zap.Int64("job_id", job.ID), zap.Int("attempt", job.Attempt))
 }
 
-// report queues o as the outcome of the running job id and frees its slot.
-// It reports false, and does nothing, when id was already given up on.
-func (c *Claimer) report(id int64, o outcome) bool {
+// report queues o as the outcome of r and frees its slot. It reports false,
+// and does nothing, when r has an outcome already: it was given up on.
+func (c *Claimer) report(r *running, o outcome) bool {
 	c.mu.Lock()
-	r := c.inflight[id]
-	if r == nil || r.reported || r.abandoned {
+	if r.reported || r.abandoned {
 		c.mu.Unlock()
 		return false
 	}
@@ -170,20 +169,9 @@ func (c *Claimer) giveUp(workCtx context.Context, r *running) {
 	job := r.job
 	err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, job.Timeout)
 	o := c.classify(c.jobLogger(job), job, err, workCtx.Err() != nil)
-	c.mu.Lock()
-	given := !r.reported && !r.abandoned
-	if given {
-		r.abandoned = true
-		c.running--
-		c.pending = append(c.pending, o)
+	if c.report(r, o) { // the executor's late result is then dropped
+		c.observe(job, o, job.Timeout+abandonGrace)
 	}
-	c.mu.Unlock()
-	if !given {
-		return
-	}
-	c.observe(job, o, job.Timeout+abandonGrace)
-	signal(c.flush)
-	signal(c.slotFreed)
 }
 
 // jobLogger is the logger of one job's life. Its fields are added lazily:
