@@ -462,6 +462,32 @@ func TestExecutorIgnoringCancellation(t *testing.T) {
 	require.Contains(t, *lastErr, "abandoned")
 }
 
+// At shutdown, a job whose executor ignores the cancellation is given back
+// without it, and the worker stops.
+func TestShutdownGivesBackIgnoredCancellation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := make(chan struct{})
+	defer close(release)
+	started := make(chan struct{}, 1)
+	b.registry.Register("stuck", executors.Func(func(context.Context, *executors.Job) error {
+		started <- struct{}{}
+		<-release // not ctx.Done()
+		return nil
+	}))
+	cfg := b.config(t, "w")
+	cfg.ShutdownTimeout = 50 * time.Millisecond
+	_, stop, _ := start(t, cfg)
+	id := b.insert(t, `INSERT INTO `+b.jobs+` (kind) VALUES ('stuck') RETURNING id`)
+	<-started
+	stop() // returns once the job is given back
+	status, attempts, lastError := b.row(t, id)
+	require.Equal(t, "pending", status)
+	require.Equal(t, 0, attempts, "the interrupted attempt is given back")
+	require.NotNil(t, lastError)
+	require.Contains(t, *lastError, "interrupted by worker shutdown: the executor did not return after cancellation")
+}
+
 // The fallback tick claims jobs whose notification never came, and counts
 // the ticks that found work.
 func TestFallbackTickFindsMissedJobs(t *testing.T) {

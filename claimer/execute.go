@@ -21,11 +21,10 @@ const maxErrorLen = 2000
 
 // running is the claimer's record of a claimed job until its outcome is written.
 type running struct {
-	job       *executors.Job
-	deadline  atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
-	attempt   int
-	reported  bool // its outcome is in pending (or was written)
-	abandoned bool // given back at shutdown while its executor still ran
+	job      *executors.Job
+	deadline atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
+	attempt  int
+	reported bool // its outcome is in pending (or was written)
 }
 
 // outcome is what becomes of one attempt.
@@ -55,7 +54,7 @@ func (c *Claimer) execute(workCtx context.Context, r *running) {
 // and does nothing, when r has an outcome already: it was given up on.
 func (c *Claimer) report(r *running, o outcome) bool {
 	c.mu.Lock()
-	if r.reported || r.abandoned {
+	if r.reported {
 		c.mu.Unlock()
 		return false
 	}
@@ -154,7 +153,7 @@ func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
 		var late []*running
 		c.mu.Lock()
 		for _, r := range c.inflight {
-			if d := r.deadline.Load(); d != 0 && d < limit && !r.reported && !r.abandoned {
+			if d := r.deadline.Load(); d != 0 && d < limit && !r.reported {
 				late = append(late, r)
 			}
 		}
@@ -287,19 +286,22 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) 
 		return
 	case <-abandon.C:
 	}
+	var given []*running
 	c.mu.Lock()
-	for id, r := range c.inflight {
-		if r.reported || r.abandoned {
-			continue
+	for _, r := range c.inflight {
+		if !r.reported {
+			given = append(given, r)
 		}
-		r.abandoned = true
-		c.running--
-		msg := "interrupted by worker shutdown: the executor did not return after cancellation"
-		c.pending = append(c.pending, outcome{id: id, attempt: r.attempt, status: "pending", err: &msg, release: true})
-		c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", id), zap.Int("attempt", r.attempt))
 	}
 	c.mu.Unlock()
-	signal(c.flush)
+	msg := "interrupted by worker shutdown: the executor did not return after cancellation"
+	for _, r := range given {
+		o := outcome{id: r.job.ID, attempt: r.attempt, status: "pending", err: &msg, release: true}
+		if c.report(r, o) {
+			c.observe(r.job, o, 0)
+			c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", r.job.ID), zap.Int("attempt", r.attempt))
+		}
+	}
 }
 
 func (c *Claimer) runningCount() int {
