@@ -118,3 +118,50 @@ func TestTableConstraints(t *testing.T) {
 		require.Equal(t, tc.constraint, pgErr.ConstraintName)
 	}
 }
+
+// Migration 5 refuses infinite run_at values and repairs the rows that have
+// one: a pending job due at infinity is dead with a reason; the others take
+// their created_at.
+func TestFiniteRunAt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	_, err := pgtest.Pool(t).Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', 'infinity')")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "jobs_run_at_check", pgErr.ConstraintName)
+
+	// As a schema at version 4 with such rows would be.
+	_, err = pgtest.Pool(t).Exec(ctx, "ALTER TABLE "+jobs+" DROP CONSTRAINT jobs_run_at_check")
+	require.NoError(t, err)
+	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at, status, finished_at) VALUES "+
+		"('never', 'infinity', 'pending', NULL), ('due', '-infinity', 'pending', NULL), ('old', 'infinity', 'done', now())")
+	require.NoError(t, err)
+	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+pgx.Identifier{schema, "schema_version"}.Sanitize()+" SET version = 4")
+	require.NoError(t, err)
+	from, _, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema})
+	require.NoError(t, err)
+	require.Equal(t, int32(4), from)
+
+	rows, err := pgtest.Pool(t).Query(ctx, "SELECT kind, status, run_at = created_at, coalesce(last_error, '') FROM "+jobs+" ORDER BY kind")
+	require.NoError(t, err)
+	type row struct {
+		kind, status string
+		created      bool
+		lastErr      string
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		return x, r.Scan(&x.kind, &x.status, &x.created, &x.lastErr)
+	})
+	require.NoError(t, err)
+	require.Equal(t, []row{
+		{"due", "pending", true, ""},
+		{"never", "dead", true, "run_at was infinity, a time that never comes; pgdispatch now refuses it at INSERT"},
+		{"old", "done", true, ""},
+	}, got)
+	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', '-infinity')")
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "jobs_run_at_check", pgErr.ConstraintName)
+}

@@ -35,7 +35,7 @@ Usage:
   pgdispatch bench [flags]     measure latency, throughput, writer overhead and idle cost
   pgdispatch triggers add|list|remove   dispatch jobs from row changes in any table
   pgdispatch stats [flags]     jobs by queue, kind and status, the oldest due job, the last minute's throughput
-  pgdispatch jobs list|show|retry|cancel   look at jobs, retry dead ones, cancel pending ones
+  pgdispatch jobs list|show|retry|cancel   look at jobs, retry dead ones, cancel pending or running ones
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
