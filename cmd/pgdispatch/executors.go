@@ -26,6 +26,7 @@ var executorSettings = []setting{
 	{"SMTP_PASSWORD", "", "", "SMTP password"},
 	{"SMTP_TLS", "smtp-tls", "starttls", "none, starttls or tls"},
 	{"SMTP_FROM", "smtp-from", "", "sender of email jobs whose payload has no from"},
+	{"SMTP_MAX_CONNECTIONS", "smtp-max-connections", strconv.Itoa(email.DefaultMaxConnections), "SMTP sessions open at once; email jobs beyond it wait for one"},
 }
 
 // buildRegistry registers the built-in executors that the settings
@@ -71,7 +72,7 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 		}
 		mailer, err := email.New(email.Config{
 			Host: host, Port: port, Username: v.str("SMTP_USERNAME"), Password: v.str("SMTP_PASSWORD"),
-			TLS: v.str("SMTP_TLS"), From: v.str("SMTP_FROM"),
+			TLS: v.str("SMTP_TLS"), From: v.str("SMTP_FROM"), MaxConnections: v.positiveInt("SMTP_MAX_CONNECTIONS", &errs),
 		})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("SMTP settings: %w", err))

@@ -55,12 +55,21 @@ type Config struct {
 	// Timeout bounds one delivery when the job's context has no earlier
 	// deadline. Default: 30s.
 	Timeout time.Duration
+	// MaxConnections is how many SMTP sessions the executor opens at once;
+	// email jobs beyond it wait for one, within their own deadline. Mail
+	// servers often refuse more than a few connections from one client.
+	// Default: 10.
+	MaxConnections int
 }
+
+// DefaultMaxConnections is Config.MaxConnections's default.
+const DefaultMaxConnections = 10
 
 // Executor sends email jobs. Create it with New; it is safe for concurrent use.
 type Executor struct {
-	cfg  Config
-	opts []gomail.Option
+	cfg      Config
+	opts     []gomail.Option
+	sessions chan struct{} // one token per open SMTP session
 }
 
 // New checks cfg and returns an Executor.
@@ -70,6 +79,10 @@ func New(cfg Config) (*Executor, error) {
 	}
 	cfg.TLS = strings.ToLower(cmp.Or(cfg.TLS, TLSStartTLS))
 	cfg.Timeout = cmp.Or(cfg.Timeout, 30*time.Second)
+	if cfg.MaxConnections < 0 {
+		return nil, fmt.Errorf("email: MaxConnections %d: must not be negative", cfg.MaxConnections)
+	}
+	cfg.MaxConnections = cmp.Or(cfg.MaxConnections, DefaultMaxConnections)
 	opts := []gomail.Option{gomail.WithTimeout(cfg.Timeout)}
 	switch cfg.TLS {
 	case TLSNone:
@@ -103,7 +116,7 @@ func New(cfg Config) (*Executor, error) {
 			return nil, fmt.Errorf("email: From %q is not an email address", cfg.From)
 		}
 	}
-	return &Executor{cfg: cfg, opts: opts}, nil
+	return &Executor{cfg: cfg, opts: opts, sessions: make(chan struct{}, cfg.MaxConnections)}, nil
 }
 
 type payload struct {
@@ -243,6 +256,12 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.Timeout)
 		defer cancel()
 	}
+	select {
+	case e.sessions <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("email: no SMTP session free before the job's deadline (%d at once): %w", e.cfg.MaxConnections, context.Cause(ctx))
+	}
+	defer func() { <-e.sessions }()
 	if err := client.DialAndSendWithContext(ctx, m); err != nil {
 		return e.classify(ctx, err)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
@@ -128,4 +129,39 @@ func TestConfig(t *testing.T) {
 	require.ErrorContains(t, err, "Host is required")
 	_, err = email.New(email.Config{Host: "h", From: "not an address"})
 	require.ErrorContains(t, err, "not an email address")
+}
+
+// However many email jobs run at once, the executor opens at most
+// MaxConnections SMTP sessions; a job that finds none free before its
+// deadline fails with a retryable error that says so.
+func TestMaxConnections(t *testing.T) {
+	t.Parallel()
+	s := smtptest.Start(t, user, password)
+	s.Delay = 100 * time.Millisecond
+	cfg := config(s, password)
+	cfg.MaxConnections = 3
+	exec, err := email.New(cfg)
+	require.NoError(t, err)
+
+	job := func(id int64) *executors.Job {
+		return &executors.Job{ID: id, Kind: email.Kind, Attempt: 1, MaxAttempts: 1,
+			Payload: []byte(`{"to": ["ann@example.test"], "subject": "s", "text": "t"}`)}
+	}
+	var g errgroup.Group
+	for i := range 12 {
+		g.Go(func() error { return exec.Execute(context.Background(), job(int64(i+1))) })
+	}
+	// One more with almost no time, once every session is taken and the
+	// other jobs queue for one.
+	require.Eventually(t, func() bool { return s.MostAtOnce() == 3 }, waitFor, time.Millisecond)
+	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err = exec.Execute(short, job(99))
+	require.ErrorContains(t, err, "no SMTP session free before the job's deadline (3 at once)")
+	require.NoError(t, g.Wait())
+	require.Len(t, s.Messages(), 12)
+	require.Equal(t, 3, s.MostAtOnce())
+
+	_, err = email.New(email.Config{Host: "localhost", MaxConnections: -1})
+	require.ErrorContains(t, err, "MaxConnections -1")
 }

@@ -31,10 +31,22 @@ type Server struct {
 	Host     string
 	Port     int
 	Received chan Message
+	// Delay, when set before mail is sent, holds each message that long
+	// before accepting it, so that sessions overlap.
+	Delay time.Duration
 
 	user, password string
 	mu             sync.Mutex
 	messages       []Message
+	active, most   int // messages being received now, and at most
+}
+
+// MostAtOnce is the most messages that were being received at once: a
+// lower bound of the sessions a client held open together.
+func (s *Server) MostAtOnce() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.most
 }
 
 // Start runs a server until the test ends.
@@ -104,6 +116,15 @@ func (ss *session) Rcpt(to string, _ *smtp.RcptOptions) error {
 }
 
 func (ss *session) Data(r io.Reader) error {
+	ss.s.mu.Lock()
+	ss.s.active++
+	ss.s.most = max(ss.s.most, ss.s.active)
+	ss.s.mu.Unlock()
+	defer func() {
+		ss.s.mu.Lock()
+		ss.s.active--
+		ss.s.mu.Unlock()
+	}()
 	m, err := mail.ReadMessage(r)
 	if err != nil {
 		return err
@@ -111,6 +132,9 @@ func (ss *session) Data(r io.Reader) error {
 	body, err := io.ReadAll(m.Body)
 	if err != nil {
 		return err
+	}
+	if ss.s.Delay > 0 {
+		time.Sleep(ss.s.Delay) // a slow server
 	}
 	msg := Message{From: ss.from, Recipients: ss.rcpt, Header: m.Header, Body: string(body)}
 	ss.s.mu.Lock()
