@@ -144,8 +144,10 @@ func TestMaxConnections(t *testing.T) {
 	require.NoError(t, err)
 
 	job := func(id int64) *executors.Job {
-		return &executors.Job{ID: id, Kind: email.Kind, Attempt: 1, MaxAttempts: 1,
-			Payload: []byte(`{"to": ["ann@example.test"], "subject": "s", "text": "t"}`)}
+		return &executors.Job{
+			ID: id, Kind: email.Kind, Attempt: 1, MaxAttempts: 1,
+			Payload: []byte(`{"to": ["ann@example.test"], "subject": "s", "text": "t"}`),
+		}
 	}
 	var g errgroup.Group
 	for i := range 12 {
