@@ -180,7 +180,9 @@ func (s *sleepLock) hold(ctx context.Context, conn *pgx.Conn) bool {
 	freeCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if _, err := conn.Exec(freeCtx, sleepFreeSQL, s.schema, s.queue); err != nil {
-		s.logger.Warn("giving back the sleep lock failed; reconnecting", zap.Error(err))
+		if ctx.Err() == nil { // when stopping, dropping the connection gives the key back
+			s.logger.Warn("giving back the sleep lock failed; reconnecting", zap.Error(err))
+		}
 		return false
 	}
 	return true
