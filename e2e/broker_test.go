@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/internal/amqptest"
@@ -61,19 +60,9 @@ func (b *broker) closeAll(t *testing.T) {
 // their body.
 func (b *broker) receive(t *testing.T) (map[string]int, []time.Time) {
 	t.Helper()
-	conn, err := amqp.Dial(b.url)
-	require.NoError(t, err)
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
 	got := map[string]int{}
 	var times []time.Time
-	for {
-		m, ok, err := ch.Get(b.queue, true)
-		require.NoError(t, err)
-		if !ok {
-			return got, times
-		}
+	for _, m := range amqptest.Drain(t, b.url, b.queue) {
 		var body struct {
 			K string `json:"k"`
 		}
@@ -81,4 +70,5 @@ func (b *broker) receive(t *testing.T) (map[string]int, []time.Time) {
 		got[body.K]++
 		times = append(times, m.Timestamp)
 	}
+	return got, times
 }

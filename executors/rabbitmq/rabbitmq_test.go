@@ -59,20 +59,7 @@ func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
 // drain reads every message in the test queue.
 func (b *bundle) drain(t *testing.T) []amqp.Delivery {
 	t.Helper()
-	conn, err := amqp.Dial(b.url)
-	require.NoError(t, err)
-	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	var out []amqp.Delivery
-	for {
-		d, ok, err := ch.Get(b.queue, true)
-		require.NoError(t, err)
-		if !ok {
-			return out
-		}
-		out = append(out, d)
-	}
+	return amqptest.Drain(t, b.url, b.queue)
 }
 
 func TestPublishWithConfirm(t *testing.T) {

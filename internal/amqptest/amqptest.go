@@ -55,3 +55,28 @@ func Queue(t testing.TB, url, name string) {
 		}
 	})
 }
+
+// Drain takes every message from queue and returns them.
+func Drain(t testing.TB, url, queue string) []amqp.Delivery {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatalf("amqptest: %v", err)
+	}
+	var out []amqp.Delivery
+	for {
+		d, ok, err := ch.Get(queue, true)
+		if err != nil {
+			t.Fatalf("amqptest: get from %s: %v", queue, err)
+		}
+		if !ok {
+			return out
+		}
+		out = append(out, d)
+	}
+}
