@@ -256,7 +256,11 @@ func (c *Claimer) Wake() {
 func (c *Claimer) Sleeping() bool { return c.sleeping.Load() && c.sleep.holding.Load() }
 
 // Running is how many of the claimer's jobs are running now.
-func (c *Claimer) Running() int { return c.runningCount() }
+func (c *Claimer) Running() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.running
+}
 
 // Stats returns the claimer's counters.
 func (c *Claimer) Stats() Stats {

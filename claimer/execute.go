@@ -264,7 +264,7 @@ func firstLines(s string, n int) string {
 func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) {
 	done := make(chan struct{})
 	go func() { jobs.Wait(); close(done) }()
-	if n := c.runningCount(); n > 0 {
+	if n := c.Running(); n > 0 {
 		c.logger.Info("stopping: waiting for running jobs", zap.Int("num_running", n),
 			zap.Duration("shutdown_timeout", c.cfg.ShutdownTimeout))
 	}
@@ -276,7 +276,7 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) 
 	case <-grace.C:
 	}
 
-	c.logger.Info("stopping: shutdown timeout reached, cancelling running jobs", zap.Int("num_running", c.runningCount()))
+	c.logger.Info("stopping: shutdown timeout reached, cancelling running jobs", zap.Int("num_running", c.Running()))
 	cancelWork()
 
 	abandon := time.NewTimer(abandonGrace)
@@ -302,10 +302,4 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) 
 			c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", r.job.ID), zap.Int("attempt", r.attempt))
 		}
 	}
-}
-
-func (c *Claimer) runningCount() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.running
 }

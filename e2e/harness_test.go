@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -522,16 +522,16 @@ func (r *receiver) deliveryTimes() []time.Time {
 // drain waits until no job of the scenario is pending and due, or running.
 func (s *scenario) drain(timeout time.Duration) {
 	s.t.Helper()
-	var left int
-	ok := assertEventually(timeout, func() bool {
+	ok := assert.Eventually(s.t, func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		var left int
 		err := s.pool.QueryRow(ctx, "SELECT count(*) FROM "+s.jobs()+
 			" WHERE (status = 'pending' AND run_at < now() + interval '1 hour') OR status = 'running'").Scan(&left)
 		return err == nil && left == 0
-	})
+	}, timeout, 20*time.Millisecond)
 	if !ok {
-		s.t.Fatalf("%d jobs still pending or running after %s:\n%s", left, timeout, s.statusTable())
+		s.t.Fatalf("jobs still pending or running after %s:\n%s", timeout, s.statusTable())
 	}
 }
 
@@ -563,20 +563,6 @@ func deref(s *string) string {
 		return "<nil>"
 	}
 	return *s
-}
-
-// assertEventually polls cond every 20ms until it holds or timeout passes.
-func assertEventually(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond) // polling another process's state: nothing to wait on
-	}
 }
 
 // jobRow is a job's final state, by key.
@@ -717,12 +703,4 @@ func (s *scenario) grepLogs() {
 		// The lines after it name the processes and their statements.
 		s.t.Fatalf("the server logged a deadlock:\n%s", string(server)[max(0, i-200):min(len(server), i+3000)])
 	}
-}
-
-func atoi(s string) int {
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		panic(err)
-	}
-	return n
 }
