@@ -472,8 +472,16 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
-	rows, err := c.cfg.Pool.Query(ctx, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID,
-		c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
+	// One round trip, one transaction: the generic plan, then the claim.
+	batch := &pgx.Batch{}
+	batch.Queue(genericPlanSQL)
+	batch.Queue(c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
+	results := c.cfg.Pool.SendBatch(ctx, batch)
+	defer results.Close()
+	if _, err := results.Exec(); err != nil {
+		return nil, nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	rows, err := results.Query()
 	if err != nil {
 		return nil, nil, fmt.Errorf("claim jobs: %w", err)
 	}
