@@ -477,7 +477,31 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	batch.Queue(genericPlanSQL)
 	batch.Queue(c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
 	results := c.cfg.Pool.SendBatch(ctx, batch)
-	defer results.Close()
+	claimed, next, err := c.readClaim(results)
+	// Close reads the end of the transaction: only a committed claim runs.
+	if closeErr := results.Close(); err == nil && closeErr != nil {
+		err = fmt.Errorf("claim jobs: %w", closeErr)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(claimed) == 0 {
+		return nil, next, nil
+	}
+	c.claimed.Add(int64(len(claimed)))
+	runs := make([]*running, len(claimed))
+	c.mu.Lock()
+	c.running += len(claimed)
+	for i, j := range claimed {
+		runs[i] = &running{attempt: j.Attempt, job: j}
+		c.inflight[j.ID] = runs[i]
+	}
+	c.mu.Unlock()
+	c.logger.Debug("claimed jobs", zap.Int("num_claimed", len(claimed)))
+	return runs, next, nil
+}
+
+func (c *Claimer) readClaim(results pgx.BatchResults) ([]*executors.Job, *time.Duration, error) {
 	if _, err := results.Exec(); err != nil {
 		return nil, nil, fmt.Errorf("claim jobs: %w", err)
 	}
@@ -518,20 +542,7 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	if err := rows.Err(); err != nil {
 		return nil, nil, fmt.Errorf("claim jobs: %w", err)
 	}
-	if len(claimed) == 0 {
-		return nil, next, nil
-	}
-	c.claimed.Add(int64(len(claimed)))
-	runs := make([]*running, len(claimed))
-	c.mu.Lock()
-	c.running += len(claimed)
-	for i, j := range claimed {
-		runs[i] = &running{attempt: j.Attempt, job: j}
-		c.inflight[j.ID] = runs[i]
-	}
-	c.mu.Unlock()
-	c.logger.Debug("claimed jobs", zap.Int("num_claimed", len(claimed)))
-	return runs, next, nil
+	return claimed, next, nil
 }
 
 // scheduleWait turns the seconds until the earliest future run_at into a
