@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -472,11 +473,7 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
-	// One round trip, one transaction: the generic plan, then the claim.
-	batch := &pgx.Batch{}
-	batch.Queue(genericPlanSQL)
-	batch.Queue(c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
-	results := c.cfg.Pool.SendBatch(ctx, batch)
+	results := c.sendPinned(ctx, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
 	claimed, next, err := c.readClaim(results)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
@@ -499,6 +496,30 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	c.mu.Unlock()
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", len(claimed)))
 	return runs, next, nil
+}
+
+// sendPinned sends planSQL and then sql, in one round trip and one
+// transaction. Read planSQL's result first.
+func (c *Claimer) sendPinned(ctx context.Context, sql string, args ...any) pgx.BatchResults {
+	batch := &pgx.Batch{}
+	batch.Queue(planSQL)
+	batch.Queue(sql, args...)
+	return c.cfg.Pool.SendBatch(ctx, batch)
+}
+
+// execPinned runs sql after planSQL, as sendPinned, and returns its tag once
+// the transaction has committed.
+func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	results := c.sendPinned(ctx, sql, args...)
+	_, err := results.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = results.Exec()
+	}
+	if closeErr := results.Close(); err == nil {
+		err = closeErr
+	}
+	return tag, err
 }
 
 func (c *Claimer) readClaim(results pgx.BatchResults) ([]*executors.Job, *time.Duration, error) {
@@ -572,7 +593,7 @@ func (c *Claimer) runHeartbeat(ctx context.Context) {
 			continue
 		}
 		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
-		tag, err := c.cfg.Pool.Exec(callCtx, c.heartbeatSQL, ids, c.cfg.WorkerID, c.cfg.Lease.Seconds())
+		tag, err := c.execPinned(callCtx, c.heartbeatSQL, ids, c.cfg.WorkerID, c.cfg.Lease.Seconds())
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {

@@ -94,7 +94,7 @@ func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
-	tag, err := c.cfg.Pool.Exec(ctx, c.completeSQL, ids, attempts, statuses, delays, errs, releases,
+	tag, err := c.execPinned(ctx, c.completeSQL, ids, attempts, statuses, delays, errs, releases,
 		c.cfg.DeleteDone, c.cfg.WorkerID)
 	if err != nil {
 		return fmt.Errorf("record outcomes: %w", err)

@@ -120,7 +120,14 @@ func New(cfg Config) (*Sweeper, error) {
 	}, nil
 }
 
-const lockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('pgdispatch.sweeper'), hashtext($1))`
+// lockSQL takes the sweep's lock, and keeps this transaction's statements to
+// their indexes: a plan the connection kept from when the table was nearly
+// empty would otherwise scan the whole table at every sweep (see planSQL in
+// package claimer).
+const lockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('pgdispatch.sweeper'), hashtext($1)),
+       set_config('enable_seqscan', 'off', true),
+       set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true)`
 
 const rescueSQL = `
 WITH s AS (
@@ -201,7 +208,7 @@ func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit this is a no-op
 
-	if err := tx.QueryRow(ctx, lockSQL, s.cfg.Schema).Scan(&res.Locked); err != nil {
+	if err := tx.QueryRow(ctx, lockSQL, s.cfg.Schema).Scan(&res.Locked, nil, nil, nil); err != nil {
 		return res, false, fmt.Errorf("sweep: take lock: %w", err)
 	}
 	if !res.Locked {
