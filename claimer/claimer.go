@@ -296,19 +296,19 @@ func (c *Claimer) Run(ctx context.Context) error {
 	sleepDone := make(chan struct{})
 	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
 
-	var jobs sync.WaitGroup
-	c.claimLoop(ctx, workCtx, &jobs)
+	jobs := newRunners()
+	c.claimLoop(ctx, jobs, c.executeIn(workCtx))
 	stopSleep()
 	<-sleepDone
 
-	c.shutdown(cancelWork, &jobs)
+	jobs.close(c.shutdown(cancelWork, jobs))
 	stopBackground() // the completer flushes what it holds before it returns
 	bg.Wait()
 	c.logger.Info("claimer stopped", zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completed.Load()))
 	return nil
 }
 
-func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) {
+func (c *Claimer) claimLoop(ctx context.Context, jobs *runners, execute func(*running)) {
 	c.logger.Info("claimer started", zap.Int("concurrency", c.cfg.Concurrency),
 		zap.Duration("poll_interval", c.cfg.PollInterval))
 	tick := time.NewTicker(c.cfg.PollInterval)
@@ -379,8 +379,7 @@ func (c *Claimer) claimLoop(ctx, workCtx context.Context, jobs *sync.WaitGroup) 
 		}
 		fromTick = false
 		for _, r := range claimed {
-			jobs.Add(1)
-			go func() { defer jobs.Done(); c.execute(workCtx, r) }()
+			jobs.start(r, execute)
 		}
 
 		if fromGrant && len(claimed) > 0 {

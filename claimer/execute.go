@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -261,9 +260,9 @@ func firstLines(s string, n int) string {
 
 // shutdown lets running jobs finish for ShutdownTimeout, then cancels them and
 // gives back at once those whose executors do not return within abandonGrace.
-func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) {
-	done := make(chan struct{})
-	go func() { jobs.Wait(); close(done) }()
+// It reports whether every executor returned.
+func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners) bool {
+	done := jobs.wait()
 	if n := c.Running(); n > 0 {
 		c.logger.Info("stopping: waiting for running jobs", zap.Int("num_running", n),
 			zap.Duration("shutdown_timeout", c.cfg.ShutdownTimeout))
@@ -272,7 +271,7 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) 
 	defer grace.Stop()
 	select {
 	case <-done:
-		return
+		return true
 	case <-grace.C:
 	}
 
@@ -283,7 +282,7 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) 
 	defer abandon.Stop()
 	select {
 	case <-done:
-		return
+		return true
 	case <-abandon.C:
 	}
 	var given []*running
@@ -302,4 +301,5 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *sync.WaitGroup) 
 			c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", r.job.ID), zap.Int("attempt", r.attempt))
 		}
 	}
+	return false
 }

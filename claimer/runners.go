@@ -1,0 +1,76 @@
+package claimer
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// runnerIdle is how long a runner waits for its next job before it exits.
+const runnerIdle = 10 * time.Second
+
+// runners run claimed jobs on goroutines that outlive their jobs. A fresh
+// goroutine per job grew its stack anew each time: during a drain that was
+// about a quarter of the worker's CPU (pprof: runtime.newstack,
+// runtime.copystack). A runner waits runnerIdle for its next job, so an idle
+// worker keeps none.
+type runners struct {
+	handoff chan *running // unbuffered: a send succeeds only to an idle runner
+	stop    chan struct{} // closed when the claimer stops
+	jobs    sync.WaitGroup
+	alive   sync.WaitGroup
+}
+
+func newRunners() *runners {
+	return &runners{handoff: make(chan *running), stop: make(chan struct{})}
+}
+
+// start runs r on an idle runner, or on a new one.
+func (rs *runners) start(r *running, execute func(*running)) {
+	rs.jobs.Add(1)
+	select {
+	case rs.handoff <- r:
+	default:
+		rs.alive.Add(1)
+		go rs.run(r, execute)
+	}
+}
+
+func (rs *runners) run(r *running, execute func(*running)) {
+	defer rs.alive.Done()
+	idle := time.NewTimer(runnerIdle)
+	defer idle.Stop()
+	for {
+		execute(r)
+		rs.jobs.Done()
+		idle.Reset(runnerIdle)
+		select {
+		case r = <-rs.handoff:
+		case <-idle.C:
+			return
+		case <-rs.stop:
+			return
+		}
+	}
+}
+
+// wait returns a channel closed once every started job has returned.
+func (rs *runners) wait() <-chan struct{} {
+	done := make(chan struct{})
+	go func() { rs.jobs.Wait(); close(done) }()
+	return done
+}
+
+// close ends the idle runners and, when every job has returned, waits for
+// them. A runner whose executor was given up on exits when it returns.
+func (rs *runners) close(allReturned bool) {
+	close(rs.stop)
+	if allReturned {
+		rs.alive.Wait()
+	}
+}
+
+// executeIn is the runners' job: run r under workCtx.
+func (c *Claimer) executeIn(workCtx context.Context) func(*running) {
+	return func(r *running) { c.execute(workCtx, r) }
+}
