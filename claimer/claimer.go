@@ -472,7 +472,7 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
-	results := c.sendPinned(ctx, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
+	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
 	claimed, next, err := c.readClaim(results)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
@@ -497,11 +497,11 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	return runs, next, nil
 }
 
-// sendPinned sends planSQL and then sql, in one round trip and one
-// transaction. Read planSQL's result first.
-func (c *Claimer) sendPinned(ctx context.Context, sql string, args ...any) pgx.BatchResults {
+// sendPinned sends settings (planSQL or claimPlanSQL) and then sql, in one
+// round trip and one transaction. Read the settings' result first.
+func (c *Claimer) sendPinned(ctx context.Context, settings, sql string, args ...any) pgx.BatchResults {
 	batch := &pgx.Batch{}
-	batch.Queue(planSQL)
+	batch.Queue(settings)
 	batch.Queue(sql, args...)
 	return c.cfg.Pool.SendBatch(ctx, batch)
 }
@@ -509,7 +509,7 @@ func (c *Claimer) sendPinned(ctx context.Context, sql string, args ...any) pgx.B
 // execPinned runs sql after planSQL, as sendPinned, and returns its tag once
 // the transaction has committed.
 func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	results := c.sendPinned(ctx, sql, args...)
+	results := c.sendPinned(ctx, planSQL, sql, args...)
 	_, err := results.Exec()
 	var tag pgconn.CommandTag
 	if err == nil {
@@ -544,7 +544,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults) ([]*executors.Job, *time.D
 			runAt, createdAt     *time.Time
 			nextIn               *float64
 		)
-		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn, nil); err != nil {
+		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn); err != nil {
 			return nil, nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn != nil {

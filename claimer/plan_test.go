@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
 //   - A plan made while the table was empty scanned the whole table at every
 //     completion, and kept doing so as the table grew.
 //
-// This plans each statement under planSQL, as the claimer runs it, then
+// This plans each statement under planSQL, as the claimer does, then
 // fills the table and reads the plan the connection kept. It checks the
 // plans' shape, not their speed.
 func TestBatchPlansUseTheKey(t *testing.T) {
@@ -78,7 +78,7 @@ func checkPlans(t *testing.T, setup []string) {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck
-		_, err = tx.Exec(ctx, planSQL)
+		_, err = tx.Exec(ctx, claimPlanSQL)
 		require.NoError(t, err)
 		rows, err := tx.Query(ctx, "EXPLAIN EXECUTE plan_"+name+"("+statements[name].args+")")
 		require.NoError(t, err, name)
