@@ -19,6 +19,7 @@ import (
 var executorSettings = []setting{
 	{"HTTP_SIGNING_SECRET", "", "", "sign http_callback requests per Standard Webhooks with this base64 secret (whsec_ prefix optional)"},
 	{"HTTP_ALLOW_HOSTS", "http-allow-hosts", "", "comma-separated hosts http_callback may reach (exact, IP, or *.domain); empty allows any"},
+	{"HTTP_MAX_CONNECTIONS_PER_HOST", "http-max-connections-per-host", strconv.Itoa(httpcallback.DefaultMaxConnsPerHost), "connections open to one host at once; http_callback jobs beyond it wait for one"},
 	{"RABBITMQ_URL", "", "", "broker of the rabbitmq executor, as amqp://user:password@host:5672/vhost"},
 	{"SMTP_HOST", "smtp-host", "", "SMTP server of the email executor"},
 	{"SMTP_PORT", "smtp-port", "", "SMTP port (default: 25 for none, 587 for starttls, 465 for tls)"},
@@ -43,9 +44,12 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 			allow = append(allow, h)
 		}
 	}
-	httpExec, err := httpcallback.New(httpcallback.Config{SigningSecret: v.str("HTTP_SIGNING_SECRET"), AllowHosts: allow})
+	httpExec, err := httpcallback.New(httpcallback.Config{
+		SigningSecret: v.str("HTTP_SIGNING_SECRET"), AllowHosts: allow,
+		MaxConnsPerHost: max(v.positiveInt("HTTP_MAX_CONNECTIONS_PER_HOST", &errs), 0), // a bad value is reported once
+	})
 	if err != nil {
-		errs = append(errs, fmt.Errorf("HTTP_SIGNING_SECRET or HTTP_ALLOW_HOSTS: %w", err))
+		errs = append(errs, fmt.Errorf("HTTP settings: %w", err))
 	} else {
 		reg.Register(httpcallback.Kind, httpExec)
 	}

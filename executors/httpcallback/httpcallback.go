@@ -63,7 +63,15 @@ type Config struct {
 	DeniedPrefixes []netip.Prefix
 	// UserAgent is sent with every request. Default: "pgdispatch".
 	UserAgent string
+	// MaxConnsPerHost bounds the connections open to one host at once,
+	// idle ones included, so that a burst of jobs for one receiver does not
+	// open one connection per job. Requests beyond it wait for a connection
+	// within their job's timeout. Default: DefaultMaxConnsPerHost.
+	MaxConnsPerHost int
 }
+
+// DefaultMaxConnsPerHost is Config.MaxConnsPerHost's default.
+const DefaultMaxConnsPerHost = 32
 
 // DefaultDeniedPrefixes are the ranges refused unless Config says otherwise.
 var DefaultDeniedPrefixes = []netip.Prefix{
@@ -84,6 +92,10 @@ type Executor struct {
 
 // New checks cfg and returns an Executor.
 func New(cfg Config) (*Executor, error) {
+	if cfg.MaxConnsPerHost < 0 {
+		return nil, errors.New("http_callback: MaxConnsPerHost must not be negative")
+	}
+	perHost := cmp.Or(cfg.MaxConnsPerHost, DefaultMaxConnsPerHost)
 	e := &Executor{
 		denied:    cfg.DeniedPrefixes,
 		userAgent: cmp.Or(cfg.UserAgent, defaultUserAgent),
@@ -114,8 +126,9 @@ func New(cfg Config) (*Executor, error) {
 		Proxy:                 nil, // a proxy would dial for us and bypass checkDial
 		DialContext:           dialer.DialContext,
 		ForceAttemptHTTP2:     true,
-		MaxIdleConns:          100,
-		MaxIdleConnsPerHost:   16,
+		MaxConnsPerHost:       perHost,
+		MaxIdleConns:          max(100, perHost),
+		MaxIdleConnsPerHost:   perHost, // a connection in use stays open for the next job
 		IdleConnTimeout:       90 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: time.Second,

@@ -1,9 +1,11 @@
 package httpcallback_test
 
 import (
+	"context"
 	"encoding/base64"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -242,4 +244,54 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	require.NotContains(t, err.Error(), "not base64 at all!")
 	_, err = httpcallback.New(httpcallback.Config{AllowHosts: []string{"http://x/y"}})
 	require.Error(t, err)
+}
+
+// A burst of jobs for one receiver shares MaxConnsPerHost connections: the
+// jobs beyond it wait for one, and all are delivered.
+func TestConnectionsPerHostAreCapped(t *testing.T) {
+	t.Parallel()
+	const perHost, jobs = 2, 6
+	var inflight, conns atomic.Int64
+	release := make(chan struct{})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inflight.Add(1)
+		defer inflight.Add(-1)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+
+	b := setup(t, httpcallback.Config{MaxConnsPerHost: perHost})
+	// One transaction, so that one claim takes them all and they run at once.
+	rows, err := pgtest.Pool(t).Query(context.Background(),
+		"INSERT INTO "+b.jobs+" (kind, payload, max_attempts) SELECT 'http_callback', $1, 1 FROM generate_series(1, $2) RETURNING id",
+		map[string]any{"url": srv.URL + "/hook"}, jobs)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	b.watch.Until(t, waitFor, "all jobs running", func(s map[int64]pgtest.JobState) bool {
+		for _, id := range ids {
+			if s[id].Status != "running" {
+				return false
+			}
+		}
+		return true
+	})
+	// Only perHost of them reach the server; the rest wait for a connection.
+	require.Eventually(t, func() bool { return inflight.Load() == perHost }, waitFor, time.Millisecond)
+	require.Equal(t, int64(perHost), conns.Load(), "connections opened while %d jobs ran", jobs)
+	close(release)
+	for _, id := range ids {
+		b.watch.Status(t, id, "done", waitFor)
+	}
+	require.Equal(t, int64(perHost), conns.Load(), "the waiting jobs reuse the connections")
 }
