@@ -6,8 +6,8 @@
 // in batches, in id order.
 //
 // While its queue has work, the claimer claims again when its slots free (in
-// full batches: once all are free, or 4ms after the first), and a millisecond
-// after each claim that emptied the queue. Writers do not
+// full batches: once all are free, or 4ms after the first), and half a
+// millisecond after each claim that emptied the queue. Writers do not
 // NOTIFY an awake claimer. Once the queue has stayed empty for Linger, the
 // claimer goes to sleep: it takes the queue's sleep key (see sleep.go and
 // migration 003), looks once more, and then waits to be woken by the
@@ -45,7 +45,7 @@ const (
 	defaultLinger       = 2 * time.Millisecond
 	// minPoll and maxPoll bound the pauses between looks at a queue while
 	// the claimer lingers.
-	minPoll                 = time.Millisecond
+	minPoll                 = 500 * time.Microsecond
 	maxPoll                 = 4 * time.Millisecond
 	defaultJobTimeout       = 5 * time.Minute
 	defaultMaxAttempts      = 5
@@ -93,7 +93,7 @@ type Config struct {
 	// notification came. Default: 30s.
 	PollInterval time.Duration
 	// Linger is how long the claimer keeps looking at an empty queue, at
-	// growing intervals from 1ms to 4ms, before it goes to sleep. Under a
+	// growing intervals from 0.5ms to 4ms, before it goes to sleep. Under a
 	// steady stream of jobs it then never sleeps, and writers never notify.
 	// Default: 2ms; negative: sleep at the first empty claim.
 	Linger time.Duration
@@ -431,7 +431,7 @@ func (c *Claimer) wakeUp() {
 }
 
 // lingerWait is the pause before the next look at a queue found empty idle
-// times in a row (idle >= 1): 1ms, 2ms, then 4ms each. It reports false once
+// times in a row (idle >= 1): 0.5ms, 1ms, 2ms, then 4ms each. It reports false once
 // those pauses would add up to more than linger: time to sleep.
 func lingerWait(linger time.Duration, idle int) (time.Duration, bool) {
 	var spent, wait time.Duration

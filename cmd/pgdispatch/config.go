@@ -39,7 +39,7 @@ var workerSettings = []setting{
 	{"QUEUES", "queues", "default", "comma-separated queues to serve, each optionally name:concurrency"},
 	{"CONCURRENCY", "concurrency", "100", "jobs run at once per queue; a claim takes at most the free ones"},
 	{"POLL_INTERVAL", "poll-interval", "30s", "fallback tick that claims even without a notification"},
-	{"LINGER", "linger", "2ms", "how long a claimer keeps looking at its empty queue, every 1-4 ms, before it sleeps; writers skip NOTIFY until then (0: sleep at once)"},
+	{"LINGER", "linger", "2ms", "how long a claimer keeps looking at its empty queue, every 0.5-4 ms, before it sleeps; writers skip NOTIFY until then (0: sleep at once)"},
 	{"LEASE", "lease", "30s", "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)"},
 	{"SWEEP_INTERVAL", "sweep-interval", "30s", "how often expired leases are given back and old jobs purged"},
 	{"MAX_ATTEMPTS", "max-attempts", "5", "attempts for jobs whose max_attempts is NULL"},
