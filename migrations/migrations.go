@@ -98,6 +98,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) (from, to int3
 }
 
 func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int32, err error) {
+	// The functions' bodies are quoted with $$, and the schema's name is
+	// written into them: a name holding $$ would end a body early.
+	if strings.Contains(cfg.Schema, "$$") {
+		return 0, 0, fmt.Errorf("migrate: schema name %q contains \"$$\", which pgdispatch's SQL functions cannot hold; choose another name", cfg.Schema)
+	}
 	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)",
 		fmt.Sprintf("%dms", cfg.LockTimeout.Milliseconds())); err != nil {
 		return 0, 0, fmt.Errorf("migrate: set lock_timeout: %w", err)

@@ -165,3 +165,16 @@ func TestFiniteRunAt(t *testing.T) {
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "jobs_run_at_check", pgErr.ConstraintName)
 }
+
+// A schema name holding $$ would end the functions' $$-quoted bodies: it is
+// refused with a reason before anything is created.
+func TestMigrateRefusesDollarQuoteInSchemaName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.EmptySchemaName(t) + "$$x"
+	_, _, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema})
+	require.ErrorContains(t, err, `contains "$$"`)
+	var exists bool
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists))
+	require.False(t, exists)
+}
