@@ -296,8 +296,8 @@ func (c *Claimer) Run(ctx context.Context) error {
 	sleepDone := make(chan struct{})
 	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
 
-	jobs := newRunners()
-	c.claimLoop(ctx, jobs, c.executeIn(workCtx))
+	jobs := newRunners(func(r *running) { c.execute(workCtx, r) })
+	c.claimLoop(ctx, jobs)
 	stopSleep()
 	<-sleepDone
 
@@ -308,7 +308,7 @@ func (c *Claimer) Run(ctx context.Context) error {
 	return nil
 }
 
-func (c *Claimer) claimLoop(ctx context.Context, jobs *runners, execute func(*running)) {
+func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 	c.logger.Info("claimer started", zap.Int("concurrency", c.cfg.Concurrency),
 		zap.Duration("poll_interval", c.cfg.PollInterval))
 	tick := time.NewTicker(c.cfg.PollInterval)
@@ -379,7 +379,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners, execute func(*ru
 		}
 		fromTick = false
 		for _, r := range claimed {
-			jobs.start(r, execute)
+			jobs.start(r)
 		}
 
 		if fromGrant && len(claimed) > 0 {
@@ -521,6 +521,8 @@ func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgco
 	return tag, err
 }
 
+// readClaim reads a claim's results: the settings', then the claimed rows
+// and the wait until the next run_at.
 func (c *Claimer) readClaim(results pgx.BatchResults) ([]*executors.Job, *time.Duration, error) {
 	if _, err := results.Exec(); err != nil {
 		return nil, nil, fmt.Errorf("claim jobs: %w", err)

@@ -1,7 +1,6 @@
 package claimer
 
 import (
-	"context"
 	"sync"
 	"time"
 )
@@ -15,33 +14,34 @@ const runnerIdle = 10 * time.Second
 // runtime.copystack). A runner waits runnerIdle for its next job, so an idle
 // worker keeps none.
 type runners struct {
+	execute func(*running)
 	handoff chan *running // unbuffered: a send succeeds only to an idle runner
 	stop    chan struct{} // closed when the claimer stops
 	jobs    sync.WaitGroup
 	alive   sync.WaitGroup
 }
 
-func newRunners() *runners {
-	return &runners{handoff: make(chan *running), stop: make(chan struct{})}
+func newRunners(execute func(*running)) *runners {
+	return &runners{execute: execute, handoff: make(chan *running), stop: make(chan struct{})}
 }
 
 // start runs r on an idle runner, or on a new one.
-func (rs *runners) start(r *running, execute func(*running)) {
+func (rs *runners) start(r *running) {
 	rs.jobs.Add(1)
 	select {
 	case rs.handoff <- r:
 	default:
 		rs.alive.Add(1)
-		go rs.run(r, execute)
+		go rs.run(r)
 	}
 }
 
-func (rs *runners) run(r *running, execute func(*running)) {
+func (rs *runners) run(r *running) {
 	defer rs.alive.Done()
 	idle := time.NewTimer(runnerIdle)
 	defer idle.Stop()
 	for {
-		execute(r)
+		rs.execute(r)
 		rs.jobs.Done()
 		idle.Reset(runnerIdle)
 		select {
@@ -68,9 +68,4 @@ func (rs *runners) close(allReturned bool) {
 	if allReturned {
 		rs.alive.Wait()
 	}
-}
-
-// executeIn is the runners' job: run r under workCtx.
-func (c *Claimer) executeIn(workCtx context.Context) func(*running) {
-	return func(r *running) { c.execute(workCtx, r) }
 }
