@@ -62,7 +62,11 @@ type Metrics struct {
 type depthSample struct {
 	at     time.Time
 	counts map[[2]string]float64 // {queue, status} -> jobs
-	err    error
+	// notifyUsage is pg_notification_queue_usage(); inserts is the jobs
+	// table's n_tup_ins, rows inserted since the server's statistics were
+	// reset.
+	notifyUsage, inserts float64
+	err                  error
 }
 
 // New creates the metrics of a worker that runs jobs from pool's schema
@@ -210,6 +214,11 @@ var (
 		"Jobs in the table by queue and status (pending, running, dead), sampled at most every 10s.", []string{"queue", "status"}, nil)
 	descDepthUp = prometheus.NewDesc(namespace+"_queue_jobs_sample_ok",
 		"1 when the last queue depth sample succeeded, else 0.", nil, nil)
+	descNotifyUsage = prometheus.NewDesc(namespace+"_notification_queue_usage",
+		"pg_notification_queue_usage(): the fraction of the server's NOTIFY queue in use, sampled with the queue depth.", nil, nil)
+	descInserts = prometheus.NewDesc(namespace+"_jobs_inserted_total",
+		"Rows inserted into the jobs table by any writer since the server's statistics were reset (n_tup_ins), "+
+			"sampled with the queue depth. Writer transactions that skipped NOTIFY: this less notifications received.", nil, nil)
 )
 
 // workerCollector reads the worker's own counters at scrape time.
@@ -219,6 +228,7 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps,
 		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp,
+		descNotifyUsage, descInserts,
 	} {
 		ch <- d
 	}
@@ -257,6 +267,8 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		for k, n := range d.counts {
 			ch <- prometheus.MustNewConstMetric(descDepth, prometheus.GaugeValue, n, k[0], k[1])
 		}
+		ch <- prometheus.MustNewConstMetric(descNotifyUsage, prometheus.GaugeValue, d.notifyUsage)
+		ch <- prometheus.MustNewConstMetric(descInserts, prometheus.CounterValue, d.inserts)
 	}
 	ch <- prometheus.MustNewConstMetric(descDepthUp, prometheus.GaugeValue, ok)
 }
@@ -273,6 +285,11 @@ SELECT queue, 'running', count(*) FROM {jobs} WHERE status = 'running' AND queue
 UNION ALL
 SELECT queue, 'dead', count(*) FROM {jobs} WHERE status = 'dead' AND finished_at IS NOT NULL AND queue = ANY($1) GROUP BY queue`
 
+// serverSQL reads the server's side of the good-neighbour figures: the NOTIFY
+// queue's fill, and how many rows writers inserted (the statistics system's
+// count, flushed by each backend within about a second).
+const serverSQL = `SELECT pg_notification_queue_usage(), coalesce(pg_stat_get_tuples_inserted($1::regclass), 0)::float8`
+
 // sampleDepth returns the last depth sample, taking a new one when it is
 // older than DepthInterval.
 func (m *Metrics) sampleDepth(schema string, queues []string) depthSample {
@@ -284,8 +301,12 @@ func (m *Metrics) sampleDepth(schema string, queues []string) depthSample {
 	ctx, cancel := context.WithTimeout(context.Background(), queryTimeout)
 	defer cancel()
 	sample := depthSample{at: time.Now(), counts: map[[2]string]float64{}}
-	sql := strings.ReplaceAll(depthSQL, "{jobs}", pgx.Identifier{schema, "jobs"}.Sanitize())
-	rows, err := m.pool.Query(ctx, sql, queues)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	batch := &pgx.Batch{}
+	batch.Queue(strings.ReplaceAll(depthSQL, "{jobs}", jobs), queues)
+	batch.Queue(serverSQL, jobs)
+	results := m.pool.SendBatch(ctx, batch)
+	rows, err := results.Query()
 	if err == nil {
 		var (
 			queue, status string
@@ -295,6 +316,12 @@ func (m *Metrics) sampleDepth(schema string, queues []string) depthSample {
 			sample.counts[[2]string{queue, status}] = float64(n)
 			return nil
 		})
+	}
+	if err == nil {
+		err = results.QueryRow().Scan(&sample.notifyUsage, &sample.inserts)
+	}
+	if closeErr := results.Close(); err == nil {
+		err = closeErr
 	}
 	sample.err = err
 	m.depth = sample

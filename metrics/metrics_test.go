@@ -153,6 +153,14 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 		return w.Claimer("default").Stats().Completed == 7
 	}, 30*time.Second, 5*time.Millisecond)
 
+	// The statistics system counts the six inserts once the writer's backend
+	// flushes them (within about a second); the scrape samples after that.
+	require.Eventually(t, func() bool {
+		var n int64
+		err := pool.QueryRow(context.Background(), "SELECT pg_stat_get_tuples_inserted($1::regclass)", jobs).Scan(&n)
+		return err == nil && n == 6
+	}, 30*time.Second, 10*time.Millisecond)
+
 	f := scrape(t, srv)
 	q := map[string]string{"queue": "default"}
 	requireValue(t, 7.0, value(t, f, "pgdispatch_jobs_claimed_total", q))
@@ -172,6 +180,9 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	requireValue(t, 0.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
 	requireValue(t, 1.0, value(t, f, "pgdispatch_queue_jobs_sample_ok", nil))
 	requireValue(t, 2.0, value(t, f, "pgdispatch_queue_jobs", map[string]string{"queue": "default", "status": "dead"}))
+	requireValue(t, 6.0, value(t, f, "pgdispatch_jobs_inserted_total", nil))
+	usage := value(t, f, "pgdispatch_notification_queue_usage", nil)
+	require.True(t, usage >= 0 && usage < 1, "notification queue usage %v", usage)
 	_, hasPending := findSeries(f, "pgdispatch_queue_jobs", "pending")
 	require.False(t, hasPending, "no pending jobs are left")
 
