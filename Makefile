@@ -21,7 +21,8 @@ bench: ## run the default benchmark set (just under 2 minutes) on a throwaway Po
 .PHONY: soak
 soak: ## run writers and a worker for 10 minutes and report the jobs table's size and dead rows; then the fault suite, 2 minutes a scenario
 	RETAIN_DONE=1m SWEEP_INTERVAL=10s $(GO) run ./cmd/pgdispatch bench --scenario soak
-	E2E_DURATION=2m $(GO) test -count=1 -timeout 60m -v ./e2e/ | grep -E '^(---|ok|FAIL)|summary
+	log=$$(mktemp); E2E_DURATION=2m $(GO) test -count=1 -timeout 60m -v ./e2e/ >$$log 2>&1; status=$$?; \
+		grep -E '^(---|ok|FAIL)|summary' $$log; echo "full output: $$log"; exit $$status
 
 .PHONY: build
 build: ## build bin/pgdispatch
