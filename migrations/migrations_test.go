@@ -178,3 +178,77 @@ func TestMigrateRefusesDollarQuoteInSchemaName(t *testing.T) {
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists))
 	require.False(t, exists)
 }
+
+// The wake-up triggers, against sleepers simulated by a session holding the
+// sleep keys of queues a and c: a transaction that inserts rows of a and b,
+// several at once and one by one, and a done row of c, notifies a once (c's
+// row is not pending, and b has no sleeper); an update that makes a row of a
+// pending again notifies a; with the keys free, nothing notifies.
+func TestTriggersNotifyOnlySleepers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	channel := pgx.Identifier{schema}.Sanitize()
+	connect := func() *pgx.Conn {
+		conn, err := pgx.Connect(ctx, pgtest.URL())
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close(context.Background()) })
+		return conn
+	}
+	sleeper, listener, writer := connect(), connect(), connect()
+	const key = `SELECT pg_advisory_lock(hashtext('pgdispatch.sleep'), hashtext($1 || '/' || q)) FROM unnest($2::text[]) q`
+	_, err := sleeper.Exec(ctx, key, schema, []string{"a", "c"})
+	require.NoError(t, err)
+	_, err = listener.Exec(ctx, "LISTEN "+channel)
+	require.NoError(t, err)
+
+	// received returns the payloads notified on the schema's channel up to
+	// the marker, which is sent after everything else.
+	received := func() []string {
+		t.Helper()
+		_, err := writer.Exec(ctx, "SELECT pg_notify($1, 'marker')", schema)
+		require.NoError(t, err)
+		var got []string
+		for {
+			n, err := listener.WaitForNotification(ctx)
+			require.NoError(t, err)
+			if n.Payload == "marker" {
+				return got
+			}
+			got = append(got, n.Payload)
+		}
+	}
+
+	tx, err := writer.Begin(ctx)
+	require.NoError(t, err)
+	for _, sql := range []string{
+		"INSERT INTO " + jobs + " (queue, kind) SELECT q, 'noop' FROM unnest('{a,b,a,b,a}'::text[]) q",
+		"INSERT INTO " + jobs + " (queue, kind) VALUES ('b', 'noop')",
+		"INSERT INTO " + jobs + " (queue, kind) VALUES ('a', 'noop')",
+		"INSERT INTO " + jobs + " (queue, kind, status) VALUES ('c', 'noop', 'done')",
+	} {
+		_, err := tx.Exec(ctx, sql)
+		require.NoError(t, err)
+	}
+	// Notified once per queue and transaction: the function records it.
+	var notified string
+	require.NoError(t, tx.QueryRow(ctx, "SELECT current_setting('pgdispatch.notified')").Scan(&notified))
+	require.Equal(t, schema+"/a", notified)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, []string{"a"}, received())
+
+	_, err = writer.Exec(ctx, "UPDATE "+jobs+" SET status = 'dead' WHERE queue = 'a'")
+	require.NoError(t, err)
+	require.Empty(t, received())
+	_, err = writer.Exec(ctx, "UPDATE "+jobs+" SET status = 'pending' WHERE queue = 'a'")
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, received())
+
+	_, err = sleeper.Exec(ctx, "SELECT pg_advisory_unlock_all()")
+	require.NoError(t, err)
+	_, err = writer.Exec(ctx, "INSERT INTO "+jobs+" (queue, kind) SELECT q, 'noop' FROM unnest('{a,b,c}'::text[]) q")
+	require.NoError(t, err)
+	require.Empty(t, received())
+}
