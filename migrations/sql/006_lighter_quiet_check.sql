@@ -34,7 +34,7 @@ BEGIN
 END
 $$;
 
-DROP TRIGGER jobs_notify_insert ON {{.schema}}.jobs;
+DROP TRIGGER IF EXISTS jobs_notify_insert ON {{.schema}}.jobs;
 CREATE TRIGGER jobs_notify_insert
     BEFORE INSERT ON {{.schema}}.jobs
     FOR EACH ROW
@@ -43,7 +43,7 @@ CREATE TRIGGER jobs_notify_insert
 
 -- The claimer's own updates (to running, done or dead) still fail the first
 -- test, evaluated per row, and never try the key.
-DROP TRIGGER jobs_notify_update ON {{.schema}}.jobs;
+DROP TRIGGER IF EXISTS jobs_notify_update ON {{.schema}}.jobs;
 CREATE TRIGGER jobs_notify_update
     BEFORE UPDATE OF status, run_at ON {{.schema}}.jobs
     FOR EACH ROW
