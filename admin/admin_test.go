@@ -46,18 +46,54 @@ func TestStats(t *testing.T) {
 		('default', 'http_callback', 'dead', now(), now() - interval '5 seconds'),
 		('default', 'email', 'cancelled', now(), now()),
 		('mail', 'email', 'dead', now(), now() - interval '2 hours')`)
-	stats, err := a.Stats(context.Background())
+	stats, counted, err := a.Stats(context.Background(), 0)
 	require.NoError(t, err)
+	require.True(t, counted)
 	require.Len(t, stats, 3)
 
+	zero, one := ptr(0), ptr(1)
 	email, http, mail := stats[0], stats[1], stats[2]
-	require.Equal(t, admin.QueueStats{Queue: "default", Kind: "email", Cancelled: 1}, email)
+	require.Equal(t, admin.QueueStats{Queue: "default", Kind: "email", Done: zero, Dead: zero, Cancelled: one}, email)
 	require.Equal(t, "http_callback", http.Kind)
-	require.Equal(t, [7]int64{3, 2, 1, 2, 1, 0, 1}, [7]int64{http.Pending, http.Due, http.Running, http.Done, http.Dead, http.Cancelled, http.DoneLastMinute})
+	require.Equal(t, [7]int64{3, 2, 1, 2, 1, 0, 1}, [7]int64{http.Pending, http.Due, http.Running, *http.Done, *http.Dead, *http.Cancelled, http.DoneLastMinute})
 	require.Equal(t, int64(1), http.DeadLastMinute)
 	require.NotNil(t, http.OldestDueSeconds)
 	require.InDelta(t, 90, *http.OldestDueSeconds, 5)
-	require.Equal(t, admin.QueueStats{Queue: "mail", Kind: "email", Dead: 1}, mail)
+	require.Equal(t, admin.QueueStats{Queue: "mail", Kind: "email", Done: zero, Dead: one, Cancelled: zero}, mail)
+}
+
+func ptr(n int64) *int64 { return &n }
+
+// When the finished jobs take longer to count than the budget, the rest of
+// the stats are still exact and the finished counts are left out. 100,000
+// kept rows take tens of milliseconds to count; the budget is one.
+func TestStatsFinishedOverBudget(t *testing.T) {
+	t.Parallel()
+	a, _, exec := setup(t)
+	exec(`INSERT INTO {jobs} (kind, status, run_at, finished_at) VALUES
+		('noop', 'pending', now() - interval '1 minute', NULL),
+		('noop', 'running', now(), NULL),
+		('noop', 'done', now(), now())`)
+	exec(`INSERT INTO {jobs} (kind, status, finished_at)
+		SELECT 'bulk', 'dead', now() - interval '1 hour' FROM generate_series(1, 100000)`)
+
+	stats, counted, err := a.Stats(context.Background(), time.Millisecond)
+	require.NoError(t, err)
+	require.False(t, counted)
+	require.Len(t, stats, 1, "the bulk kind has no active or recent jobs")
+	s := stats[0]
+	require.Equal(t, [4]int64{1, 1, 1, 1}, [4]int64{s.Pending, s.Due, s.Running, s.DoneLastMinute})
+	require.Nil(t, s.Done)
+	require.Nil(t, s.Dead)
+	require.Nil(t, s.Cancelled)
+
+	// With the default budget they are counted.
+	stats, counted, err = a.Stats(context.Background(), 0)
+	require.NoError(t, err)
+	require.True(t, counted)
+	require.Len(t, stats, 2)
+	require.Equal(t, int64(100000), *stats[0].Dead)
+	require.Equal(t, int64(1), *stats[1].Done)
 }
 
 func TestListAndGet(t *testing.T) {
@@ -126,16 +162,17 @@ func TestRetryDeadWhileWorkerRuns(t *testing.T) {
 	require.Equal(t, int64(1250), n, "more than one batch")
 	require.Eventually(t, func() bool { return w.Claimer("default").Stats().Completed == 1250 }, time.Minute, 10*time.Millisecond)
 
-	stats, err := a.Stats(context.Background())
+	stats, counted, err := a.Stats(context.Background(), 0)
 	require.NoError(t, err)
+	require.True(t, counted)
 	byKey := map[string]admin.QueueStats{}
 	for _, s := range stats {
 		byKey[s.Queue+"/"+s.Kind] = s
 	}
-	require.Equal(t, int64(1250), byKey["default/ok"].Done)
-	require.Equal(t, int64(0), byKey["default/ok"].Dead)
-	require.Equal(t, int64(1250), byKey["default/other"].Dead, "another kind is left alone")
-	require.Equal(t, int64(1), byKey["elsewhere/ok"].Dead, "another queue is left alone")
+	require.Equal(t, int64(1250), *byKey["default/ok"].Done)
+	require.Equal(t, int64(0), *byKey["default/ok"].Dead)
+	require.Equal(t, int64(1250), *byKey["default/other"].Dead, "another kind is left alone")
+	require.Equal(t, int64(1), *byKey["elsewhere/ok"].Dead, "another queue is left alone")
 
 	done, err := a.List(context.Background(), admin.Filter{Statuses: []string{"done"}, Limit: 1})
 	require.NoError(t, err)

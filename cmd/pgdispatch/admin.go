@@ -19,19 +19,31 @@ import (
 // statsCommand prints the numbers per queue and kind.
 func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("stats", "Per queue and kind: jobs by status, the age of the oldest due pending job, and the jobs\n"+
-		"that finished in the last minute (done jobs count only while RETAIN_DONE keeps them).", stderr)
+		"that finished in the last minute (done jobs count only while RETAIN_DONE keeps them).\n"+
+		"Counting the kept done, dead and cancelled jobs reads every such row; when it needs\n"+
+		"longer than --finished-budget, those columns are left out.", stderr)
 	v := newValues(fs, connSettings)
-	asJSON := fs.Bool("json", false, "print JSON")
+	asJSON := fs.Bool("json", false, "print JSON (done, dead and cancelled are null when left out)")
+	budget := fs.Duration("finished-budget", admin.DefaultFinishedBudget,
+		"the longest the count of kept done, dead and cancelled jobs may take (at most STATEMENT_TIMEOUT)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if *budget <= 0 {
+		fmt.Fprintf(stderr, "--finished-budget must be positive, not %s\n", *budget)
+		fs.Usage()
+		return errUsage
+	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
-		stats, err := a.Stats(ctx)
+		stats, counted, err := a.Stats(ctx, *budget)
 		if err != nil {
 			return err
 		}
 		if *asJSON {
 			return printJSON(stdout, stats)
+		}
+		if !counted {
+			fmt.Fprintf(stderr, "the kept done, dead and cancelled jobs took longer than %s to count: those columns are left out (--finished-budget)\n", *budget)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "QUEUE\tKIND\tPENDING\tDUE\tRUNNING\tDONE\tDEAD\tCANCELLED\tOLDEST DUE\tDONE/MIN\tDEAD/MIN\t")
@@ -40,11 +52,19 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			if s.OldestDueSeconds != nil {
 				oldest = time.Duration(*s.OldestDueSeconds * float64(time.Second)).Round(time.Millisecond).String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%d\t%d\t\n", s.Queue, s.Kind, s.Pending, s.Due, s.Running,
-				s.Done, s.Dead, s.Cancelled, oldest, s.DoneLastMinute, s.DeadLastMinute)
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", s.Queue, s.Kind, s.Pending, s.Due, s.Running,
+				count(s.Done), count(s.Dead), count(s.Cancelled), oldest, s.DoneLastMinute, s.DeadLastMinute)
 		}
 		return tw.Flush()
 	})
+}
+
+// count prints a count that may be left out.
+func count(n *int64) string {
+	if n == nil {
+		return "?"
+	}
+	return strconv.FormatInt(*n, 10)
 }
 
 const jobsUsage = `Usage:
