@@ -158,6 +158,7 @@ func (a *Admin) Stats(ctx context.Context, budget time.Duration) (stats []QueueS
 		strconv.FormatInt(max(budget.Milliseconds(), 1), 10)); err != nil {
 		return nil, false, fmt.Errorf("stats: %w", err)
 	}
+	// Kept apart until the count has completed: all of it applies, or none.
 	var finished []QueueStats
 	rows, _ = tx.Query(ctx, a.sql(finishedStatsSQL))
 	_, err = pgx.ForEachRow(rows, []any{&queue, &kind, &done, &dead, &cancels}, func() error {

@@ -39,11 +39,11 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if err != nil {
 			return err
 		}
-		if *asJSON {
-			return printJSON(stdout, stats)
-		}
 		if !counted {
 			fmt.Fprintf(stderr, "the kept done, dead and cancelled jobs took longer than %s to count: those columns are left out (--finished-budget)\n", *budget)
+		}
+		if *asJSON {
+			return printJSON(stdout, stats)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "QUEUE\tKIND\tPENDING\tDUE\tRUNNING\tDONE\tDEAD\tCANCELLED\tOLDEST DUE\tDONE/MIN\tDEAD/MIN\t")
