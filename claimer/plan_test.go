@@ -34,6 +34,9 @@ func TestBatchPlansUseTheKey(t *testing.T) {
 			"INSERT INTO {jobs} (kind) SELECT 'noop' FROM generate_series(1, 20000)",
 			"ANALYZE {jobs}",
 		},
+		// The claim's UPDATE goes by ctid: a server that turned TID scans off
+		// must not make it scan the table.
+		"planned with TID scans off": {"SET enable_tidscan = off"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -55,6 +58,7 @@ func checkPlans(t *testing.T, setup []string) {
 		_, err := conn.Exec(ctx, withTable(sql, jobs))
 		require.NoError(t, err, sql)
 	}
+	defer exec("RESET enable_tidscan") // the connection goes back to the pool
 	for _, sql := range setup {
 		exec(sql)
 	}
@@ -96,6 +100,9 @@ func checkPlans(t *testing.T, setup []string) {
 		plan := explain(name)
 		for _, bad := range []string{"Join Filter", "Seq Scan on jobs", "Hash Join", "Merge Join"} {
 			require.NotContains(t, plan, bad, "%s plan:\n%s", name, plan)
+		}
+		if name == "claim" {
+			require.Contains(t, plan, "Tid Scan on jobs", "claim plan:\n%s", plan)
 		}
 		exec("DEALLOCATE plan_" + name)
 	}

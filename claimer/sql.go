@@ -19,12 +19,17 @@ import "strings"
 // writers). A claim lost in a server crash leaves its jobs pending, so they
 // run again: at least once still holds. Outcomes are written synchronously.
 //
-// The UPDATE finds its rows with id = ANY(ARRAY(...)), not by joining c: a
-// prepared statement's generic plan cannot see LIMIT $2, and planned that
-// join as a hash join over a sequential scan of the whole table.
+// The UPDATE finds its rows by the ctids c locked, ctid = ANY(ARRAY(...)),
+// not by joining c: a prepared statement's generic plan cannot see LIMIT $2,
+// and planned that join as a hash join over a sequential scan of the whole
+// table. A ctid goes straight to the row, where an id went down the primary
+// key first: claims executed 10 % faster in drains (pg_stat_statements,
+// three pairs of runs). The ctid is the version c locked (when a concurrent
+// update came first, FOR UPDATE follows it to the newest version and checks
+// it again), and no other transaction can move a row this one has locked.
 const claimSQL = `
 WITH c AS (
-    SELECT id FROM {jobs}
+    SELECT ctid FROM {jobs}
     WHERE status = 'pending' AND queue = $1 AND run_at <= now()
     ORDER BY priority, run_at, id
     LIMIT $2
@@ -37,7 +42,7 @@ WITH c AS (
         locked_by = $3,
         locked_until = now() + make_interval(secs => $4::float8),
         updated_at = now()
-    WHERE j.id = ANY(ARRAY(SELECT id FROM c))
+    WHERE j.ctid = ANY(ARRAY(SELECT ctid FROM c))
     RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at
 ), n AS (
     SELECT extract(epoch FROM min(run_at) - now())::float8 AS next_in FROM {jobs}
@@ -60,7 +65,10 @@ FROM n LEFT JOIN u ON true`
 //     and hash joins, and went on using them as the table grew: a completion
 //     scanned every retained row, 8.8 ms on average with 16 writers.
 //     Without sequential scans, hash and merge joins, these statements have
-//     one plan left: a nested loop over the batch, by primary key.
+//     one plan left: a nested loop over the batch, by primary key (by ctid
+//     for the claim's UPDATE, which keeps its TID scan even on a server that
+//     turned TID scans off: a disabled TID scan still costs less than a
+//     disabled sequential scan).
 //
 // The settings are the transaction's own and never leak into the pool.
 // plan_test.go checks the plans, planned on an empty table and on stale
