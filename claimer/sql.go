@@ -71,8 +71,8 @@ FROM n LEFT JOIN u ON true`
 //     disabled sequential scan).
 //
 // The settings are the transaction's own and never leak into the pool.
-// plan_test.go checks the plans, planned on an empty table and on stale
-// statistics.
+// plan_test.go checks the plans, planned on an empty table, on stale
+// statistics and with TID scans off.
 const planSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_seqscan', 'off', true),
        set_config('enable_hashjoin', 'off', true),
