@@ -202,10 +202,7 @@ func TestNoWakeUpLost(t *testing.T) {
 
 	conns := map[string]*pgx.Conn{}
 	for name := range writers {
-		conn, err := pgx.Connect(ctx, pgtest.URL())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		conns[name] = conn
+		conns[name] = pgtest.Conn(t)
 	}
 	var (
 		mu     sync.Mutex

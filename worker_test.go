@@ -227,9 +227,7 @@ func TestInsertWakesWorker(t *testing.T) {
 	b.waitAsleep(t, w)
 	notified := w.Listener().Notifications()
 
-	conn, err := pgx.Connect(context.Background(), pgtest.URL())
-	require.NoError(t, err)
-	defer func() { _ = conn.Close(context.Background()) }()
+	conn := pgtest.Conn(t)
 	var id int64
 	require.NoError(t, conn.QueryRow(context.Background(),
 		"INSERT INTO "+b.jobs+" (kind, payload) VALUES ('record', '{\"n\": 2}') RETURNING id").Scan(&id))

@@ -28,13 +28,7 @@ func TestSleepKeyMatchesTriggers(t *testing.T) {
 	require.NoError(t, err)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 
-	connect := func() *pgx.Conn {
-		conn, err := pgx.Connect(ctx, pgtest.URL())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		return conn
-	}
-	listener, sleeper, writer := connect(), connect(), connect()
+	listener, sleeper, writer := pgtest.Conn(t), pgtest.Conn(t), pgtest.Conn(t)
 	_, err = listener.Exec(ctx, "LISTEN "+pgx.Identifier{schema}.Sanitize())
 	require.NoError(t, err)
 	insert := func(queue string, n int) {

@@ -191,13 +191,7 @@ func TestTriggersNotifyOnlySleepers(t *testing.T) {
 	schema := pgtest.Schema(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	channel := pgx.Identifier{schema}.Sanitize()
-	connect := func() *pgx.Conn {
-		conn, err := pgx.Connect(ctx, pgtest.URL())
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = conn.Close(context.Background()) })
-		return conn
-	}
-	sleeper, listener, writer := connect(), connect(), connect()
+	sleeper, listener, writer := pgtest.Conn(t), pgtest.Conn(t), pgtest.Conn(t)
 	const key = `SELECT pg_advisory_lock(hashtext('pgdispatch.sleep'), hashtext($1 || '/' || q)) FROM unnest($2::text[]) q`
 	_, err := sleeper.Exec(ctx, key, schema, []string{"a", "c"})
 	require.NoError(t, err)

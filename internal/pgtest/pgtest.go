@@ -126,6 +126,21 @@ func Pool(t testing.TB) *pgxpool.Pool {
 	return pool
 }
 
+// Conn opens a connection of the test's own, outside the pool, and closes
+// it when the test ends: for sessions that hold locks, LISTEN, or keep a
+// transaction open.
+func Conn(t testing.TB) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("pgtest: connect: %v", err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
 // Schema creates a migrated schema for this test alone and drops it when the
 // test ends.
 func Schema(t testing.TB) string {
