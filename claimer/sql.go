@@ -66,14 +66,14 @@ FROM n LEFT JOIN u ON true`
 //     scanned every retained row, 8.8 ms on average with 16 writers.
 //     Without sequential scans, hash and merge joins, these statements have
 //     one plan left: a nested loop over the batch, by primary key (by ctid
-//     for the claim's UPDATE, which keeps its TID scan even on a server that
-//     turned TID scans off: a disabled TID scan still costs less than a
-//     disabled sequential scan).
+//     for the claim's UPDATE, so TID scans are turned on: on a server that
+//     turned them off, a generic plan made on an empty table scanned it).
 //
 // The settings are the transaction's own and never leak into the pool.
 // plan_test.go checks the plans, planned on an empty table, on stale
 // statistics and with TID scans off.
 const planSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('enable_tidscan', 'on', true),
        set_config('enable_seqscan', 'off', true),
        set_config('enable_hashjoin', 'off', true),
        set_config('enable_mergejoin', 'off', true)`
