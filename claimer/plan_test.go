@@ -90,20 +90,28 @@ func checkPlans(t *testing.T, setup []string) {
 		require.NoError(t, err, name)
 		return strings.Join(lines, "\n")
 	}
-	for name, st := range statements {
-		exec("PREPARE plan_" + name + "(" + st.types + ") AS " + st.sql)
-		explain(name) // the generic plan is made now, and kept
-	}
-	exec("INSERT INTO {jobs} (kind) SELECT 'noop' FROM generate_series(1, 20000)")
-	exec("UPDATE {jobs} SET status = 'running', attempts = 1, locked_by = 'w', locked_until = now() + interval '1 minute' WHERE id <= 3000")
-	for name := range statements {
-		plan := explain(name)
+	check := func(name, plan string) {
+		t.Helper()
 		for _, bad := range []string{"Join Filter", "Seq Scan on jobs", "Hash Join", "Merge Join"} {
 			require.NotContains(t, plan, bad, "%s plan:\n%s", name, plan)
 		}
 		if name == "claim" {
 			require.Contains(t, plan, "Tid Scan on jobs", "claim plan:\n%s", plan)
 		}
+	}
+	// The generic plan is made at the first EXPLAIN, and kept. It is checked
+	// then, and again once the table has filled. The second look should see
+	// the kept plan, but beside other tests it was at times a plan made anew
+	// on the filled table (the first was invalidated meanwhile), so only the
+	// first look is sure to see a plan made on the empty or stale table.
+	for name, st := range statements {
+		exec("PREPARE plan_" + name + "(" + st.types + ") AS " + st.sql)
+		check(name, explain(name))
+	}
+	exec("INSERT INTO {jobs} (kind) SELECT 'noop' FROM generate_series(1, 20000)")
+	exec("UPDATE {jobs} SET status = 'running', attempts = 1, locked_by = 'w', locked_until = now() + interval '1 minute' WHERE id <= 3000")
+	for name := range statements {
+		check(name, explain(name))
 		exec("DEALLOCATE plan_" + name)
 	}
 }
