@@ -14,7 +14,7 @@ import (
 )
 
 // The sleep key is the handshake that lets writers skip NOTIFY while no
-// worker sleeps (migration 003 has the writer's side). A claimer that has
+// worker sleeps (migrations 003 and 007 have the writer's side). A claimer that has
 // found its queue empty asks for the key exclusively; the request waits for
 // every writer that holds it shared, so once it is granted their rows are
 // visible, and the claimer looks once more before it sleeps. It keeps the key
@@ -22,7 +22,9 @@ import (
 // finds work. Peers that want to sleep while one holds the key wait in the
 // lock's queue and take over when it wakes, exits or dies.
 const (
-	lockKeySQL   = `hashtext('pgdispatch.sleep'), hashtext($1 || '/' || $2)`
+	// The key of schema $1 and queue $2; migration 007 writes its first
+	// half into the triggers as a literal, computed by the same expression.
+	lockKeySQL   = `hashtext('pgdispatch.sleep/' || $1), hashtext($2)`
 	sleepLockSQL = `SELECT pg_advisory_lock(` + lockKeySQL + `)`
 	sleepFreeSQL = `SELECT pg_advisory_unlock(` + lockKeySQL + `)`
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +28,10 @@ var files embed.FS
 
 // DefaultSchema is the schema pgdispatch lives in unless told otherwise.
 const DefaultSchema = "pgdispatch"
+
+// sleepKeySQL computes the first half of a schema's sleep key; the second is
+// hashtext(queue). claimer/sleep.go takes the same key.
+const sleepKeySQL = "SELECT hashtext('pgdispatch.sleep/' || $1)"
 
 const (
 	versionTable        = "schema_version"
@@ -124,10 +129,17 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int3
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrate: version table: %w", describe(err))
 	}
+	// The first half of the schema's sleep key (migration 007), computed by
+	// the server's own hashtext, as the claimer computes it when it sleeps.
+	var sleepKey int32
+	if err := conn.QueryRow(ctx, sleepKeySQL, cfg.Schema).Scan(&sleepKey); err != nil {
+		return 0, 0, fmt.Errorf("migrate: compute the sleep key: %w", err)
+	}
 	m.Data = map[string]any{
 		"schema":           schema,
 		"schema_literal":   quoteLiteral(cfg.Schema),
 		"sleep_key_prefix": quoteLiteral(cfg.Schema + "/"),
+		"sleep_key":        strconv.FormatInt(int64(sleepKey), 10),
 	}
 	if err := m.LoadMigrations(sqlFS()); err != nil {
 		return 0, 0, fmt.Errorf("migrate: load migrations: %w", err)

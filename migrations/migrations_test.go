@@ -192,7 +192,7 @@ func TestTriggersNotifyOnlySleepers(t *testing.T) {
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	channel := pgx.Identifier{schema}.Sanitize()
 	sleeper, listener, writer := pgtest.Conn(t), pgtest.Conn(t), pgtest.Conn(t)
-	const key = `SELECT pg_advisory_lock(hashtext('pgdispatch.sleep'), hashtext($1 || '/' || q)) FROM unnest($2::text[]) q`
+	const key = `SELECT pg_advisory_lock(hashtext('pgdispatch.sleep/' || $1), hashtext(q)) FROM unnest($2::text[]) q`
 	_, err := sleeper.Exec(ctx, key, schema, []string{"a", "c"})
 	require.NoError(t, err)
 	_, err = listener.Exec(ctx, "LISTEN "+channel)
