@@ -86,7 +86,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&o.spacing, "spacing", 5*time.Millisecond, "latency: pause between those inserts")
 	fs.IntVar(&o.drainJobs, "drain-jobs", 100000, "drain: jobs inserted before the worker starts")
 	writers := fs.String("writers", "4,16", "sustained and writers: writer connection counts, comma-separated")
-	fs.DurationVar(&o.duration, "duration", 4*time.Second, "sustained: length of each run; writers: the time each side gets, in two turns")
+	fs.DurationVar(&o.duration, "duration", 4*time.Second, "sustained: length of each run; writers: the time each side gets, in four turns")
 	fs.DurationVar(&o.idleDuration, "idle-duration", 60*time.Second, "idle: how long to count transactions")
 	fs.DurationVar(&o.soakDuration, "soak-duration", 10*time.Minute, "soak: how long writers and the worker run")
 	fs.IntVar(&o.soakWriters, "soak-writers", 4, "soak: writer connections")
@@ -435,29 +435,44 @@ func (b *bench) drain(ctx context.Context) ([]*benchResult, error) {
 // returns the commit times by id.
 func (b *bench) writerLoad(ctx context.Context, schema string, k int, d time.Duration) (map[int64]time.Time, error) {
 	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind) VALUES ('noop') RETURNING id"
+	// Connect and prepare first, then start every writer at once: the
+	// writers' time is spent inserting, not connecting and warming caches,
+	// which a loaded machine makes slower in one turn than in the next.
+	conns := make([]*pgx.Conn, k)
+	defer func() {
+		for _, conn := range conns {
+			if conn != nil {
+				_ = conn.Close(context.WithoutCancel(ctx))
+			}
+		}
+	}()
+	for i := range conns {
+		conn, err := pgx.Connect(ctx, b.url)
+		if err != nil {
+			return nil, err
+		}
+		conns[i] = conn
+		if _, err := conn.Prepare(ctx, "insert", insert); err != nil {
+			return nil, err
+		}
+	}
 	var (
 		mu        sync.Mutex
 		committed = map[int64]time.Time{}
 		wg        sync.WaitGroup
 		firstErr  error
 	)
-	end := time.Now().Add(d)
-	for range k {
+	start := make(chan struct{})
+	var end time.Time // set before start closes
+	for _, conn := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conn, err := pgx.Connect(ctx, b.url)
-			if err != nil {
-				mu.Lock()
-				firstErr = cmpErr(firstErr, err)
-				mu.Unlock()
-				return
-			}
-			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			<-start
 			local := map[int64]time.Time{}
 			for time.Now().Before(end) && ctx.Err() == nil {
 				var id int64
-				if err := conn.QueryRow(ctx, insert).Scan(&id); err != nil {
+				if err := conn.QueryRow(ctx, "insert").Scan(&id); err != nil {
 					mu.Lock()
 					firstErr = cmpErr(firstErr, err)
 					mu.Unlock()
@@ -472,6 +487,8 @@ func (b *bench) writerLoad(ctx context.Context, schema string, k int, d time.Dur
 			mu.Unlock()
 		}()
 	}
+	end = time.Now().Add(d)
+	close(start)
 	wg.Wait()
 	return committed, firstErr
 }
@@ -519,18 +536,20 @@ func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 // with a worker running; the ratio is the writers' cost of the trigger. So
 // that the worker does the same work in both runs, the worker of the run
 // without triggers never sleeps: it polls its queue every few milliseconds,
-// which is what finds jobs when nothing notifies. Each side runs twice, for
-// half the duration, in the order with, without, without, with, so that a
-// drift in the machine's speed weighs on both alike.
+// which is what finds jobs when nothing notifies. Each side runs four
+// times, for a quarter of the duration, in the order with, without, without,
+// with, then without, with, with, without, so that a drift in the machine's
+// speed weighs on both alike.
 func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 	var out []*benchResult
-	half := b.opts.duration / 2
+	turns := []bool{true, false, false, true, false, true, true, false}
+	turn := b.opts.duration / time.Duration(len(turns)/2)
 	for _, k := range b.opts.writers {
-		r := &benchResult{Scenario: "writers", Conditions: fmt.Sprintf("%d writers, %s with the trigger and %s without, in turns, worker running, LINGER=%s",
-			k, b.opts.duration, b.opts.duration, b.lingerSetting())}
+		r := &benchResult{Scenario: "writers", Conditions: fmt.Sprintf("%d writers, %s with the trigger and %s without, in %d turns each, worker running, LINGER=%s",
+			k, b.opts.duration, b.opts.duration, len(turns)/2, b.lingerSetting())}
 		inserts := map[bool]int{}
 		var heardAll int64
-		for _, trigger := range []bool{true, false, false, true} {
+		for _, trigger := range turns {
 			tune := func(c *pgdispatch.Config) { c.Linger = time.Hour }
 			if trigger {
 				tune = nil
@@ -547,7 +566,7 @@ func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 				}
 			}
 			heard := b.notifications(p)
-			committed, err := b.writerLoad(ctx, schema, k, half)
+			committed, err := b.writerLoad(ctx, schema, k, turn)
 			heard = b.notifications(p) - heard
 			usage := b.queueUsage(ctx)
 			cleanup()
@@ -560,7 +579,8 @@ func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 				r.set("notify_queue_usage", max(usage, r.Figures["notify_queue_usage"]))
 			}
 		}
-		with, without := float64(inserts[true])/(2*half.Seconds()), float64(inserts[false])/(2*half.Seconds())
+		side := b.opts.duration.Seconds()
+		with, without := float64(inserts[true])/side, float64(inserts[false])/side
 		r.set("notified_share", float64(heardAll)/float64(max(inserts[true], 1)))
 		r.set("inserts_per_s_trigger", with)
 		r.set("inserts_per_s_no_trigger", without)
