@@ -100,6 +100,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	stopOnClosedOutput(ctx, stop)
 	// The first signal starts a graceful shutdown; restoring the default
 	// handling lets a second one end the process at once.
 	go func() { <-ctx.Done(); stop() }()

@@ -337,6 +337,55 @@ func TestDemoOnThrowawayCluster(t *testing.T) {
 	require.Contains(t, out, "Throwaway PostgreSQL stopped and removed.")
 }
 
+// `pgdispatch demo | head`: when the reader of its output goes, demo shuts
+// down as on SIGTERM, and its throwaway cluster is stopped, not left running.
+func TestDemoStopsWhenItsOutputCloses(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(binary, "demo", "--interval", "50ms")
+	cmd.Env = env()
+	cmd.Dir = t.TempDir()
+	stderr := newSyncBuffer()
+	cmd.Stderr = stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	var waitErr error
+	done := make(chan struct{})
+	go func() { waitErr = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+
+	// Read up to the cluster's address and the first dispatch, as head would.
+	var read bytes.Buffer
+	buf := make([]byte, 4096)
+	upAt := regexp.MustCompile(`PostgreSQL is up at (\S+)`)
+	for !strings.Contains(read.String(), "after commit") {
+		n, err := out.Read(buf)
+		require.NoError(t, err, "stdout so far:\n%s\nstderr:\n%s", read.String(), stderr.String())
+		read.Write(buf[:n])
+	}
+	m := upAt.FindStringSubmatch(read.String())
+	require.NotNil(t, m, read.String())
+	url := m[1]
+	require.NoError(t, out.Close())
+
+	select {
+	case <-done:
+		require.NoError(t, waitErr, stderr.String())
+	case <-time.After(time.Minute):
+		t.Fatalf("demo went on after its output closed; stderr:\n%s", stderr.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err == nil {
+		_ = conn.Close(ctx)
+	}
+	require.Error(t, err, "the throwaway cluster at %s is still running", url)
+}
+
 func TestHelp(t *testing.T) {
 	t.Parallel()
 	for _, cmd := range []string{"run", "migrate", "enqueue", "demo"} {
