@@ -1,7 +1,8 @@
 // Package pgcluster starts a throwaway PostgreSQL cluster from the server
 // binaries installed on the machine: initdb and pg_ctl in a temporary
-// directory, on a free port, removed by Stop. initdb and postgres refuse to
-// run as root, so under root the cluster runs as the "postgres" user.
+// directory, on a free port, removed by Stop, or by a reaper process when
+// the process that started it ends without Stop. initdb and postgres refuse
+// to run as root, so under root the cluster runs as the "postgres" user.
 package pgcluster
 
 import (
@@ -39,6 +40,10 @@ type Cluster struct {
 	bin  string
 	port int
 	cred *syscall.Credential
+	// reaper stops the server and removes dir once reaperPipe closes, which
+	// the kernel does when this process ends, however it ends.
+	reaper     *exec.Cmd
+	reaperPipe *os.File
 }
 
 // Start creates and starts a cluster.
@@ -86,13 +91,45 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		logText, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
 		return nil, fmt.Errorf("throwaway cluster: pg_ctl start: %w\n%s\n%s", err, out, logText)
 	}
+	if err := c.startReaper(); err != nil {
+		_ = c.Stop()
+		return nil, err
+	}
 	return c, nil
+}
+
+// reaperScript waits for its standard input to close, then stops the server
+// and removes its directory. After Stop it finds nothing left to do.
+const reaperScript = `read -r _; "$0" -D "$1" -m immediate stop >/dev/null 2>&1; rm -rf "$2"`
+
+// startReaper starts the process that stops the server if this one ends
+// without Stop: killed, or exiting from a failed test. Its standard input is
+// a pipe whose only writer is this process. It runs in a process group of
+// its own, so that the Ctrl-C meant for this process does not end it.
+func (c *Cluster) startReaper() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("throwaway cluster: reaper pipe: %w", err)
+	}
+	defer r.Close() //nolint:errcheck // the child holds its own copy
+	cmd := exec.Command("/bin/sh", "-c", reaperScript, filepath.Join(c.bin, "pg_ctl"), c.data, c.dir)
+	cmd.Stdin = r
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: c.cred}
+	if err := cmd.Start(); err != nil {
+		_ = w.Close()
+		return fmt.Errorf("throwaway cluster: start the reaper: %w", err)
+	}
+	c.reaper, c.reaperPipe = cmd, w
+	return nil
 }
 
 // URL is a connection string for the cluster's postgres database.
 func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
 }
+
+// Dir is the directory that holds the cluster's data and log; Stop removes it.
+func (c *Cluster) Dir() string { return c.dir }
 
 // LogPath is the server's log file.
 func (c *Cluster) LogPath() string { return filepath.Join(c.dir, "postgres.log") }
@@ -103,6 +140,11 @@ func (c *Cluster) Stop() error {
 	defer cancel()
 	out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-w", "-m", "fast", "stop").CombinedOutput()
 	rmErr := os.RemoveAll(c.dir)
+	if c.reaper != nil {
+		_ = c.reaperPipe.Close()
+		_ = c.reaper.Wait()
+		c.reaper = nil
+	}
 	if err != nil {
 		return fmt.Errorf("throwaway cluster: pg_ctl stop: %w\n%s", err, out)
 	}

@@ -1,0 +1,105 @@
+package pgcluster_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+)
+
+// helperEnv makes the test binary, run again, start a cluster, print its
+// address and directory, and wait to be killed.
+const helperEnv = "PGCLUSTER_TEST_HELPER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		c, err := pgcluster.Start(context.Background(), pgcluster.Options{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println(c.URL(), c.Dir())
+		select {}
+	}
+	os.Exit(m.Run())
+}
+
+// A process that started a cluster is killed, with no chance to stop it:
+// the reaper stops the server and removes its directory.
+func TestKilledOwnersClusterIsReaped(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if errors.Is(stderrErr(cmd, &stderr, err), pgcluster.ErrNoServer) {
+		t.Skip(pgcluster.ErrNoServer)
+	}
+	require.NoError(t, err, stderr.String())
+	url, dir, ok := strings.Cut(strings.TrimSpace(line), " ")
+	require.True(t, ok, line)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err, "the helper's cluster is up")
+	require.NoError(t, conn.Close(ctx))
+
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+
+	// The reaper outlives the helper and is nobody's child here: poll.
+	require.Eventually(t, func() bool {
+		_, statErr := os.Stat(dir)
+		return errors.Is(statErr, os.ErrNotExist)
+	}, 30*time.Second, 50*time.Millisecond, "directory %s left behind", dir)
+	conn, err = pgx.Connect(ctx, url)
+	if err == nil {
+		_ = conn.Close(ctx)
+	}
+	require.Error(t, err, "the server at %s still runs", url)
+}
+
+// A cluster stopped as usual is gone, and so is its reaper.
+func TestStopRemovesCluster(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := pgcluster.Start(ctx, pgcluster.Options{})
+	if errors.Is(err, pgcluster.ErrNoServer) {
+		t.Skip(err)
+	}
+	require.NoError(t, err)
+	require.NoError(t, c.Stop())
+	_, err = os.Stat(c.Dir())
+	require.ErrorIs(t, err, os.ErrNotExist)
+	conn, err := pgx.Connect(ctx, c.URL())
+	if err == nil {
+		_ = conn.Close(ctx)
+	}
+	require.Error(t, err)
+}
+
+// stderrErr turns the helper's failure to start a cluster into
+// ErrNoServer when that is what it printed.
+func stderrErr(cmd *exec.Cmd, stderr *strings.Builder, err error) error {
+	if err == nil {
+		return nil
+	}
+	_ = cmd.Wait()
+	if strings.Contains(stderr.String(), "not found on PATH") {
+		return pgcluster.ErrNoServer
+	}
+	return err
+}
