@@ -209,12 +209,17 @@ func (w *Worker) wakeAll() {
 // Run checks the schema, then serves the queues until ctx ends and shuts down
 // gracefully: it stops claiming, lets running jobs finish for
 // ShutdownTimeout, gives the rest back to pending and writes the last
-// outcomes. It returns nil after a clean shutdown.
+// outcomes. It returns nil after a clean shutdown, and when ctx ends before
+// the schema check is done: nothing had started.
 func (w *Worker) Run(ctx context.Context) error {
 	checkCtx, cancel := context.WithTimeout(ctx, cmp.Or(w.cfg.StatementTimeout, 10*time.Second))
 	_, err := migrations.Check(checkCtx, w.cfg.Pool, w.cfg.Schema)
 	cancel()
 	if err != nil {
+		if ctx.Err() != nil {
+			w.logger.Info("worker stopped before it started")
+			return nil
+		}
 		return err
 	}
 	queues := make([]string, 0, len(w.claimers))
