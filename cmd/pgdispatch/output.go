@@ -37,9 +37,18 @@ func stopOnClosedOutput(ctx context.Context, stop func()) {
 }
 
 // readerGone reports whether f is a pipe or socket whose other end is closed:
-// polling its write end reports an error or a hang-up.
+// polling its write end reports an error or a hang-up. (Through SyscallConn,
+// which leaves f's blocking mode as it is, where Fd would change it.)
 func readerGone(f *os.File) bool {
-	fds := []unix.PollFd{{Fd: int32(f.Fd()), Events: unix.POLLOUT}}
-	n, err := unix.Poll(fds, 0)
-	return err == nil && n > 0 && fds[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0
+	raw, err := f.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var gone bool
+	_ = raw.Control(func(fd uintptr) {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		n, err := unix.Poll(fds, 0)
+		gone = err == nil && n > 0 && fds[0].Revents&(unix.POLLERR|unix.POLLHUP) != 0
+	})
+	return gone
 }
