@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // The sleep key is the handshake that lets writers skip NOTIFY while no
@@ -22,9 +24,9 @@ import (
 // finds work. Peers that want to sleep while one holds the key wait in the
 // lock's queue and take over when it wakes, exits or dies.
 const (
-	// The key of schema $1 and queue $2; migration 007 writes its first
-	// half into the triggers as a literal, computed by the same expression.
-	lockKeySQL   = `hashtext('pgdispatch.sleep/' || $1), hashtext($2)`
+	// The key of queue $2: $1 is the schema's half, migrations.SleepKey,
+	// which migration 007 writes into the triggers as a literal.
+	lockKeySQL   = `$1::int4, hashtext($2)`
 	sleepLockSQL = `SELECT pg_advisory_lock(` + lockKeySQL + `)`
 	sleepFreeSQL = `SELECT pg_advisory_unlock(` + lockKeySQL + `)`
 
@@ -40,10 +42,11 @@ const (
 // sleepLock holds a queue's sleep key while its claimer sleeps, on a
 // connection of its own. Create it with newSleepLock and run it with run.
 type sleepLock struct {
-	connConfig    *pgx.ConnConfig
-	schema, queue string
-	timeout       time.Duration // bounds connecting and giving the key back
-	logger        *zap.Logger
+	connConfig *pgx.ConnConfig
+	schemaKey  int32 // migrations.SleepKey of the schema
+	queue      string
+	timeout    time.Duration // bounds connecting and giving the key back
+	logger     *zap.Logger
 	// recheck is signalled when the claimer must look at the queue again:
 	// the key was granted, or lost, or a wait for it ended without it.
 	recheck chan struct{}
@@ -66,7 +69,7 @@ func newSleepLock(cfg *pgx.ConnConfig, schema, queue string, timeout time.Durati
 		cc.RuntimeParams["application_name"] = app + "-sleep"
 	}
 	return &sleepLock{
-		connConfig: cc, schema: schema, queue: queue, timeout: timeout, logger: logger,
+		connConfig: cc, schemaKey: migrations.SleepKey(schema), queue: queue, timeout: timeout, logger: logger,
 		recheck: make(chan struct{}, 1), poke: make(chan struct{}, 1),
 	}
 }
@@ -124,7 +127,7 @@ func (s *sleepLock) run(ctx context.Context) {
 				continue
 			}
 		}
-		if _, err := conn.Exec(ctx, sleepLockSQL, s.schema, s.queue); err != nil {
+		if _, err := conn.Exec(ctx, sleepLockSQL, s.schemaKey, s.queue); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -181,7 +184,7 @@ func (s *sleepLock) hold(ctx context.Context, conn *pgx.Conn) bool {
 	}
 	freeCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if _, err := conn.Exec(freeCtx, sleepFreeSQL, s.schema, s.queue); err != nil {
+	if _, err := conn.Exec(freeCtx, sleepFreeSQL, s.schemaKey, s.queue); err != nil {
 		if ctx.Err() == nil { // when stopping, dropping the connection gives the key back
 			s.logger.Warn("giving back the sleep lock failed; reconnecting", zap.Error(err))
 		}

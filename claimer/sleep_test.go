@@ -12,7 +12,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
-// The writers' triggers (migration 003) and the claimer's sleep lock must
+// The writers' triggers (migrations 003 and 007) and the claimer's sleep lock must
 // name the same key, whatever the schema is called: writers notify a queue
 // exactly while its key is held.
 func TestSleepKeyMatchesTriggers(t *testing.T) {
@@ -36,13 +36,13 @@ func TestSleepKeyMatchesTriggers(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	_, err = sleeper.Exec(ctx, sleepLockSQL, schema, "q1")
+	_, err = sleeper.Exec(ctx, sleepLockSQL, migrations.SleepKey(schema), "q1")
 	require.NoError(t, err)
 	insert("q1", 500) // a worker of q1 sleeps: notify, once per transaction
 	insert("q2", 1)   // nobody sleeps on q2
 	_, err = writer.Exec(ctx, "UPDATE "+jobs+" SET run_at = now() + interval '1 hour' WHERE queue = 'q1'")
 	require.NoError(t, err)
-	_, err = sleeper.Exec(ctx, sleepFreeSQL, schema, "q1")
+	_, err = sleeper.Exec(ctx, sleepFreeSQL, migrations.SleepKey(schema), "q1")
 	require.NoError(t, err)
 	insert("q1", 1) // nobody sleeps any more
 	_, err = writer.Exec(ctx, "SELECT pg_notify($1, 'marker')", schema)

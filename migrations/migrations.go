@@ -12,6 +12,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"strconv"
 	"strings"
@@ -29,9 +30,17 @@ var files embed.FS
 // DefaultSchema is the schema pgdispatch lives in unless told otherwise.
 const DefaultSchema = "pgdispatch"
 
-// sleepKeySQL computes the first half of a schema's sleep key; the second is
-// hashtext(queue). claimer/sleep.go takes the same key.
-const sleepKeySQL = "SELECT hashtext('pgdispatch.sleep/' || $1)"
+// SleepKey is the first half of schema's sleep key, the advisory lock a
+// sleeping claimer holds and writers try (migration 007); the second half is
+// the server's hashtext(queue). It is an FNV-1a hash of the schema's name,
+// computed here rather than by the server, so that the literal migration 007
+// writes into the triggers matches the claimer's on any server: one restored
+// from a dump taken on a machine of the other byte order included.
+func SleepKey(schema string) int32 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte("pgdispatch.sleep/" + schema))
+	return int32(h.Sum32()) //nolint:gosec // a hash: wrapping to negative is fine
+}
 
 const (
 	versionTable        = "schema_version"
@@ -129,17 +138,11 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int3
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrate: version table: %w", describe(err))
 	}
-	// The first half of the schema's sleep key (migration 007), computed by
-	// the server's own hashtext, as the claimer computes it when it sleeps.
-	var sleepKey int32
-	if err := conn.QueryRow(ctx, sleepKeySQL, cfg.Schema).Scan(&sleepKey); err != nil {
-		return 0, 0, fmt.Errorf("migrate: compute the sleep key: %w", err)
-	}
 	m.Data = map[string]any{
 		"schema":           schema,
 		"schema_literal":   quoteLiteral(cfg.Schema),
 		"sleep_key_prefix": quoteLiteral(cfg.Schema + "/"),
-		"sleep_key":        strconv.FormatInt(int64(sleepKey), 10),
+		"sleep_key":        strconv.FormatInt(int64(SleepKey(cfg.Schema)), 10),
 	}
 	if err := m.LoadMigrations(sqlFS()); err != nil {
 		return 0, 0, fmt.Errorf("migrate: load migrations: %w", err)

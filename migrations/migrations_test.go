@@ -192,8 +192,8 @@ func TestTriggersNotifyOnlySleepers(t *testing.T) {
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	channel := pgx.Identifier{schema}.Sanitize()
 	sleeper, listener, writer := pgtest.Conn(t), pgtest.Conn(t), pgtest.Conn(t)
-	const key = `SELECT pg_advisory_lock(hashtext('pgdispatch.sleep/' || $1), hashtext(q)) FROM unnest($2::text[]) q`
-	_, err := sleeper.Exec(ctx, key, schema, []string{"a", "c"})
+	const key = `SELECT pg_advisory_lock($1::int4, hashtext(q)) FROM unnest($2::text[]) q`
+	_, err := sleeper.Exec(ctx, key, migrations.SleepKey(schema), []string{"a", "c"})
 	require.NoError(t, err)
 	_, err = listener.Exec(ctx, "LISTEN "+channel)
 	require.NoError(t, err)
@@ -245,4 +245,13 @@ func TestTriggersNotifyOnlySleepers(t *testing.T) {
 	_, err = writer.Exec(ctx, "INSERT INTO "+jobs+" (queue, kind) SELECT q, 'noop' FROM unnest('{a,b,c}'::text[]) q")
 	require.NoError(t, err)
 	require.Empty(t, received())
+}
+
+// The sleep key's schema half is part of the protocol between the triggers a
+// migration wrote and every worker build that sleeps on the schema: it must
+// not change from build to build. The expected value is FNV-1a (32 bits) of
+// "pgdispatch.sleep/pgdispatch", computed independently.
+func TestSleepKeyIsStable(t *testing.T) {
+	require.Equal(t, int32(1922186763), migrations.SleepKey("pgdispatch"))
+	require.NotEqual(t, migrations.SleepKey("pgdispatch"), migrations.SleepKey("pgdispatch2"))
 }

@@ -1,7 +1,7 @@
--- A cheaper sleep key: (hashtext('pgdispatch.sleep/<schema>'), hashtext(queue)).
--- {{.schema}} is the schema identifier and {{.sleep_key}} the first half of
--- the key, an integer literal the migrator computed in the server as
--- hashtext('pgdispatch.sleep/' || schema).
+-- A cheaper sleep key: (<the schema's half>, hashtext(queue)).
+-- {{.schema}} is the schema identifier and {{.sleep_key}} the schema's half
+-- of the key, an integer literal: migrations.SleepKey, a hash of the schema's
+-- name computed by the migrator, as the claimer computes it when it sleeps.
 --
 -- PostgreSQL prepares a trigger's WHEN for every statement that fires it,
 -- and every function in the expression is looked up and checked each time.
