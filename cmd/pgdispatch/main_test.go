@@ -358,6 +358,9 @@ func TestDemoStopsWhenItsOutputCloses(t *testing.T) {
 	})
 
 	// Read up to the cluster's address and the first dispatch, as head would.
+	// A demo that hangs is killed, which ends the read.
+	hung := time.AfterFunc(2*time.Minute, func() { _ = cmd.Process.Kill() })
+	defer hung.Stop()
 	var read bytes.Buffer
 	buf := make([]byte, 4096)
 	upAt := regexp.MustCompile(`PostgreSQL is up at (\S+)`)
