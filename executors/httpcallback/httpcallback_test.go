@@ -271,6 +271,11 @@ func TestConnectionsPerHostAreCapped(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	b := setup(t, httpcallback.Config{MaxConnsPerHost: perHost})
+	// Let the handlers go before the worker stops (cleanups run last in,
+	// first out), or a failing test would wait for its shutdown timeout.
+	var releaseOnce sync.Once
+	releaseAll := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseAll)
 	// One transaction, so that one claim takes them all and they run at once.
 	rows, err := pgtest.Pool(t).Query(context.Background(),
 		"INSERT INTO "+b.jobs+" (kind, payload, max_attempts) SELECT 'http_callback', $1, 1 FROM generate_series(1, $2) RETURNING id",
@@ -287,9 +292,12 @@ func TestConnectionsPerHostAreCapped(t *testing.T) {
 		return true
 	})
 	// Only perHost of them reach the server; the rest wait for a connection.
-	require.Eventually(t, func() bool { return inflight.Load() == perHost }, waitFor, time.Millisecond)
+	// (At least perHost, so that a broken cap fails here at once rather than
+	// after waitFor; the counts below are exact.)
+	require.Eventually(t, func() bool { return inflight.Load() >= perHost }, waitFor, time.Millisecond)
 	require.Equal(t, int64(perHost), conns.Load(), "connections opened while %d jobs ran", jobs)
-	close(release)
+	require.Equal(t, int64(perHost), inflight.Load(), "requests in flight while %d jobs ran", jobs)
+	releaseAll()
 	for _, id := range ids {
 		b.watch.Status(t, id, "done", waitFor)
 	}
