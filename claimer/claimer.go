@@ -43,6 +43,7 @@ const (
 	defaultLease        = 30 * time.Second
 	defaultPollInterval = 30 * time.Second
 	defaultLinger       = 2 * time.Millisecond
+	defaultHold         = 50 * time.Millisecond
 	// minPoll and maxPoll bound the pauses between looks at a queue while
 	// the claimer lingers.
 	minPoll                 = 500 * time.Microsecond
@@ -108,6 +109,11 @@ type Config struct {
 	// DeleteDone deletes jobs as soon as they are done instead of keeping
 	// them for the sweeper to purge.
 	DeleteDone bool
+	// Hold is how long a claim that follows a busy one keeps its jobs under
+	// its own transaction's row locks before it leases them (held.go): jobs
+	// done within it are recorded in that transaction, with no lease
+	// written. Default: 50ms; negative: every claim leases its jobs at once.
+	Hold time.Duration
 	// ShutdownTimeout is how long running jobs may go on after Run's context
 	// ends before they are cancelled and given back. Default: 30s.
 	ShutdownTimeout time.Duration
@@ -164,6 +170,8 @@ type Stats struct {
 	Ticks     int64 // fallback ticks
 	TickHits  int64 // fallback ticks that found due work: missed notifications
 	Sleeps    int64 // times the claimer went to sleep holding its sleep key: writers then notify
+	Held      int64 // claims that held their jobs under their own transaction
+	Leased    int64 // held jobs that ran past Hold and were leased
 }
 
 // Claimer claims and runs the jobs of one queue. Create it with New.
@@ -171,8 +179,13 @@ type Claimer struct {
 	cfg    Config
 	logger *zap.Logger
 
-	claimSQL, heartbeatSQL, completeSQL string
-	sleep                               *sleepLock
+	claimSQL, heartbeatSQL, completeSQL         string
+	heldClaimSQL, heldCompleteSQL, leaseHeldSQL string
+	sleep                                       *sleepLock
+
+	baseCtx context.Context // Run's context without its cancellation: held batches commit under it
+	maxHeld int             // held batches open at once at most
+	heldWG  sync.WaitGroup  // held batches not yet committed
 
 	wake      chan struct{} // notifications and timers; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
@@ -182,8 +195,10 @@ type Claimer struct {
 	running  int                // executors running now
 	inflight map[int64]*running // claimed and not yet recorded, by id
 	pending  []outcome          // outcomes not yet written
+	held     int                // held batches open
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
+	heldClaims, leasedLate                              atomic.Int64
 	sleeping                                            atomic.Bool // see Sleeping
 }
 
@@ -196,6 +211,7 @@ func New(cfg Config) (*Claimer, error) {
 	cfg.Lease = cmp.Or(cfg.Lease, defaultLease)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, defaultPollInterval)
 	cfg.Linger = cmp.Or(cfg.Linger, defaultLinger)
+	cfg.Hold = cmp.Or(cfg.Hold, defaultHold)
 	cfg.JobTimeout = cmp.Or(cfg.JobTimeout, defaultJobTimeout)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, defaultShutdownTimeout)
@@ -206,16 +222,21 @@ func New(cfg Config) (*Claimer, error) {
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
 	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Claimer{
-		cfg:          cfg,
-		logger:       logger,
-		claimSQL:     withTable(claimSQL, jobsTable),
-		heartbeatSQL: withTable(heartbeatSQL, jobsTable),
-		completeSQL:  withTable(completeSQL, jobsTable),
-		sleep:        newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
-		wake:         make(chan struct{}, 1),
-		slotFreed:    make(chan struct{}, 1),
-		flush:        make(chan struct{}, 1),
-		inflight:     map[int64]*running{},
+		cfg:             cfg,
+		logger:          logger,
+		claimSQL:        withTable(claimSQL, jobsTable),
+		heartbeatSQL:    withTable(heartbeatSQL, jobsTable),
+		completeSQL:     withTable(completeSQL, jobsTable),
+		heldClaimSQL:    withTable(heldClaimSQL, jobsTable),
+		heldCompleteSQL: withTable(heldCompleteSQL, jobsTable),
+		leaseHeldSQL:    withTable(leaseHeldSQL, jobsTable),
+		baseCtx:         context.Background(),
+		maxHeld:         min(maxHeld, max(int(cfg.Pool.Config().MaxConns)/2, 1)),
+		sleep:           newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
+		wake:            make(chan struct{}, 1),
+		slotFreed:       make(chan struct{}, 1),
+		flush:           make(chan struct{}, 1),
+		inflight:        map[int64]*running{},
 	}, nil
 }
 
@@ -272,12 +293,15 @@ func (c *Claimer) Stats() Stats {
 		Ticks:     c.ticks.Load(),
 		TickHits:  c.tickHits.Load(),
 		Sleeps:    c.sleeps.Load(),
+		Held:      c.heldClaims.Load(),
+		Leased:    c.leasedLate.Load(),
 	}
 }
 
 // Run claims and runs jobs until ctx ends, then shuts down as the package doc
 // describes. It returns nil after a clean shutdown.
 func (c *Claimer) Run(ctx context.Context) error {
+	c.baseCtx = context.WithoutCancel(ctx)
 	// Jobs run under workCtx, which outlives ctx until the hard stop.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
@@ -302,9 +326,11 @@ func (c *Claimer) Run(ctx context.Context) error {
 	<-sleepDone
 
 	jobs.close(c.shutdown(cancelWork, jobs))
+	c.heldWG.Wait()  // every job has reported (or been given back): held batches commit
 	stopBackground() // the completer flushes what it holds before it returns
 	bg.Wait()
-	c.logger.Info("claimer stopped", zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completed.Load()))
+	c.logger.Info("claimer stopped", zap.Int64("claims", c.claims.Load()), zap.Int64("held_claims", c.heldClaims.Load()),
+		zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completed.Load()), zap.Int64("leased_late", c.leasedLate.Load()))
 	return nil
 }
 
@@ -322,6 +348,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		idle      int  // empty claims in a row while awake
 		fromTick  bool
 		fromGrant bool
+		busy      bool // the last claim found jobs: the next may hold its own
 		failures  int
 	)
 	for {
@@ -360,7 +387,12 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			c.wakeUp()
 			continue
 		}
-		claimed, next, err := c.claim(ctx, free)
+		claim := c.claim
+		if busy && c.mayHold() {
+			claim = c.claimHeld
+		}
+		claimed, next, err := claim(ctx, free)
+		busy = err == nil && len(claimed) > 0
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -465,6 +497,18 @@ func (c *Claimer) freeSlots() int {
 	return max(free, 0)
 }
 
+// mayHold reports whether the next claim may be held (held.go). Only a claim
+// that follows a busy one is: at an empty queue, a held claim would need one
+// more round trip to end its transaction.
+func (c *Claimer) mayHold() bool {
+	if c.cfg.Hold < 0 {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.held < c.maxHeld
+}
+
 // claim takes up to limit due jobs and marks them running. When it claimed
 // fewer than limit it also returns the wait until the queue's earliest future
 // run_at, by the database's clock.
@@ -473,7 +517,7 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	defer cancel()
 	c.claims.Add(1)
 	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
-	claimed, next, err := c.readClaim(results)
+	claimed, next, err := c.readClaim(results, nil)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
@@ -484,17 +528,26 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	if len(claimed) == 0 {
 		return nil, next, nil
 	}
-	c.claimed.Add(int64(len(claimed)))
-	runs := make([]*running, len(claimed))
-	c.mu.Lock()
-	c.running += len(claimed)
-	for i, j := range claimed {
-		runs[i] = &running{attempt: j.Attempt, job: j}
-		c.inflight[j.ID] = runs[i]
-	}
-	c.mu.Unlock()
+	runs := c.track(claimed, nil)
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", len(claimed)))
 	return runs, next, nil
+}
+
+// track records claimed jobs as running, held by b when b is not nil.
+func (c *Claimer) track(jobs []*executors.Job, b *heldBatch) []*running {
+	c.claimed.Add(int64(len(jobs)))
+	runs := make([]*running, len(jobs))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.running += len(jobs)
+	for i, j := range jobs {
+		runs[i] = &running{attempt: j.Attempt, job: j, held: b}
+		c.inflight[j.ID] = runs[i]
+	}
+	if b != nil {
+		c.held++
+	}
+	return runs
 }
 
 // sendPinned sends settings (planSQL or claimPlanSQL) and then sql, in one
@@ -522,8 +575,9 @@ func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgco
 }
 
 // readClaim reads a claim's results: the settings', then the claimed rows
-// and the wait until the next run_at.
-func (c *Claimer) readClaim(results pgx.BatchResults) ([]*executors.Job, *time.Duration, error) {
+// and the wait until the next run_at. With lost not nil, the rows have
+// heldClaimSQL's lost column too, appended to it.
+func (c *Claimer) readClaim(results pgx.BatchResults, lost *[]bool) ([]*executors.Job, *time.Duration, error) {
 	if _, err := results.Exec(); err != nil {
 		return nil, nil, fmt.Errorf("claim jobs: %w", err)
 	}
@@ -545,8 +599,13 @@ func (c *Claimer) readClaim(results pgx.BatchResults) ([]*executors.Job, *time.D
 			attempt, maxAttempts *int32
 			runAt, createdAt     *time.Time
 			nextIn               *float64
+			wasLost              *bool
 		)
-		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn); err != nil {
+		dest := []any{&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn}
+		if lost != nil {
+			dest = append(dest, &wasLost)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn != nil {
@@ -555,6 +614,9 @@ func (c *Claimer) readClaim(results pgx.BatchResults) ([]*executors.Job, *time.D
 		}
 		if id == nil {
 			continue // the one row of a claim that found nothing
+		}
+		if lost != nil {
+			*lost = append(*lost, wasLost != nil && *wasLost)
 		}
 		claimed = append(claimed, &executors.Job{
 			ID: *id, Queue: c.cfg.Queue, Kind: *kind, Payload: payload, Priority: *priority,
@@ -613,7 +675,10 @@ func (c *Claimer) inflightIDs() []int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ids := make([]int64, 0, len(c.inflight))
-	for id := range c.inflight {
+	for id, r := range c.inflight {
+		if r.held != nil && !r.held.leased {
+			continue // its claim's transaction holds it: nothing to renew
+		}
 		ids = append(ids, id)
 	}
 	return ids

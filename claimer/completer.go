@@ -79,29 +79,41 @@ func (c *Claimer) flushPending(ctx context.Context) {
 
 // complete writes one batch of outcomes in one statement.
 func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
-	n := len(batch)
-	var (
-		ids      = make([]int64, n)
-		attempts = make([]int32, n)
-		statuses = make([]string, n)
-		delays   = make([]float64, n)
-		errs     = make([]*string, n)
-		releases = make([]bool, n)
-	)
-	for i, o := range batch {
-		ids[i], attempts[i], statuses[i] = o.id, int32(o.attempt), o.status
-		delays[i], errs[i], releases[i] = o.delay.Seconds(), o.err, o.release
-	}
+	a := newOutcomeArrays(batch)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
-	tag, err := c.execPinned(ctx, c.completeSQL, ids, attempts, statuses, delays, errs, releases,
+	tag, err := c.execPinned(ctx, c.completeSQL, a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases,
 		c.cfg.DeleteDone, c.cfg.WorkerID)
 	if err != nil {
 		return fmt.Errorf("record outcomes: %w", err)
 	}
-	if written := tag.RowsAffected(); !c.cfg.DeleteDone && written < int64(n) {
+	if written := tag.RowsAffected(); !c.cfg.DeleteDone && written < int64(len(batch)) {
 		c.logger.Info("some outcomes were not written: their leases had been lost",
-			zap.Int("num_outcomes", n), zap.Int64("num_written", written))
+			zap.Int("num_outcomes", len(batch)), zap.Int64("num_written", written))
 	}
 	return nil
+}
+
+// outcomeArrays are a batch of outcomes as the columns the outcome
+// statements unnest.
+type outcomeArrays struct {
+	ids      []int64
+	attempts []int32
+	statuses []string
+	delays   []float64
+	errs     []*string
+	releases []bool
+}
+
+func newOutcomeArrays(batch []outcome) outcomeArrays {
+	n := len(batch)
+	a := outcomeArrays{
+		ids: make([]int64, n), attempts: make([]int32, n), statuses: make([]string, n),
+		delays: make([]float64, n), errs: make([]*string, n), releases: make([]bool, n),
+	}
+	for i, o := range batch {
+		a.ids[i], a.attempts[i], a.statuses[i] = o.id, int32(o.attempt), o.status
+		a.delays[i], a.errs[i], a.releases[i] = o.delay.Seconds(), o.err, o.release
+	}
+	return a
 }

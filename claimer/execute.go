@@ -23,7 +23,8 @@ type running struct {
 	job      *executors.Job
 	deadline atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
 	attempt  int
-	reported bool // its outcome is in pending (or was written)
+	reported bool       // its outcome is in pending or its held batch (or was written)
+	held     *heldBatch // the batch whose transaction holds it; nil when leased at claim
 }
 
 // outcome is what becomes of one attempt.
@@ -59,6 +60,15 @@ func (c *Claimer) report(r *running, o outcome) bool {
 	}
 	r.reported = true
 	c.running--
+	if b := r.held; b != nil && !b.leased {
+		b.outcomes = append(b.outcomes, o)
+		if b.left--; b.left == 0 {
+			close(b.done)
+		}
+		c.mu.Unlock()
+		signal(c.slotFreed)
+		return true
+	}
 	c.pending = append(c.pending, o)
 	c.mu.Unlock()
 	signal(c.flush)

@@ -76,6 +76,13 @@ func checkPlans(t *testing.T, setup []string) {
 			idArray + ", array_fill(1, ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
 				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), false, 'w'",
 		},
+		"held_claim": {heldClaimSQL, "text, int, int", "'default', 1000, 5"},
+		"held_complete": {
+			heldCompleteSQL, "bigint[], int[], text[], float8[], text[], bool[], bool, int",
+			idArray + ", array_fill(1, ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
+				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), false, 5",
+		},
+		"lease_held": {leaseHeldSQL, "bigint[], int[], text, float8, int", idArray + ", array_fill(1, ARRAY[1000]), 'w', 30, 5"},
 	}
 	explain := func(name string) string {
 		t.Helper()

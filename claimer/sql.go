@@ -27,9 +27,12 @@ import "strings"
 // three pairs of runs). The ctid is the version c locked (when a concurrent
 // update came first, FOR UPDATE follows it to the newest version and checks
 // it again), and no other transaction can move a row this one has locked.
+//
+// Like heldClaimSQL, it counts the attempt of a held claim that was lost
+// (the lost mark, read before the row was locked).
 const claimSQL = `
 WITH c AS (
-    SELECT ctid FROM {jobs}
+    SELECT ctid, {lost} AS lost FROM {jobs}
     WHERE status = 'pending' AND queue = $1 AND run_at <= now()
     ORDER BY priority, run_at, id
     LIMIT $2
@@ -37,7 +40,7 @@ WITH c AS (
 ), u AS (
     UPDATE {jobs} j
     SET status = 'running',
-        attempts = j.attempts + 1,
+        attempts = j.attempts + 1 + (j.ctid = ANY(ARRAY(SELECT ctid FROM c WHERE lost)))::int,
         max_attempts = coalesce(j.max_attempts, $5),
         locked_by = $3,
         locked_until = now() + make_interval(secs => $4::float8),
@@ -132,6 +135,100 @@ SET status = l.status,
 FROM l
 WHERE j.id = l.id AND l.ours AND NOT ($7 AND l.status = 'done')`
 
+// lostSQL is true for a row whose xmax, read as it was before this claim
+// locked the row, belongs to a transaction that aborted: most likely a held
+// claim lost with its worker or its connection. PostgreSQL leaves a locker's
+// xmax on the row when its transaction ends, so it can be read: a row
+// locked and then written in a transaction that committed carries that
+// transaction's xid (committed), a new row carries none (0), and a lost held
+// claim's xid reads as aborted (a crash counts as an abort).
+//
+// xmax is 32 bits, pg_xact_status takes the 64-bit xid8: the epoch is the
+// current transaction's, less one when the xid is beyond the current one
+// (it was assigned before the last wraparound). A value that is not a plain
+// xid (a MultiXactId, left by several lockers at once) may read as some
+// other transaction's status; then an attempt is counted that did not run,
+// never the other way round. An xid too old for the commit log reads NULL:
+// not lost. Other aborted writers and lockers leave the mark too (a claim
+// whose transaction failed after it locked its rows, a user's SELECT FOR
+// UPDATE that rolled back); for those an attempt is counted that did not
+// run.
+const lostSQL = `CASE WHEN xmax = '0'::xid THEN false ELSE coalesce(pg_xact_status(greatest(
+    (((pg_current_xact_id()::text::bigint >> 32)
+      - (xmax::text::bigint > (pg_current_xact_id()::text::bigint & 4294967295))::int) << 32)
+    | xmax::text::bigint, 3)::text::xid8) = 'aborted', false) END`
+
 func withTable(sql, jobsTable string) string {
-	return strings.ReplaceAll(sql, "{jobs}", jobsTable)
+	return strings.NewReplacer("{jobs}", jobsTable, "{lost}", lostSQL).Replace(sql)
 }
+
+// heldClaimSQL is the claim of a held batch (held.go): it locks up to $2 due
+// jobs of queue $1 with FOR UPDATE SKIP LOCKED and writes nothing. The
+// claim's transaction stays open while the jobs run, and its row locks keep
+// them from every other claimer; the outcomes are written in it, so a job
+// done within Config.Hold costs one write, not two. Its result has
+// claimSQL's columns and one more, lost.
+//
+// lost marks a row that an earlier claim locked and then lost (lostSQL):
+// that attempt may have run but was never written, so the one this claim
+// returns counts it too, and the claimer leases such a batch at once instead
+// of holding it (held.go). Otherwise a job that kills its worker would be
+// held, and lost, for ever, and run more often than its attempts say.
+const heldClaimSQL = `
+WITH c AS (
+    SELECT id, kind, payload, priority,
+           attempts + 1 + ({lost})::int AS attempt,
+           coalesce(max_attempts, $3) AS max_attempts, run_at, created_at,
+           {lost} AS lost
+    FROM {jobs}
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+    ORDER BY priority, run_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), n AS (
+    SELECT extract(epoch FROM min(run_at) - now())::float8 AS next_in FROM {jobs}
+    WHERE status = 'pending' AND queue = $1 AND run_at > now()
+      AND (SELECT count(*) FROM c) < $2
+)
+SELECT c.id, c.kind, c.payload, c.priority, c.attempt, c.max_attempts, c.run_at, c.created_at, n.next_in, c.lost
+FROM n LEFT JOIN c ON true`
+
+// heldCompleteSQL records the outcomes of held jobs in their claim's
+// transaction. The rows are still pending and already locked by it, so
+// nothing else can have changed them and no guard is needed; and no lock is
+// waited for, so the order of the rows cannot deadlock. The attempt the
+// claim handed out is written here, as the leased claim writes it at claim
+// time, except for a job given back at shutdown.
+const heldCompleteSQL = `
+WITH v AS (
+    SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::text[], $6::bool[])
+        AS v(id, attempt, status, delay, err, release)
+), d AS (
+    DELETE FROM {jobs} j USING v
+    WHERE j.id = v.id AND $7 AND v.status = 'done'
+)
+UPDATE {jobs} j
+SET status = v.status,
+    run_at = CASE WHEN v.status = 'pending' THEN now() + make_interval(secs => v.delay) ELSE j.run_at END,
+    attempts = CASE WHEN v.release THEN v.attempt - 1 ELSE v.attempt END,
+    max_attempts = coalesce(j.max_attempts, $8),
+    last_error = coalesce(v.err, j.last_error),
+    finished_at = CASE WHEN v.status IN ('done', 'dead') THEN now() END,
+    updated_at = now()
+FROM v
+WHERE j.id = v.id AND NOT ($7 AND v.status = 'done')`
+
+// leaseHeldSQL leases held jobs $1 with their attempts $2, as claimSQL would
+// have claimed them: the ones still running when Hold ends, and a whole
+// batch that holds a lost row. From then on the heartbeat renews their
+// leases and the completer records them.
+const leaseHeldSQL = `
+UPDATE {jobs} j
+SET status = 'running',
+    attempts = v.attempt,
+    max_attempts = coalesce(j.max_attempts, $5),
+    locked_by = $3,
+    locked_until = now() + make_interval(secs => $4::float8),
+    updated_at = now()
+FROM unnest($1::bigint[], $2::int[]) AS v(id, attempt)
+WHERE j.id = v.id`

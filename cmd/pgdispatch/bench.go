@@ -425,6 +425,7 @@ func (b *bench) drain(ctx context.Context) ([]*benchResult, error) {
 		r.set("jobs_per_s_recorded", float64(b.opts.drainJobs)/recorded.Seconds())
 		r.set("seconds", executed.Seconds())
 		r.set("jobs_per_claim", float64(stats.Claimed)/float64(max(stats.Claims, 1)))
+		r.set("held_claims_share", float64(stats.Held)/float64(max(stats.Claims, 1)))
 		r.set("not_done_after", float64(left))
 		out = append(out, r)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -60,6 +61,10 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	return &conn{pool: pool, schema: schema, timeout: timeout, logger: logger}, nil
 }
 
+// defaultMaxConns is the pool's size unless DATABASE_URL sets
+// pool_max_conns.
+const defaultMaxConns = 10
+
 // newPool connects with every call bounded: connect_timeout, and the
 // server-side statement, lock and idle-in-transaction timeouts, unless the URL
 // sets them itself.
@@ -70,6 +75,13 @@ func newPool(ctx context.Context, dbURL string, timeout time.Duration, extra map
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	// A claimer keeps up to four held batches open, each on a connection of
+	// its own, and never more than half the pool: pgxpool's default (the
+	// larger of 4 and the CPUs) would allow two. Connections open as they
+	// are needed.
+	if !strings.Contains(dbURL, "pool_max_conns") {
+		cfg.MaxConns = max(cfg.MaxConns, defaultMaxConns)
 	}
 	params := cfg.ConnConfig.RuntimeParams
 	setDefault(params, "application_name", "pgdispatch")
@@ -118,6 +130,7 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 		Concurrency:      v.positiveInt("CONCURRENCY", &errs),
 		PollInterval:     v.positiveDuration("POLL_INTERVAL", &errs),
 		Linger:           v.duration("LINGER", &errs),
+		Hold:             v.duration("CLAIM_HOLD", &errs),
 		Lease:            v.positiveDuration("LEASE", &errs),
 		SweepInterval:    v.positiveDuration("SWEEP_INTERVAL", &errs),
 		MaxAttempts:      v.positiveInt("MAX_ATTEMPTS", &errs),
@@ -141,6 +154,9 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 	}
 	if cfg.Linger == 0 {
 		cfg.Linger = -1 // LINGER=0: sleep at the first empty claim
+	}
+	if cfg.Hold == 0 {
+		cfg.Hold = -1 // CLAIM_HOLD=0: lease every job at its claim
 	}
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = time.Nanosecond // give jobs back at once

@@ -1,0 +1,190 @@
+package claimer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+)
+
+// maxHeld is how many held batches a claimer keeps open at once, each on a
+// connection of its own, and never more than half its pool. Past it, claims
+// lease their jobs. In 100,000-job drains (100 slots) a cap of 2 left a
+// fifth of the claims leased, and drained 60,000 jobs/s against 66,000–68,000
+// with 4, which held all but the first.
+const maxHeld = 4
+
+// A held batch is a claim whose transaction stays open while its jobs run.
+//
+// The leased claim writes every job twice: once to mark it running under a
+// lease, once for its outcome. Each write is a new row version with its
+// index entries, and that was most of a drain's database time (about 20 µs a
+// job of the server's CPU; docs/performance.md). A held claim only locks its
+// rows (FOR UPDATE SKIP LOCKED, which other claimers step over) and writes
+// each outcome in the same transaction, which then commits once: the
+// database does less than half the work per job.
+//
+// The lock is the lease. A worker that dies loses its connection, the server
+// rolls the transaction back, and the jobs are due again at once; the next
+// claim finds the lost lock's mark on them and counts the attempt that was
+// not written (lostSQL). Jobs still running when Hold ends are leased in that
+// transaction (status running, a lease, the attempt counted, as the leased
+// claim would have done), the outcomes in so far are written, and it
+// commits; from then on the heartbeat and the completer take over. So a
+// transaction stays open for Hold at most, and a long job holds no
+// transaction back.
+//
+// Que holds a job for its whole run in the same way, with an advisory lock;
+// here the hold is bounded by Hold, and a lease takes over.
+type heldBatch struct {
+	conn *pgxpool.Conn
+	runs []*running
+
+	// Guarded by the claimer's mu.
+	outcomes []outcome     // reported while held
+	left     int           // runs not yet reported
+	leased   bool          // Hold ended: outcomes go to the completer
+	done     chan struct{} // closed when left reaches 0 while held
+}
+
+// claimHeld claims up to limit due jobs in a held batch. A batch that claims
+// nothing ends its transaction before it returns.
+func (c *Claimer) claimHeld(ctx context.Context, limit int) ([]*running, *time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
+	defer cancel()
+	conn, err := c.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	c.claims.Add(1)
+	batch := &pgx.Batch{}
+	batch.Queue("BEGIN")
+	batch.Queue(planSQL)
+	batch.Queue(c.heldClaimSQL, c.cfg.Queue, limit, c.cfg.MaxAttempts)
+	results := conn.SendBatch(ctx, batch)
+	_, err = results.Exec()
+	var (
+		jobs []*executors.Job
+		lost []bool
+		next *time.Duration
+	)
+	if err == nil {
+		jobs, next, err = c.readClaim(results, &lost)
+	} else {
+		err = fmt.Errorf("claim jobs: %w", err)
+	}
+	if closeErr := results.Close(); err == nil && closeErr != nil {
+		err = fmt.Errorf("claim jobs: %w", closeErr)
+	}
+	if err == nil && len(jobs) == 0 {
+		_, err = conn.Exec(ctx, "ROLLBACK")
+	}
+	if err == nil && slices.Contains(lost, true) {
+		// A lost row: lease the batch before any of it runs (heldClaimSQL).
+		err = c.commitHeld(ctx, conn, nil, jobs)
+		if err == nil {
+			conn.Release()
+			c.logger.Info("a claim found jobs whose earlier held claim was lost: leased, the lost attempt counted",
+				zap.Int("num_claimed", len(jobs)))
+			return c.track(jobs, nil), next, nil
+		}
+	}
+	if err != nil || len(jobs) == 0 {
+		conn.Release() // a connection left in a transaction is closed, not reused
+		if err != nil {
+			return nil, nil, err
+		}
+		return nil, next, nil
+	}
+
+	b := &heldBatch{conn: conn, left: len(jobs), done: make(chan struct{})}
+	b.runs = c.track(jobs, b)
+	c.heldClaims.Add(1)
+	c.heldWG.Add(1)
+	go c.hold(b)
+	c.logger.Debug("claimed jobs, held", zap.Int("num_claimed", len(jobs)))
+	return b.runs, next, nil
+}
+
+// hold waits for every job of b to report, or for Hold, then writes what
+// came in, leases the rest and commits.
+func (c *Claimer) hold(b *heldBatch) {
+	defer c.heldWG.Done()
+	t := time.NewTimer(c.cfg.Hold)
+	select {
+	case <-b.done:
+	case <-t.C:
+	}
+	t.Stop()
+
+	c.mu.Lock()
+	b.leased = true
+	outcomes := b.outcomes
+	var lease []*executors.Job
+	for _, r := range b.runs {
+		if !r.reported {
+			lease = append(lease, r.job)
+		}
+	}
+	c.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(c.baseCtx, c.cfg.StatementTimeout)
+	err := c.commitHeld(ctx, b.conn, outcomes, lease)
+	cancel()
+	b.conn.Release()
+
+	c.mu.Lock()
+	for _, o := range outcomes {
+		if r := c.inflight[o.id]; r != nil && r.held == b {
+			delete(c.inflight, o.id)
+		}
+	}
+	c.held--
+	c.mu.Unlock()
+	if err != nil {
+		// The transaction is gone, and with it the claim: every job of the
+		// batch is pending again, with no attempt counted, and runs again.
+		// The outcomes of the leased ones will find they are not this
+		// worker's and change nothing.
+		c.logger.Warn("a held batch could not commit: its jobs will run again", zap.Error(err),
+			zap.Int("num_outcomes", len(outcomes)), zap.Int("num_running", len(lease)))
+		return
+	}
+	c.completed.Add(int64(len(outcomes)))
+	if len(lease) > 0 {
+		c.leasedLate.Add(int64(len(lease)))
+		c.logger.Debug("held jobs outlived the hold: leased", zap.Int("num_leased", len(lease)))
+	}
+}
+
+// commitHeld writes a held batch's outcomes, leases its jobs in lease and
+// commits, in one round trip.
+func (c *Claimer) commitHeld(ctx context.Context, conn *pgxpool.Conn, outcomes []outcome, lease []*executors.Job) error {
+	batch := &pgx.Batch{}
+	if len(outcomes) > 0 {
+		a := newOutcomeArrays(outcomes)
+		batch.Queue(c.heldCompleteSQL, a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases,
+			c.cfg.DeleteDone, c.cfg.MaxAttempts)
+	}
+	if n := len(lease); n > 0 {
+		ids, attempts := make([]int64, n), make([]int32, n)
+		for i, j := range lease {
+			ids[i], attempts[i] = j.ID, int32(j.Attempt)
+		}
+		batch.Queue(c.leaseHeldSQL, ids, attempts, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
+	}
+	batch.Queue("COMMIT")
+	if err := conn.SendBatch(ctx, batch).Close(); err != nil {
+		return fmt.Errorf("commit held jobs: %w", err)
+	}
+	if st := conn.Conn().PgConn().TxStatus(); st != 'I' {
+		return fmt.Errorf("commit held jobs: the transaction did not commit (status %q)", st)
+	}
+	return nil
+}

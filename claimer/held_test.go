@@ -1,0 +1,276 @@
+package claimer
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+type heldRow struct {
+	Status    string
+	Attempts  int
+	LockedBy  *string
+	LastError *string
+	Future    bool // run_at is after now()
+}
+
+func newHeldClaimer(t *testing.T, cfg Config) (*Claimer, *pgxpool.Pool, string) {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	cfg.Pool, cfg.Schema, cfg.SleepConnConfig = pool, schema, pool.Config().ConnConfig
+	cfg.Queue, cfg.WorkerID = "default", "held-test"
+	if cfg.Registry == nil {
+		cfg.Registry = executors.NewRegistry()
+	}
+	c, err := New(cfg)
+	require.NoError(t, err)
+	return c, pool, pgx.Identifier{schema, "jobs"}.Sanitize()
+}
+
+func insertJobs(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string, n int) []int64 {
+	t.Helper()
+	rows, err := pool.Query(ctx, "INSERT INTO "+jobs+" (kind) SELECT 'noop' FROM generate_series(1, $1) RETURNING id", n)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return ids
+}
+
+func readRow(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string, id int64) (heldRow, bool) {
+	t.Helper()
+	var r heldRow
+	err := pool.QueryRow(ctx, "SELECT status, attempts, locked_by, last_error, run_at > now() FROM "+jobs+" WHERE id = $1", id).
+		Scan(&r.Status, &r.Attempts, &r.LockedBy, &r.LastError, &r.Future)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return r, false
+	}
+	require.NoError(t, err)
+	return r, true
+}
+
+// lockable reports how many of the jobs another transaction could claim now.
+func lockable(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string) int {
+	t.Helper()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var n int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT id FROM "+jobs+" WHERE status = 'pending' FOR UPDATE SKIP LOCKED) l").Scan(&n))
+	return n
+}
+
+// A held claim writes nothing until its jobs report: their rows stay
+// pending, with no attempt counted, and locked against every other claimer.
+// Then one transaction records each outcome with its attempt.
+func TestHeldBatchRecordsOutcomesInItsClaim(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: time.Minute, DeleteDone: false})
+	ids := insertJobs(ctx, t, pool, jobs, 4)
+
+	runs, _, err := c.claimHeld(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 4)
+	for i, r := range runs {
+		require.Equal(t, ids[i], r.job.ID, "claimed in (priority, run_at, id) order")
+		require.Equal(t, 1, r.job.Attempt)
+		require.Equal(t, defaultMaxAttempts, r.job.MaxAttempts)
+		row, ok := readRow(ctx, t, pool, jobs, r.job.ID)
+		require.True(t, ok)
+		require.Equal(t, heldRow{Status: "pending"}, row, "a held job's row is not written at its claim")
+	}
+	require.Zero(t, lockable(ctx, t, pool, jobs), "another claimer must skip held jobs")
+	require.Equal(t, int64(1), c.Stats().Held)
+
+	msg := "boom"
+	c.report(runs[0], outcome{id: runs[0].job.ID, attempt: 1, status: "done"})
+	c.report(runs[1], outcome{id: runs[1].job.ID, attempt: 1, status: "pending", delay: time.Hour, err: &msg})
+	c.report(runs[2], outcome{id: runs[2].job.ID, attempt: 1, status: "dead", err: &msg})
+	shutdownMsg := "interrupted by worker shutdown"
+	c.report(runs[3], outcome{id: runs[3].job.ID, attempt: 1, status: "pending", err: &shutdownMsg, release: true})
+	c.heldWG.Wait() // the last report ends the hold before Hold (a minute)
+
+	done, _ := readRow(ctx, t, pool, jobs, ids[0])
+	require.Equal(t, heldRow{Status: "done", Attempts: 1}, done)
+	retry, _ := readRow(ctx, t, pool, jobs, ids[1])
+	require.Equal(t, heldRow{Status: "pending", Attempts: 1, LastError: &msg, Future: true}, retry)
+	dead, _ := readRow(ctx, t, pool, jobs, ids[2])
+	require.Equal(t, heldRow{Status: "dead", Attempts: 1, LastError: &msg}, dead)
+	released, _ := readRow(ctx, t, pool, jobs, ids[3])
+	require.Equal(t, heldRow{Status: "pending", Attempts: 0, LastError: &shutdownMsg}, released, "a job given back keeps its attempt")
+
+	var maxAttempts int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT max_attempts FROM "+jobs+" WHERE id = $1", ids[0]).Scan(&maxAttempts))
+	require.Equal(t, defaultMaxAttempts, maxAttempts, "the worker's MAX_ATTEMPTS is fixed on the row, as the leased claim does")
+	require.Equal(t, int64(4), c.Stats().Completed)
+	require.Zero(t, c.Running())
+	require.Empty(t, c.inflightIDs())
+	require.Equal(t, 0, c.held)
+
+	again, _, err := c.claimHeld(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, again, 1)
+	require.Equal(t, ids[3], again[0].job.ID)
+	require.Equal(t, 1, again[0].job.Attempt, "a batch that committed leaves no lost mark")
+	require.NotNil(t, again[0].held)
+	c.report(again[0], outcome{id: ids[3], attempt: 1, status: "done"})
+	c.heldWG.Wait()
+}
+
+// With DeleteDone, a held job that is done is deleted in its claim's
+// transaction: its row is never written.
+func TestHeldBatchDeletesDoneJobs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: time.Minute, DeleteDone: true})
+	ids := insertJobs(ctx, t, pool, jobs, 2)
+
+	runs, _, err := c.claimHeld(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+	for _, r := range runs {
+		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
+	}
+	c.heldWG.Wait()
+	for _, id := range ids {
+		_, ok := readRow(ctx, t, pool, jobs, id)
+		require.False(t, ok, "job %d: done and deleted", id)
+	}
+}
+
+// A job still running when Hold ends is leased as a leased claim would have
+// done, in the same transaction that records the outcomes in so far; the
+// heartbeat then renews it and the completer records it.
+func TestHeldJobOutlivingHoldIsLeased(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: 20 * time.Millisecond, DeleteDone: true})
+	ids := insertJobs(ctx, t, pool, jobs, 2)
+
+	runs, _, err := c.claimHeld(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+	require.Empty(t, c.inflightIDs(), "held jobs need no heartbeat")
+	c.report(runs[0], outcome{id: ids[0], attempt: 1, status: "done"})
+	c.heldWG.Wait() // Hold ends with runs[1] still running
+
+	_, ok := readRow(ctx, t, pool, jobs, ids[0])
+	require.False(t, ok, "the job done within Hold is deleted")
+	row, ok := readRow(ctx, t, pool, jobs, ids[1])
+	require.True(t, ok)
+	worker := "held-test"
+	require.Equal(t, heldRow{Status: "running", Attempts: 1, LockedBy: &worker}, row)
+	var leaseLeft float64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT extract(epoch FROM locked_until - now()) FROM "+jobs+" WHERE id = $1", ids[1]).Scan(&leaseLeft))
+	require.InDelta(t, defaultLease.Seconds(), leaseLeft, 5)
+	require.Equal(t, []int64{ids[1]}, c.inflightIDs(), "the leased job is the heartbeat's now")
+	require.Equal(t, int64(1), c.Stats().Leased)
+
+	c.report(runs[1], outcome{id: ids[1], attempt: 1, status: "done"})
+	require.Len(t, c.pending, 1, "its outcome goes to the completer")
+	c.flushPending(ctx)
+	_, ok = readRow(ctx, t, pool, jobs, ids[1])
+	require.False(t, ok, "the completer recorded the leased job")
+}
+
+// A held batch whose connection dies loses its claim, not its jobs: the
+// server rolls the transaction back and the jobs are due again at once. The
+// outcomes that came too late change nothing, and the next claim counts the
+// lost attempt (the jobs may have run), leased or held alike: a held claim
+// that meets such a row leases its batch before any of it runs.
+func TestHeldBatchLostConnectionGivesJobsBack(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: time.Minute, DeleteDone: true})
+	ids := insertJobs(ctx, t, pool, jobs, 3)
+
+	runs, _, err := c.claimHeld(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 3)
+	pid := runs[0].held.conn.Conn().PgConn().PID()
+	var killed bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", pid).Scan(&killed))
+	require.True(t, killed)
+
+	for _, r := range runs {
+		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
+	}
+	c.heldWG.Wait()
+	for _, id := range ids {
+		row, ok := readRow(ctx, t, pool, jobs, id)
+		require.True(t, ok)
+		require.Equal(t, heldRow{Status: "pending"}, row, "job %d runs again", id)
+	}
+	require.Zero(t, c.Stats().Completed)
+
+	worker := "held-test"
+	held, _, err := c.claimHeld(ctx, 2)
+	require.NoError(t, err)
+	require.Len(t, held, 2, "the pool replaced the dead connection")
+	leased, _, err := c.claim(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, leased, 1)
+	for _, r := range append(held, leased...) {
+		require.Nil(t, r.held, "job %d: leased at once", r.job.ID)
+		require.Equal(t, 2, r.job.Attempt, "job %d: the lost attempt counts", r.job.ID)
+		row, _ := readRow(ctx, t, pool, jobs, r.job.ID)
+		require.Equal(t, heldRow{Status: "running", Attempts: 2, LockedBy: &worker}, row)
+	}
+	require.Equal(t, 0, c.held)
+}
+
+// Through Run: a backlog is drained by held claims, each job is recorded
+// once, with its attempt, and nothing is left held or running.
+func TestBacklogDrainsThroughHeldClaims(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	registry := executors.NewRegistry()
+	const n = 3000
+	ran := make(chan int64, n)
+	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error {
+		ran <- job.ID
+		return nil
+	}))
+	c, pool, jobs := newHeldClaimer(t, Config{Registry: registry, Concurrency: 50, Logger: zaptest.NewLogger(t)})
+	insertJobs(ctx, t, pool, jobs, n)
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	seen := map[int64]bool{}
+	for len(seen) < n {
+		select {
+		case id := <-ran:
+			require.False(t, seen[id], "job %d ran twice", id)
+			seen[id] = true
+		case <-ctx.Done():
+			t.Fatalf("%d of %d jobs ran", len(seen), n)
+		}
+	}
+	stop()
+	require.NoError(t, <-done)
+
+	var doneJobs, attempts int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), coalesce(sum(attempts), 0) FROM "+jobs+" WHERE status = 'done' AND locked_by IS NULL").Scan(&doneJobs, &attempts))
+	require.Equal(t, n, doneJobs)
+	require.Equal(t, n, attempts, "one attempt each")
+	stats := c.Stats()
+	require.Positive(t, stats.Held, "a backlog is claimed by held claims")
+	require.Less(t, stats.Held, stats.Claims, "the first claim, after an idle start, leases")
+	require.Equal(t, int64(n), stats.Completed)
+}
