@@ -473,6 +473,46 @@ func TestRetainDoneZeroDeletesAtOnce(t *testing.T) {
 	}
 }
 
+// CLAIM_HOLD is the claimer's Hold; 0 turns held claims off (a negative
+// Hold), where the library's zero would mean its default.
+func TestClaimHoldZeroLeasesAtClaim(t *testing.T) {
+	t.Parallel()
+	for hold, want := range map[string]time.Duration{"": 50 * time.Millisecond, "0": -1, "20ms": 20 * time.Millisecond} {
+		fs := newFlagSet("run", "", io.Discard)
+		v := newValues(fs, connSettings, workerSettings)
+		var args []string
+		if hold != "" {
+			args = []string{"--claim-hold", hold}
+		}
+		require.NoError(t, fs.Parse(args))
+		cfg, err := workerConfig(v, &conn{pool: pgtest.Pool(t), schema: "s", timeout: time.Second, logger: zap.NewNop()})
+		require.NoError(t, err)
+		require.Equal(t, want, cfg.Hold, "CLAIM_HOLD=%q", hold)
+	}
+}
+
+// A pool's size is pgdispatch's default unless the URL sets pool_max_conns.
+func TestPoolSize(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for url, want := range map[string]int32{
+		pgtest.URL(): defaultMaxConns,
+		withParam(pgtest.URL(), "pool_max_conns=3"): 3,
+	} {
+		pool, err := newPool(ctx, url, 5*time.Second, nil)
+		require.NoError(t, err)
+		require.Equal(t, want, pool.Config().MaxConns, url)
+		pool.Close()
+	}
+}
+
+func withParam(url, param string) string {
+	if strings.Contains(url, "?") {
+		return url + "&" + param
+	}
+	return url + "?" + param
+}
+
 // METRICS_ADDR serves /metrics, /healthz and /readyz from run; a port in use
 // is an error at start.
 func TestRunServesMetrics(t *testing.T) {
