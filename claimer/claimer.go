@@ -44,6 +44,7 @@ const (
 	defaultPollInterval = 30 * time.Second
 	defaultLinger       = 2 * time.Millisecond
 	defaultHold         = 50 * time.Millisecond
+	maxHold             = 10 * time.Second
 	// minPoll and maxPoll bound the pauses between looks at a queue while
 	// the claimer lingers.
 	minPoll                 = 500 * time.Microsecond
@@ -155,6 +156,8 @@ func (c *Config) validate() error {
 		return errors.New("claimer: WorkerID is required")
 	case c.Registry == nil:
 		return errors.New("claimer: Registry is required")
+	case c.Hold > maxHold:
+		return fmt.Errorf("claimer: Hold must not exceed %s: a held claim keeps a transaction open, which holds back vacuum", maxHold)
 	case c.Concurrency < 0, c.Lease < 0, c.PollInterval < 0, c.JobTimeout < 0,
 		c.MaxAttempts < 0, c.ShutdownTimeout < 0, c.StatementTimeout < 0:
 		return errors.New("claimer: durations and counts must not be negative")

@@ -149,9 +149,9 @@ func (c *Claimer) hold(b *heldBatch) {
 	c.mu.Unlock()
 	if err != nil {
 		// The transaction is gone, and with it the claim: every job of the
-		// batch is pending again, with no attempt counted, and runs again.
-		// The outcomes of the leased ones will find they are not this
-		// worker's and change nothing.
+		// batch is pending again and runs again, and the claim that takes it
+		// counts this attempt (lostSQL). The outcomes of the leased ones will
+		// find they are not this worker's and change nothing.
 		c.logger.Warn("a held batch could not commit: its jobs will run again", zap.Error(err),
 			zap.Int("num_outcomes", len(outcomes)), zap.Int("num_running", len(lease)))
 		return

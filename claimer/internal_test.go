@@ -8,7 +8,11 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/executors"
 )
 
 func TestExponentialBackoff(t *testing.T) {
@@ -38,4 +42,13 @@ func TestScheduleWait(t *testing.T) {
 	require.Equal(t, maxScheduleWait, scheduleWait(2.5e11))
 	require.Equal(t, maxScheduleWait, scheduleWait(math.Inf(1)))
 	require.Equal(t, maxScheduleWait, scheduleWait(math.NaN()))
+}
+
+func TestHoldIsBounded(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Pool: &pgxpool.Pool{}, Schema: "s", SleepConnConfig: &pgx.ConnConfig{}, Queue: "q", WorkerID: "w",
+		Registry: executors.NewRegistry(), Hold: time.Minute}
+	require.ErrorContains(t, cfg.validate(), "Hold must not exceed 10s")
+	cfg.Hold = maxHold
+	require.NoError(t, cfg.validate())
 }
