@@ -164,6 +164,9 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	f := scrape(t, srv)
 	q := map[string]string{"queue": "default"}
 	requireValue(t, 7.0, value(t, f, "pgdispatch_jobs_claimed_total", q))
+	st := w.Claimer("default").Stats()
+	requireValue(t, float64(st.Held), value(t, f, "pgdispatch_held_claims_total", q))
+	requireValue(t, float64(st.Leased), value(t, f, "pgdispatch_held_jobs_leased_total", q))
 	requireValue(t, 0.0, value(t, f, "pgdispatch_jobs_in_flight", q))
 	for _, c := range []struct {
 		kind, outcome string
