@@ -76,7 +76,7 @@ func TestHeldBatchRecordsOutcomesInItsClaim(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, pool, jobs := newHeldClaimer(t, Config{Hold: time.Minute, DeleteDone: false})
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: false})
 	ids := insertJobs(ctx, t, pool, jobs, 4)
 
 	runs, _, err := c.claimHeld(ctx, 10)
@@ -99,7 +99,7 @@ func TestHeldBatchRecordsOutcomesInItsClaim(t *testing.T) {
 	c.report(runs[2], outcome{id: runs[2].job.ID, attempt: 1, status: "dead", err: &msg})
 	shutdownMsg := "interrupted by worker shutdown"
 	c.report(runs[3], outcome{id: runs[3].job.ID, attempt: 1, status: "pending", err: &shutdownMsg, release: true})
-	c.heldWG.Wait() // the last report ends the hold before Hold (a minute)
+	c.heldWG.Wait() // the last report ends the hold before Hold (10s)
 
 	done, _ := readRow(ctx, t, pool, jobs, ids[0])
 	require.Equal(t, heldRow{Status: "done", Attempts: 1}, done)
@@ -134,7 +134,7 @@ func TestHeldBatchDeletesDoneJobs(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, pool, jobs := newHeldClaimer(t, Config{Hold: time.Minute, DeleteDone: true})
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: true})
 	ids := insertJobs(ctx, t, pool, jobs, 2)
 
 	runs, _, err := c.claimHeld(ctx, 10)
@@ -195,7 +195,7 @@ func TestHeldBatchLostConnectionGivesJobsBack(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, pool, jobs := newHeldClaimer(t, Config{Hold: time.Minute, DeleteDone: true})
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: true})
 	ids := insertJobs(ctx, t, pool, jobs, 3)
 
 	runs, _, err := c.claimHeld(ctx, 10)
