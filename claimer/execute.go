@@ -104,16 +104,16 @@ func (c *Claimer) run(workCtx context.Context, r *running) (outcome, time.Durati
 	job.Timeout = timeout
 
 	log.Debug("job started")
-	ctx, cancel := context.WithTimeout(workCtx, timeout)
 	if c.cfg.Observer != nil {
 		c.cfg.Observer.JobStarted(job)
 	}
 	start := time.Now()
+	ctx := newJobContext(workCtx, start.Add(timeout))
 	// The watchdog gives up on the job if the executor ignores ctx.
 	r.deadline.Store(start.Add(timeout).UnixNano())
 	err = safeExecute(ctx, exec, job)
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
-	cancel()
+	ctx.release()
 	if err != nil && timedOut {
 		err = fmt.Errorf("timed out after %s: %w", timeout, err)
 	}

@@ -38,18 +38,34 @@ func (rs *runners) start(r *running) {
 
 func (rs *runners) run(r *running) {
 	defer rs.alive.Done()
+	// The idle timer is not reset after each job, which cost a lock on the
+	// runtime's timer heap per job (pprof during a drain). When it fires,
+	// the runner exits only if its last job ended runnerIdle ago, else it
+	// waits out the rest.
 	idle := time.NewTimer(runnerIdle)
 	defer idle.Stop()
-	for {
+	for ok := true; ok; {
 		rs.execute(r)
 		rs.jobs.Done()
-		idle.Reset(runnerIdle)
+		r, ok = rs.next(idle, time.Now())
+	}
+}
+
+// next waits for a runner's next job. It reports false when the runner
+// should exit: idle since last for runnerIdle, or the claimer stopped.
+func (rs *runners) next(idle *time.Timer, last time.Time) (*running, bool) {
+	for {
 		select {
-		case r = <-rs.handoff:
+		case r := <-rs.handoff:
+			return r, true
 		case <-idle.C:
-			return
+			left := runnerIdle - time.Since(last)
+			if left <= 0 {
+				return nil, false
+			}
+			idle.Reset(left)
 		case <-rs.stop:
-			return
+			return nil, false
 		}
 	}
 }
