@@ -32,6 +32,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -593,37 +594,41 @@ func (c *Claimer) readClaim(results pgx.BatchResults, lost *[]bool) ([]*executor
 		claimed []*executors.Job
 		next    *time.Duration
 	)
+	// Value types, not pointers: a pointer per column and row was a tenth
+	// of the worker's CPU in a drain (pprof). Only the row of a claim that
+	// found nothing has NULLs.
+	var (
+		id                   pgtype.Int8
+		kind                 pgtype.Text
+		priority             pgtype.Int2
+		attempt, maxAttempts pgtype.Int4
+		runAt, createdAt     pgtype.Timestamptz
+		nextIn               pgtype.Float8
+		wasLost              pgtype.Bool
+		payload              []byte
+	)
+	dest := []any{&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn}
+	if lost != nil {
+		dest = append(dest, &wasLost)
+	}
 	for rows.Next() {
-		var (
-			id                   *int64
-			kind                 *string
-			payload              []byte
-			priority             *int16
-			attempt, maxAttempts *int32
-			runAt, createdAt     *time.Time
-			nextIn               *float64
-			wasLost              *bool
-		)
-		dest := []any{&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn}
-		if lost != nil {
-			dest = append(dest, &wasLost)
-		}
+		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(dest...); err != nil {
 			return nil, nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
-		if nextIn != nil {
-			d := scheduleWait(*nextIn)
+		if nextIn.Valid {
+			d := scheduleWait(nextIn.Float64)
 			next = &d
 		}
-		if id == nil {
+		if !id.Valid {
 			continue // the one row of a claim that found nothing
 		}
 		if lost != nil {
-			*lost = append(*lost, wasLost != nil && *wasLost)
+			*lost = append(*lost, wasLost.Valid && wasLost.Bool)
 		}
 		claimed = append(claimed, &executors.Job{
-			ID: *id, Queue: c.cfg.Queue, Kind: *kind, Payload: payload, Priority: *priority,
-			Attempt: int(*attempt), MaxAttempts: int(*maxAttempts), RunAt: *runAt, CreatedAt: *createdAt,
+			ID: id.Int64, Queue: c.cfg.Queue, Kind: kind.String, Payload: payload, Priority: priority.Int16,
+			Attempt: int(attempt.Int32), MaxAttempts: int(maxAttempts.Int32), RunAt: runAt.Time, CreatedAt: createdAt.Time,
 		})
 	}
 	if err := rows.Err(); err != nil {

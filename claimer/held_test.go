@@ -3,6 +3,7 @@ package claimer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -273,4 +274,26 @@ func TestBacklogDrainsThroughHeldClaims(t *testing.T) {
 	require.Positive(t, stats.Held, "a backlog is claimed by held claims")
 	require.Less(t, stats.Held, stats.Claims, "the first claim, after an idle start, leases")
 	require.Equal(t, int64(n), stats.Completed)
+}
+
+// Each claimed job keeps its own payload: the rows are scanned into reused
+// values, never a reused buffer.
+func TestClaimedPayloadsAreTheirOwn(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{})
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, payload) SELECT 'noop', jsonb_build_object('n', g) FROM generate_series(1, 6) g")
+	require.NoError(t, err)
+	leased, _, err := c.claim(ctx, 3)
+	require.NoError(t, err)
+	held, _, err := c.claimHeld(ctx, 3)
+	require.NoError(t, err)
+	for i, r := range append(leased, held...) {
+		require.JSONEq(t, fmt.Sprintf(`{"n": %d}`, i+1), string(r.job.Payload))
+	}
+	for _, r := range held {
+		c.report(r, outcome{id: r.job.ID, attempt: r.job.Attempt, status: "done"})
+	}
+	c.heldWG.Wait()
 }
