@@ -1,9 +1,11 @@
 // Package claimer takes due jobs of one queue and runs them.
 //
 // A Claimer claims in one statement at most as many due jobs as it has free
-// executor slots, with FOR UPDATE SKIP LOCKED. Each job runs in its own
+// executor slots, with FOR UPDATE SKIP LOCKED. Each job runs on a runner
 // goroutine under a lease that a heartbeat renews; outcomes are written back
-// in batches, in id order.
+// in batches, in id order. While the queue is busy, a claim is held instead
+// (held.go): its transaction stays open for up to Hold, its row locks stand
+// for the lease, and the outcomes of the jobs done by then are written in it.
 //
 // While its queue has work, the claimer claims again when its slots free (in
 // full batches: once all are free, or 4ms after the first), and half a
