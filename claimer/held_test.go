@@ -196,7 +196,7 @@ func TestHeldBatchLostConnectionGivesJobsBack(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: true})
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: true, MaxAttempts: 2})
 	ids := insertJobs(ctx, t, pool, jobs, 3)
 
 	runs, _, err := c.claimHeld(ctx, 10)
@@ -232,6 +232,18 @@ func TestHeldBatchLostConnectionGivesJobsBack(t *testing.T) {
 		require.Equal(t, heldRow{Status: "running", Attempts: 2, LockedBy: &worker}, row)
 	}
 	require.Equal(t, 0, c.held)
+
+	// With two attempts allowed (MaxAttempts), the lost one and this one, a
+	// failure now is the last: a job that kept killing its worker ends dead.
+	r := leased[0]
+	require.Equal(t, 2, r.job.MaxAttempts)
+	o := c.classify(c.jobLogger(r.job), r.job, errors.New("boom"), false)
+	require.Equal(t, "dead", o.status)
+	require.True(t, c.report(r, o))
+	c.flushPending(ctx)
+	row, _ := readRow(ctx, t, pool, jobs, r.job.ID)
+	require.Equal(t, "dead", row.Status)
+	require.Equal(t, 2, row.Attempts)
 }
 
 // Through Run: a backlog is drained by held claims, each job is recorded
