@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
@@ -637,4 +638,52 @@ func TestRunStoppedBeforeItStarts(t *testing.T) {
 		cancel()
 		require.NoError(t, w.Run(ctx), schema)
 	}
+}
+
+// Three busy queues on a pool of two connections: held claims take a
+// connection each for up to CLAIM_HOLD, and the claims, outcomes and sweeps
+// of every queue still get theirs, so each backlog drains, once per job.
+func TestBusyQueuesShareASmallPool(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfgPool, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfgPool.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfgPool)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	cfg := b.config(t, "small-pool")
+	cfg.Pool = pool
+	cfg.Queues = []pgdispatch.Queue{{Name: "a"}, {Name: "b"}, {Name: "c"}}
+	cfg.Concurrency = 20
+	w, stop, _ := start(t, cfg)
+	const n = 2000
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+b.jobs+" (kind, queue) SELECT 'record', q FROM unnest(ARRAY['a', 'b', 'c']) q, generate_series(1, $1)", n)
+	require.NoError(t, err)
+
+	deadline := time.After(2 * time.Minute)
+	for b.rec.total.Load() < 3*n {
+		select {
+		case <-b.rec.started:
+		case <-deadline:
+			t.Fatalf("only %d of %d jobs started", b.rec.total.Load(), 3*n)
+		}
+	}
+	var held int64
+	for _, q := range []string{"a", "b", "c"} {
+		held += w.Claimer(q).Stats().Held
+	}
+	stop()
+	require.Positive(t, held, "the busy queues held claims")
+	b.rec.mu.Lock()
+	for id, c := range b.rec.starts {
+		require.Equal(t, 1, c, "job %d ran %d times", id, c)
+	}
+	b.rec.mu.Unlock()
+	var done int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM "+b.jobs+" WHERE status = 'done' AND attempts = 1").Scan(&done))
+	require.Equal(t, 3*n, done)
 }
