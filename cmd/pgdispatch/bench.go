@@ -214,7 +214,9 @@ func (b *bench) schema(ctx context.Context) (string, func(), error) {
 }
 
 // probe is the benchmark's executor: a no-op that records when each job
-// started, on the same monotonic clock as the producers' commits.
+// started, on the same monotonic clock as the producers' commits. The drain's
+// probe only counts: a map of 200,000 start times was 6.7 % of the process's
+// CPU in a drain (pprof), work no worker of a real no-op job does.
 type probe struct {
 	mu      sync.Mutex
 	started map[int64]time.Time
@@ -229,11 +231,18 @@ func newProbe(target int64) *probe {
 	return &probe{started: map[int64]time.Time{}, target: target, done: make(chan struct{})}
 }
 
+// newCounter is a probe that records no start times.
+func newCounter(target int64) *probe {
+	return &probe{target: target, done: make(chan struct{})}
+}
+
 func (p *probe) Execute(_ context.Context, job *executors.Job) error {
-	now := time.Now()
-	p.mu.Lock()
-	p.started[job.ID] = now
-	p.mu.Unlock()
+	if p.started != nil {
+		now := time.Now()
+		p.mu.Lock()
+		p.started[job.ID] = now
+		p.mu.Unlock()
+	}
 	if n := p.count.Add(1); p.target > 0 && n >= p.target {
 		p.once.Do(func() { close(p.done) })
 	}
@@ -395,7 +404,7 @@ func (b *bench) drain(ctx context.Context) ([]*benchResult, error) {
 			drop()
 			return nil, err
 		}
-		p := newProbe(int64(b.opts.drainJobs))
+		p := newCounter(int64(b.opts.drainJobs))
 		start := time.Now()
 		stop, err := b.runWorker(ctx, schema, p, func(c *pgdispatch.Config) { c.DeleteDone = deleteDone })
 		if err != nil {
