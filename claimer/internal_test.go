@@ -46,8 +46,10 @@ func TestScheduleWait(t *testing.T) {
 
 func TestHoldIsBounded(t *testing.T) {
 	t.Parallel()
-	cfg := Config{Pool: &pgxpool.Pool{}, Schema: "s", SleepConnConfig: &pgx.ConnConfig{}, Queue: "q", WorkerID: "w",
-		Registry: executors.NewRegistry(), Hold: time.Minute}
+	cfg := Config{
+		Pool: &pgxpool.Pool{}, Schema: "s", SleepConnConfig: &pgx.ConnConfig{}, Queue: "q", WorkerID: "w",
+		Registry: executors.NewRegistry(), Hold: time.Minute,
+	}
 	require.ErrorContains(t, cfg.validate(), "Hold must not exceed 10s")
 	cfg.Hold = maxHold
 	require.NoError(t, cfg.validate())

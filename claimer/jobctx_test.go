@@ -2,7 +2,6 @@ package claimer
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -83,6 +82,6 @@ func TestJobContextEndsWithItsAttempt(t *testing.T) {
 		default:
 			t.Fatalf("buildFirst %v: Done is open after release", buildFirst)
 		}
-		require.True(t, errors.Is(ctx.Err(), context.Canceled), "buildFirst %v: %v", buildFirst, ctx.Err())
+		require.ErrorIs(t, ctx.Err(), context.Canceled, "buildFirst %v", buildFirst)
 	}
 }
