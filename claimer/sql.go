@@ -146,10 +146,10 @@ WHERE j.id = l.id AND l.ours AND NOT ($7 AND l.status = 'done')`
 // xmax is 32 bits, pg_xact_status takes the 64-bit xid8: the epoch is the
 // current transaction's, less one when the xid is beyond the current one
 // (it was assigned before the last wraparound). A value that is not a plain
-// xid (a MultiXactId, left by several lockers at once) may read as some
-// other transaction's status; then an attempt is counted that did not run,
-// never the other way round. An xid too old for the commit log reads NULL:
-// not lost. Other aborted writers and lockers leave the mark too (a claim
+// xid (a MultiXactId, left by several lockers at once, such as a held
+// claim and a foreign key's KEY SHARE) reads as some other transaction's
+// status: an attempt may then be counted that did not run, or a lost one
+// missed. An xid too old for the commit log reads NULL: not lost. Other aborted writers and lockers leave the mark too (a claim
 // whose transaction failed after it locked its rows, a user's SELECT FOR
 // UPDATE that rolled back); for those an attempt is counted that did not
 // run.
