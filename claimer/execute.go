@@ -62,7 +62,7 @@ func (c *Claimer) report(r *running, o outcome) bool {
 	c.running--
 	if b := r.held; b != nil && !b.leased {
 		b.outcomes = append(b.outcomes, o)
-		if b.left--; b.left == 0 {
+		if len(b.outcomes) == len(b.runs) {
 			close(b.done)
 		}
 		c.mu.Unlock()

@@ -47,10 +47,9 @@ type heldBatch struct {
 	runs []*running
 
 	// Guarded by the claimer's mu.
-	outcomes []outcome     // reported while held
-	left     int           // runs not yet reported
+	outcomes []outcome     // reported while held, one per run at most
 	leased   bool          // Hold ended: outcomes go to the completer
-	done     chan struct{} // closed when left reaches 0 while held
+	done     chan struct{} // closed when every run has reported while held
 }
 
 // claimHeld claims up to limit due jobs in a held batch. A batch that claims
@@ -82,13 +81,12 @@ func (c *Claimer) claimHeld(ctx context.Context, limit int) ([]*running, *time.D
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
 	}
-	if err == nil && len(jobs) == 0 {
+	switch {
+	case err == nil && len(jobs) == 0:
 		_, err = conn.Exec(ctx, "ROLLBACK")
-	}
-	if err == nil && slices.Contains(lost, true) {
+	case err == nil && slices.Contains(lost, true):
 		// A lost row: lease the batch before any of it runs (heldClaimSQL).
-		err = c.commitHeld(ctx, conn, nil, jobs)
-		if err == nil {
+		if err = c.commitHeld(ctx, conn, nil, jobs); err == nil {
 			conn.Release()
 			c.logger.Info("a claim found jobs whose earlier held claim was lost: leased, the lost attempt counted",
 				zap.Int("num_claimed", len(jobs)))
@@ -103,7 +101,7 @@ func (c *Claimer) claimHeld(ctx context.Context, limit int) ([]*running, *time.D
 		return nil, next, nil
 	}
 
-	b := &heldBatch{conn: conn, left: len(jobs), done: make(chan struct{})}
+	b := &heldBatch{conn: conn, done: make(chan struct{})}
 	b.runs = c.track(jobs, b)
 	c.heldClaims.Add(1)
 	c.heldWG.Add(1)
