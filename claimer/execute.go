@@ -61,9 +61,16 @@ func (c *Claimer) report(r *running, o outcome) bool {
 	r.reported = true
 	c.running--
 	if b := r.held; b != nil && !b.leased {
-		b.outcomes = append(b.outcomes, o)
-		if len(b.outcomes) == len(b.runs) {
-			close(b.done)
+		switch {
+		case b.lost:
+			c.forget(b, []outcome{o})
+		case b.ending:
+			b.late = append(b.late, o)
+		default:
+			b.outcomes = append(b.outcomes, o)
+			if len(b.outcomes) == len(b.runs) {
+				close(b.done)
+			}
 		}
 		c.mu.Unlock()
 		signal(c.slotFreed)

@@ -70,6 +70,17 @@ func lockable(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string
 	return n
 }
 
+// lockRow locks job id in a transaction of its own, as a claim would.
+func lockRow(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string, id int64) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) }) // on a failure, before the schema is dropped
+	_, err = tx.Exec(ctx, "SELECT id FROM "+jobs+" WHERE id = $1 FOR UPDATE", id)
+	require.NoError(t, err)
+	return tx
+}
+
 // A held claim writes nothing until its jobs report: their rows stay
 // pending, with no attempt counted, and locked against every other claimer.
 // Then one transaction records each outcome with its attempt.
@@ -308,4 +319,138 @@ func TestClaimedPayloadsAreTheirOwn(t *testing.T) {
 		c.report(r, outcome{id: r.job.ID, attempt: r.job.Attempt, status: "done"})
 	}
 	c.heldWG.Wait()
+}
+
+// The lost mark is read before the claim tries the row's lock, so a locker
+// still in progress then must count: it may let go of the row (its
+// connection closed) before the lock is tried, and the claim gets a row
+// whose last attempt was never written. A committed locker leaves no mark.
+func TestLostMarkCountsALockerInProgress(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, pool, jobs := newHeldClaimer(t, Config{})
+	id := insertJobs(ctx, t, pool, jobs, 1)[0]
+	lost := func() bool {
+		t.Helper()
+		var v bool
+		require.NoError(t, pool.QueryRow(ctx, withTable("SELECT {lost} FROM {jobs} WHERE id = $1", jobs), id).Scan(&v))
+		return v
+	}
+
+	require.False(t, lost(), "a new row")
+	tx := lockRow(ctx, t, pool, jobs, id)
+	require.True(t, lost(), "locked by a transaction in progress")
+	require.NoError(t, tx.Commit(ctx))
+	require.False(t, lost(), "its locker committed")
+	tx = lockRow(ctx, t, pool, jobs, id)
+	require.NoError(t, tx.Rollback(ctx))
+	require.True(t, lost(), "its locker rolled back")
+}
+
+// An outcome or a heartbeat for a job that is no longer this worker's must
+// not lock its row: the lock would replace a lost held claim's mark with a
+// committed transaction's, and the next claim would not count the lost
+// attempt. A held batch whose commit failed leaves exactly such jobs: their
+// runs go on, and report to the completer.
+func TestOthersJobsKeepTheLostMark(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{})
+	id := insertJobs(ctx, t, pool, jobs, 1)[0]
+	require.NoError(t, lockRow(ctx, t, pool, jobs, id).Rollback(ctx))
+
+	require.NoError(t, c.complete(ctx, []outcome{{id: id, attempt: 1, status: "done"}}))
+	_, err := c.execPinned(ctx, c.heartbeatSQL, []int64{id}, c.cfg.WorkerID, c.cfg.Lease.Seconds())
+	require.NoError(t, err)
+
+	runs, _, err := c.claim(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 1)
+	require.Equal(t, 2, runs[0].job.Attempt, "the lost attempt counts")
+}
+
+// An outcome that comes while its batch commits waits for the commit: sent
+// to the completer at once, it would find its row still pending, not yet
+// leased, and be dropped, and the job would wait for the sweeper. The commit
+// is stalled here by a trigger that waits for an advisory lock the test
+// holds.
+func TestOutcomeDuringHeldCommitIsRecorded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: 20 * time.Millisecond, DeleteDone: false})
+	ids := insertJobs(ctx, t, pool, jobs, 2)
+	schema := pgx.Identifier{c.cfg.Schema}.Sanitize()
+	_, err := pool.Exec(ctx, `CREATE FUNCTION `+schema+`.stall() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(hashtext(TG_TABLE_SCHEMA)); RETURN NEW; END $$;
+		CREATE TRIGGER stall BEFORE UPDATE ON `+jobs+` FOR EACH ROW EXECUTE FUNCTION `+schema+`.stall()`)
+	require.NoError(t, err)
+	gate, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer gate.Release()
+	_, err = gate.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", c.cfg.Schema)
+	require.NoError(t, err)
+	defer gate.Exec(context.Background(), "SELECT pg_advisory_unlock_all()") //nolint:errcheck
+
+	runs, _, err := c.claimHeld(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+	c.report(runs[0], outcome{id: ids[0], attempt: 1, status: "done"})
+	var pid uint32
+	require.Eventually(t, func() bool { // Hold has ended; the commit waits at the trigger
+		return pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND objid = hashtext($1)::oid`, c.cfg.Schema).Scan(&pid) == nil
+	}, 10*time.Second, 5*time.Millisecond)
+	require.Equal(t, runs[0].held.conn.Conn().PgConn().PID(), pid)
+
+	c.report(runs[1], outcome{id: ids[1], attempt: 1, status: "done"})
+	c.flushPending(ctx) // what the completer would do now
+	_, err = gate.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1))", c.cfg.Schema)
+	require.NoError(t, err)
+	c.heldWG.Wait()
+	c.flushPending(ctx)
+
+	for _, id := range ids {
+		row, _ := readRow(ctx, t, pool, jobs, id)
+		require.Equal(t, heldRow{Status: "done", Attempts: 1}, row, "job %d", id)
+	}
+	require.Empty(t, c.inflightIDs())
+	require.Equal(t, int64(2), c.Stats().Completed)
+}
+
+// Once a held batch's commit has failed, its jobs are pending again and
+// anyone's to claim: the outcomes of the ones still running are dropped,
+// not sent to the completer, and the heartbeat leaves them alone.
+func TestOutcomesAfterAFailedHeldCommitAreDropped(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: 20 * time.Millisecond, DeleteDone: true})
+	insertJobs(ctx, t, pool, jobs, 2)
+
+	runs, _, err := c.claimHeld(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, runs, 2)
+	var killed bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)",
+		runs[0].held.conn.Conn().PgConn().PID()).Scan(&killed))
+	require.True(t, killed)
+	c.heldWG.Wait() // Hold ends with both running; the lease fails
+	require.Empty(t, c.inflightIDs(), "not this worker's jobs: no heartbeat")
+
+	for _, r := range runs {
+		require.True(t, c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"}))
+	}
+	require.Empty(t, c.pending, "no outcome for the completer")
+	require.Empty(t, c.inflight)
+	require.Zero(t, c.Running())
+
+	again, _, err := c.claim(ctx, 10)
+	require.NoError(t, err)
+	require.Len(t, again, 2)
+	for _, r := range again {
+		require.Equal(t, 2, r.job.Attempt, "job %d: the lost attempt counts", r.job.ID)
+	}
 }
