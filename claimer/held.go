@@ -48,6 +48,15 @@ type heldBatch struct {
 
 	// Guarded by the claimer's mu. A batch is held, then ending (its commit
 	// is under way), then leased or lost.
+	//
+	// The outcomes of a batch that is committing wait for its end. Sent to
+	// the completer at once, they would find their rows still pending
+	// (completeSQL locks only this worker's running rows) and be dropped,
+	// and their jobs, leased a moment later, would wait for the sweeper.
+	// Once the commit has failed, the jobs are pending again, anyone's to
+	// claim: their outcomes are dropped, and the heartbeat leaves them
+	// alone. (A commit that failed only on the way back, after the server
+	// committed, leaves its leased jobs to the sweeper: they run again.)
 	outcomes []outcome     // reported while held, one per run at most
 	done     chan struct{} // closed when every run has reported while held
 	ending   bool          // Hold ended: outcomes wait in late for the commit
@@ -55,13 +64,6 @@ type heldBatch struct {
 	leased   bool          // committed: outcomes go to the completer
 	lost     bool          // the commit failed: outcomes are dropped
 }
-
-// The outcomes of a batch that is committing wait for its end. Sent to the
-// completer at once, they would find their rows still pending (completeSQL
-// locks only this worker's running rows) and be dropped, and their jobs,
-// leased a moment later, would wait for the sweeper. And once the commit
-// has failed, the jobs are pending again, claimable by anyone: their
-// outcomes are dropped, and the heartbeat leaves them alone.
 
 // claimHeld claims up to limit due jobs in a held batch. A batch that claims
 // nothing ends its transaction before it returns.
