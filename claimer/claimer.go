@@ -687,7 +687,7 @@ func (c *Claimer) inflightIDs() []int64 {
 	ids := make([]int64, 0, len(c.inflight))
 	for id, r := range c.inflight {
 		if r.held != nil && !r.held.leased {
-			continue // held by its claim's transaction, or lost with it: no lease of ours to renew
+			continue // its claim's transaction holds it: nothing to renew
 		}
 		ids = append(ids, id)
 	}

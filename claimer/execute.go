@@ -61,12 +61,9 @@ func (c *Claimer) report(r *running, o outcome) bool {
 	r.reported = true
 	c.running--
 	if b := r.held; b != nil && !b.leased {
-		switch {
-		case b.lost:
-			c.forget(b, []outcome{o})
-		case b.ending:
+		if b.ending {
 			b.late = append(b.late, o)
-		default:
+		} else {
 			b.outcomes = append(b.outcomes, o)
 			if len(b.outcomes) == len(b.runs) {
 				close(b.done)

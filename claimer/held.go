@@ -47,22 +47,23 @@ type heldBatch struct {
 	runs []*running
 
 	// Guarded by the claimer's mu. A batch is held, then ending (its commit
-	// is under way), then leased or lost.
+	// is under way), then leased.
 	//
 	// The outcomes of a batch that is committing wait for its end. Sent to
 	// the completer at once, they would find their rows still pending
-	// (completeSQL locks only this worker's running rows) and be dropped,
-	// and their jobs, leased a moment later, would wait for the sweeper.
-	// Once the commit has failed, the jobs are pending again, anyone's to
-	// claim: their outcomes are dropped, and the heartbeat leaves them
-	// alone. (A commit that failed only on the way back, after the server
-	// committed, leaves its leased jobs to the sweeper: they run again.)
+	// (completeSQL writes, and locks, only this worker's running rows) and
+	// be dropped, and their jobs, leased a moment later, would wait for the
+	// sweeper. After the commit they go to the completer whether it
+	// committed or not: when the transaction is gone, the rows are pending
+	// again and not this worker's, so the completer and the heartbeat leave
+	// them, and the lost claim's mark, alone; when the server committed and
+	// only its answer was lost, the jobs are leased, and their outcomes are
+	// written as any others.
 	outcomes []outcome     // reported while held, one per run at most
 	done     chan struct{} // closed when every run has reported while held
 	ending   bool          // Hold ended: outcomes wait in late for the commit
 	late     []outcome     // reported while the batch commits
-	leased   bool          // committed: outcomes go to the completer
-	lost     bool          // the commit failed: outcomes are dropped
+	leased   bool          // committed, or failed to: outcomes go to the completer
 }
 
 // claimHeld claims up to limit due jobs in a held batch. A batch that claims
@@ -151,44 +152,31 @@ func (c *Claimer) hold(b *heldBatch) {
 	b.conn.Release()
 
 	c.mu.Lock()
-	c.forget(b, outcomes)
-	late := b.late
-	b.late = nil
-	if err == nil {
-		b.leased = true
-		c.pending = append(c.pending, late...)
-	} else {
-		// The transaction is gone, and with it the claim: every job of the
-		// batch is pending again and runs again, and the claim that takes it
-		// counts this attempt (lostSQL). The outcomes of the ones that were
-		// to be leased are not this worker's to write.
-		b.lost = true
-		c.forget(b, late)
+	for _, o := range outcomes {
+		if r := c.inflight[o.id]; r != nil && r.held == b {
+			delete(c.inflight, o.id)
+		}
 	}
+	late := b.late
+	b.late, b.leased = nil, true
+	c.pending = append(c.pending, late...)
 	c.held--
 	c.mu.Unlock()
+	if len(late) > 0 {
+		signal(c.flush)
+	}
 	if err != nil {
+		// The transaction is gone, and with it the claim: every job of the
+		// batch is pending again and runs again, and the claim that takes it
+		// counts this attempt (lostSQL).
 		c.logger.Warn("a held batch could not commit: its jobs will run again", zap.Error(err),
 			zap.Int("num_outcomes", len(outcomes)), zap.Int("num_running", len(lease)))
 		return
-	}
-	if len(late) > 0 {
-		signal(c.flush)
 	}
 	c.completed.Add(int64(len(outcomes)))
 	if len(lease) > 0 {
 		c.leasedLate.Add(int64(len(lease)))
 		c.logger.Debug("held jobs outlived the hold: leased", zap.Int("num_leased", len(lease)))
-	}
-}
-
-// forget drops the records of b's jobs whose outcomes are done with. The
-// caller holds c.mu.
-func (c *Claimer) forget(b *heldBatch, outcomes []outcome) {
-	for _, o := range outcomes {
-		if r := c.inflight[o.id]; r != nil && r.held == b {
-			delete(c.inflight, o.id)
-		}
 	}
 }
 

@@ -421,14 +421,16 @@ func TestOutcomeDuringHeldCommitIsRecorded(t *testing.T) {
 }
 
 // Once a held batch's commit has failed, its jobs are pending again and
-// anyone's to claim: the outcomes of the ones still running are dropped,
-// not sent to the completer, and the heartbeat leaves them alone.
-func TestOutcomesAfterAFailedHeldCommitAreDropped(t *testing.T) {
+// anyone's to claim. The outcomes of the ones still running go to the
+// completer, as after a commit (which may have happened, its answer lost),
+// and the completer and the heartbeat, finding the rows not this worker's,
+// leave them alone: the next claim still counts the lost attempt.
+func TestOutcomesAfterAFailedHeldCommitChangeNothing(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, pool, jobs := newHeldClaimer(t, Config{Hold: 20 * time.Millisecond, DeleteDone: true})
-	insertJobs(ctx, t, pool, jobs, 2)
+	ids := insertJobs(ctx, t, pool, jobs, 2)
 
 	runs, _, err := c.claimHeld(ctx, 10)
 	require.NoError(t, err)
@@ -438,12 +440,19 @@ func TestOutcomesAfterAFailedHeldCommitAreDropped(t *testing.T) {
 		runs[0].held.conn.Conn().PgConn().PID()).Scan(&killed))
 	require.True(t, killed)
 	c.heldWG.Wait() // Hold ends with both running; the lease fails
-	require.Empty(t, c.inflightIDs(), "not this worker's jobs: no heartbeat")
 
+	_, err = c.execPinned(ctx, c.heartbeatSQL, c.inflightIDs(), c.cfg.WorkerID, c.cfg.Lease.Seconds())
+	require.NoError(t, err)
 	for _, r := range runs {
 		require.True(t, c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"}))
 	}
-	require.Empty(t, c.pending, "no outcome for the completer")
+	require.Len(t, c.pending, 2)
+	c.flushPending(ctx)
+	for _, id := range ids {
+		row, ok := readRow(ctx, t, pool, jobs, id)
+		require.True(t, ok, "job %d: not deleted", id)
+		require.Equal(t, heldRow{Status: "pending"}, row, "job %d", id)
+	}
 	require.Empty(t, c.inflight)
 	require.Zero(t, c.Running())
 
