@@ -81,6 +81,24 @@ func lockRow(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string,
 	return tx
 }
 
+// mustClaimHeld claims up to limit jobs in a held batch and wants n of them.
+func mustClaimHeld(ctx context.Context, t *testing.T, c *Claimer, limit, n int) []*running {
+	t.Helper()
+	runs, _, err := c.claimHeld(ctx, limit)
+	require.NoError(t, err)
+	require.Len(t, runs, n)
+	return runs
+}
+
+// killHeldConn terminates the backend of b's transaction and waits for it
+// to end.
+func killHeldConn(ctx context.Context, t *testing.T, pool *pgxpool.Pool, b *heldBatch) {
+	t.Helper()
+	var killed bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", b.conn.Conn().PgConn().PID()).Scan(&killed))
+	require.True(t, killed)
+}
+
 // A held claim writes nothing until its jobs report: their rows stay
 // pending, with no attempt counted, and locked against every other claimer.
 // Then one transaction records each outcome with its attempt.
@@ -91,9 +109,7 @@ func TestHeldBatchRecordsOutcomesInItsClaim(t *testing.T) {
 	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: false})
 	ids := insertJobs(ctx, t, pool, jobs, 4)
 
-	runs, _, err := c.claimHeld(ctx, 10)
-	require.NoError(t, err)
-	require.Len(t, runs, 4)
+	runs := mustClaimHeld(ctx, t, c, 10, 4)
 	for i, r := range runs {
 		require.Equal(t, ids[i], r.job.ID, "claimed in (priority, run_at, id) order")
 		require.Equal(t, 1, r.job.Attempt)
@@ -130,9 +146,7 @@ func TestHeldBatchRecordsOutcomesInItsClaim(t *testing.T) {
 	require.Empty(t, c.inflightIDs())
 	require.Equal(t, 0, c.held)
 
-	again, _, err := c.claimHeld(ctx, 10)
-	require.NoError(t, err)
-	require.Len(t, again, 1)
+	again := mustClaimHeld(ctx, t, c, 10, 1)
 	require.Equal(t, ids[3], again[0].job.ID)
 	require.Equal(t, 1, again[0].job.Attempt, "a batch that committed leaves no lost mark")
 	require.NotNil(t, again[0].held)
@@ -149,9 +163,7 @@ func TestHeldBatchDeletesDoneJobs(t *testing.T) {
 	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: true})
 	ids := insertJobs(ctx, t, pool, jobs, 2)
 
-	runs, _, err := c.claimHeld(ctx, 10)
-	require.NoError(t, err)
-	require.Len(t, runs, 2)
+	runs := mustClaimHeld(ctx, t, c, 10, 2)
 	for _, r := range runs {
 		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
 	}
@@ -172,9 +184,7 @@ func TestHeldJobOutlivingHoldIsLeased(t *testing.T) {
 	c, pool, jobs := newHeldClaimer(t, Config{Hold: 20 * time.Millisecond, DeleteDone: true})
 	ids := insertJobs(ctx, t, pool, jobs, 2)
 
-	runs, _, err := c.claimHeld(ctx, 10)
-	require.NoError(t, err)
-	require.Len(t, runs, 2)
+	runs := mustClaimHeld(ctx, t, c, 10, 2)
 	require.Empty(t, c.inflightIDs(), "held jobs need no heartbeat")
 	c.report(runs[0], outcome{id: ids[0], attempt: 1, status: "done"})
 	c.heldWG.Wait() // Hold ends with runs[1] still running
@@ -210,13 +220,8 @@ func TestHeldBatchLostConnectionGivesJobsBack(t *testing.T) {
 	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: true, MaxAttempts: 2})
 	ids := insertJobs(ctx, t, pool, jobs, 3)
 
-	runs, _, err := c.claimHeld(ctx, 10)
-	require.NoError(t, err)
-	require.Len(t, runs, 3)
-	pid := runs[0].held.conn.Conn().PgConn().PID()
-	var killed bool
-	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", pid).Scan(&killed))
-	require.True(t, killed)
+	runs := mustClaimHeld(ctx, t, c, 10, 3)
+	killHeldConn(ctx, t, pool, runs[0].held)
 
 	for _, r := range runs {
 		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
@@ -394,9 +399,7 @@ func TestOutcomeDuringHeldCommitIsRecorded(t *testing.T) {
 	require.NoError(t, err)
 	defer gate.Exec(context.Background(), "SELECT pg_advisory_unlock_all()") //nolint:errcheck
 
-	runs, _, err := c.claimHeld(ctx, 10)
-	require.NoError(t, err)
-	require.Len(t, runs, 2)
+	runs := mustClaimHeld(ctx, t, c, 10, 2)
 	c.report(runs[0], outcome{id: ids[0], attempt: 1, status: "done"})
 	var pid uint32
 	require.Eventually(t, func() bool { // Hold has ended; the commit waits at the trigger
@@ -432,16 +435,11 @@ func TestOutcomesAfterAFailedHeldCommitChangeNothing(t *testing.T) {
 	c, pool, jobs := newHeldClaimer(t, Config{Hold: 20 * time.Millisecond, DeleteDone: true})
 	ids := insertJobs(ctx, t, pool, jobs, 2)
 
-	runs, _, err := c.claimHeld(ctx, 10)
-	require.NoError(t, err)
-	require.Len(t, runs, 2)
-	var killed bool
-	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)",
-		runs[0].held.conn.Conn().PgConn().PID()).Scan(&killed))
-	require.True(t, killed)
+	runs := mustClaimHeld(ctx, t, c, 10, 2)
+	killHeldConn(ctx, t, pool, runs[0].held)
 	c.heldWG.Wait() // Hold ends with both running; the lease fails
 
-	_, err = c.execPinned(ctx, c.heartbeatSQL, c.inflightIDs(), c.cfg.WorkerID, c.cfg.Lease.Seconds())
+	_, err := c.execPinned(ctx, c.heartbeatSQL, c.inflightIDs(), c.cfg.WorkerID, c.cfg.Lease.Seconds())
 	require.NoError(t, err)
 	for _, r := range runs {
 		require.True(t, c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"}))
