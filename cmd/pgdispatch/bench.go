@@ -144,7 +144,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	o.concurrency = base.Concurrency
-	b := &bench{url: dbURL, pool: c.pool, base: base, opts: o, log: stderr}
+	b := &bench{pool: c.pool, base: base, opts: o, log: stderr}
 
 	var results []*benchResult
 	for _, s := range o.scenarios {
@@ -185,7 +185,6 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 type bench struct {
-	url  string
 	pool *pgxpool.Pool
 	base pgdispatch.Config
 	opts benchOptions
@@ -292,6 +291,13 @@ func (b *bench) runWorker(ctx context.Context, schema string, p *probe, tune fun
 	}, nil
 }
 
+// connect opens a connection of its own, for a producer, configured as the
+// pool's: the URL may hold pool settings (pool_max_conns), which pgx.Connect
+// would send to the server as parameters it does not know.
+func (b *bench) connect(ctx context.Context) (*pgx.Conn, error) {
+	return pgx.ConnectConfig(ctx, b.pool.Config().ConnConfig.Copy())
+}
+
 // worker makes a schema and runs a worker on it with a probe; cleanup stops
 // the worker and drops the schema.
 func (b *bench) worker(ctx context.Context, target int64, tune func(*pgdispatch.Config)) (schema string, p *probe, cleanup func(), err error) {
@@ -316,7 +322,7 @@ func (b *bench) latency(ctx context.Context) ([]*benchResult, error) {
 		return nil, err
 	}
 	defer cleanup()
-	conn, err := pgx.Connect(ctx, b.url)
+	conn, err := b.connect(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -457,7 +463,7 @@ func (b *bench) writerLoad(ctx context.Context, schema string, k int, d time.Dur
 		}
 	}()
 	for i := range conns {
-		conn, err := pgx.Connect(ctx, b.url)
+		conn, err := b.connect(ctx)
 		if err != nil {
 			return nil, err
 		}

@@ -399,10 +399,11 @@ func TestHelp(t *testing.T) {
 }
 
 // bench runs end to end with tiny sizes: it proves the harness works, not
-// how fast anything is.
+// how fast anything is. The URL sets the pool's size, as the README tells
+// users to: the producers' connections must not send it to the server.
 func TestBenchRuns(t *testing.T) {
 	t.Parallel()
-	p := start(t, env("DATABASE_URL="+pgtest.URL()), "bench", "--json", "--scenario", "latency,drain,sustained,writers,idle,soak",
+	p := start(t, env("DATABASE_URL="+withParam(pgtest.URL(), "pool_max_conns=8")), "bench", "--json", "--scenario", "latency,drain,sustained,writers,idle,soak",
 		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "1s", "--idle-duration", "200ms",
 		"--soak-duration", "1s", "--soak-writers", "2")
 	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
