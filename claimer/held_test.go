@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -97,6 +98,44 @@ func killHeldConn(ctx context.Context, t *testing.T, pool *pgxpool.Pool, b *held
 	var killed bool
 	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", b.conn.Conn().PgConn().PID()).Scan(&killed))
 	require.True(t, killed)
+}
+
+// stallUpdates makes every UPDATE of jobs wait, in a trigger, for an
+// advisory lock that the test holds until it calls the returned release: a
+// held batch's commit then stalls at its first write.
+func stallUpdates(ctx context.Context, t *testing.T, c *Claimer, pool *pgxpool.Pool, jobs string) (release func()) {
+	t.Helper()
+	schema := pgx.Identifier{c.cfg.Schema}.Sanitize()
+	_, err := pool.Exec(ctx, `CREATE FUNCTION `+schema+`.stall() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_advisory_xact_lock(hashtext(TG_TABLE_SCHEMA)); RETURN NEW; END $$;
+		CREATE TRIGGER stall BEFORE UPDATE ON `+jobs+` FOR EACH ROW EXECUTE FUNCTION `+schema+`.stall()`)
+	require.NoError(t, err)
+	gate, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	_, err = gate.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", c.cfg.Schema)
+	require.NoError(t, err)
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			_, err := gate.Exec(context.Background(), "SELECT pg_advisory_unlock_all()")
+			gate.Release()
+			require.NoError(t, err)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// stalledPID waits until a statement waits at stallUpdates' trigger and
+// returns its backend's pid.
+func stalledPID(ctx context.Context, t *testing.T, c *Claimer, pool *pgxpool.Pool) uint32 {
+	t.Helper()
+	var pid uint32
+	require.Eventually(t, func() bool {
+		return pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND objid = hashtext($1)::oid`, c.cfg.Schema).Scan(&pid) == nil
+	}, 10*time.Second, 5*time.Millisecond)
+	return pid
 }
 
 // A held claim writes nothing until its jobs report: their rows stay
@@ -387,31 +426,16 @@ func TestOutcomeDuringHeldCommitIsRecorded(t *testing.T) {
 	defer cancel()
 	c, pool, jobs := newHeldClaimer(t, Config{Hold: 20 * time.Millisecond, DeleteDone: false})
 	ids := insertJobs(ctx, t, pool, jobs, 2)
-	schema := pgx.Identifier{c.cfg.Schema}.Sanitize()
-	_, err := pool.Exec(ctx, `CREATE FUNCTION `+schema+`.stall() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN PERFORM pg_advisory_xact_lock(hashtext(TG_TABLE_SCHEMA)); RETURN NEW; END $$;
-		CREATE TRIGGER stall BEFORE UPDATE ON `+jobs+` FOR EACH ROW EXECUTE FUNCTION `+schema+`.stall()`)
-	require.NoError(t, err)
-	gate, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer gate.Release()
-	_, err = gate.Exec(ctx, "SELECT pg_advisory_lock(hashtext($1))", c.cfg.Schema)
-	require.NoError(t, err)
-	defer gate.Exec(context.Background(), "SELECT pg_advisory_unlock_all()") //nolint:errcheck
+	release := stallUpdates(ctx, t, c, pool, jobs)
 
 	runs := mustClaimHeld(ctx, t, c, 10, 2)
 	c.report(runs[0], outcome{id: ids[0], attempt: 1, status: "done"})
-	var pid uint32
-	require.Eventually(t, func() bool { // Hold has ended; the commit waits at the trigger
-		return pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-			AND objid = hashtext($1)::oid`, c.cfg.Schema).Scan(&pid) == nil
-	}, 10*time.Second, 5*time.Millisecond)
-	require.Equal(t, runs[0].held.conn.Conn().PgConn().PID(), pid)
+	// Hold has ended; the commit waits at the trigger.
+	require.Equal(t, runs[0].held.conn.Conn().PgConn().PID(), stalledPID(ctx, t, c, pool))
 
 	c.report(runs[1], outcome{id: ids[1], attempt: 1, status: "done"})
 	c.flushPending(ctx) // what the completer would do now
-	_, err = gate.Exec(ctx, "SELECT pg_advisory_unlock(hashtext($1))", c.cfg.Schema)
-	require.NoError(t, err)
+	release()
 	c.heldWG.Wait()
 	c.flushPending(ctx)
 
@@ -435,9 +459,14 @@ func TestOutcomesAfterAFailedHeldCommitChangeNothing(t *testing.T) {
 	c, pool, jobs := newHeldClaimer(t, Config{Hold: 20 * time.Millisecond, DeleteDone: true})
 	ids := insertJobs(ctx, t, pool, jobs, 2)
 
+	release := stallUpdates(ctx, t, c, pool, jobs)
 	runs := mustClaimHeld(ctx, t, c, 10, 2)
+	// Hold has ended with both running, and the lease waits at the trigger:
+	// the connection dies before it can commit.
+	require.Equal(t, runs[0].held.conn.Conn().PgConn().PID(), stalledPID(ctx, t, c, pool))
 	killHeldConn(ctx, t, pool, runs[0].held)
-	c.heldWG.Wait() // Hold ends with both running; the lease fails
+	release()
+	c.heldWG.Wait() // the lease failed
 
 	_, err := c.execPinned(ctx, c.heartbeatSQL, c.inflightIDs(), c.cfg.WorkerID, c.cfg.Lease.Seconds())
 	require.NoError(t, err)
