@@ -327,6 +327,7 @@ func (c *Claimer) Run(ctx context.Context) error {
 	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
 
 	jobs := newRunners(func(r *running) { c.execute(workCtx, r) })
+	c.warm(ctx)
 	c.claimLoop(ctx, jobs)
 	stopSleep()
 	<-sleepDone

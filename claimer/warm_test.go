@@ -1,0 +1,85 @@
+package claimer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+func newWarmClaimer(ctx context.Context, t *testing.T, schema string) (*Claimer, *pgxpool.Pool) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 10
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	c, err := New(Config{
+		Pool: pool, Schema: schema, SleepConnConfig: cfg.ConnConfig, Queue: "default",
+		WorkerID: "w", Registry: executors.NewRegistry(),
+	})
+	require.NoError(t, err)
+	return c, pool
+}
+
+// Warming opens the connections a busy claimer uses at once (one per held
+// batch, the claim's and the completer's) and leaves each with every
+// statement of the claimer prepared and its generic plan made. It changes
+// no job and leaves no setting behind.
+func TestWarmReadiesConnections(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	c, pool := newWarmClaimer(ctx, t, schema)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	insertJobs(ctx, t, pool, jobs, 3)
+
+	c.warm(ctx)
+
+	conns := pool.AcquireAllIdle(ctx)
+	defer func() {
+		for _, conn := range conns {
+			conn.Release()
+		}
+	}()
+	require.Len(t, conns, maxHeld+2, "one connection per held batch, the claim's and the completer's")
+	statements := []string{c.claimSQL, c.heldClaimSQL, c.heldCompleteSQL, c.leaseHeldSQL, c.completeSQL, c.heartbeatSQL}
+	for _, conn := range conns {
+		var planned int
+		var mode string
+		require.NoError(t, conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_prepared_statements
+			WHERE statement = ANY($1) AND generic_plans > 0), current_setting('plan_cache_mode')`, statements).Scan(&planned, &mode))
+		require.Equal(t, len(statements), planned, "statements prepared with a generic plan on this connection")
+		require.Equal(t, "auto", mode, "the plan settings were the warm-up transaction's own")
+	}
+
+	var pending, attempts int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE status = 'pending'), sum(attempts) FROM "+jobs).
+		Scan(&pending, &attempts))
+	require.Equal(t, 3, pending)
+	require.Zero(t, attempts)
+}
+
+// A warm-up that fails (here the schema does not exist) gives back every
+// connection it took, and the pool goes on serving.
+func TestWarmFailureReleasesConnections(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool := newWarmClaimer(ctx, t, pgtest.EmptySchemaName(t))
+
+	c.warm(ctx)
+
+	require.Zero(t, pool.Stat().AcquiredConns())
+	var one int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT 1").Scan(&one))
+	require.Equal(t, 1, one)
+}
