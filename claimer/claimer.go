@@ -326,9 +326,11 @@ func (c *Claimer) Run(ctx context.Context) error {
 	sleepDone := make(chan struct{})
 	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
 
+	warmed := make(chan struct{})
+	go func() { defer close(warmed); c.warm(ctx) }()
 	jobs := newRunners(func(r *running) { c.execute(workCtx, r) })
-	c.warm(ctx)
 	c.claimLoop(ctx, jobs)
+	<-warmed
 	stopSleep()
 	<-sleepDone
 

@@ -109,6 +109,12 @@ func (s *sleepLock) run(ctx context.Context) {
 			s.drop(ctx, conn)
 		}
 	}()
+	// Connected at once, not at the first sleep: a new connection is a new
+	// server process, and a job committed while the claimer goes to sleep
+	// waits for the key's grant (tens of milliseconds on a loaded machine,
+	// the bench's latency scenario). A failure here is retried when the key
+	// is wanted.
+	conn, _ = s.connect(ctx)
 	failures := 0
 	for ctx.Err() == nil {
 		if !s.wanted() {

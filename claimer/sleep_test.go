@@ -2,11 +2,13 @@ package claimer
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
@@ -55,4 +57,34 @@ func TestSleepKeyMatchesTriggers(t *testing.T) {
 		got = append(got, n.Payload)
 	}
 	require.Equal(t, []string{"q1", "q1", "marker"}, got, "the insert and the update of q1 while its key was held")
+}
+
+// The sleep key's connection opens when the claimer starts, before its first
+// sleep, so that going to sleep costs no new server process; it closes when
+// the claimer stops.
+func TestSleepConnectionOpensAtStart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.Pool(t)
+	cc := pool.Config().ConnConfig.Copy()
+	app := "sleep-at-start-" + strings.ReplaceAll(t.Name(), "/", "-")
+	cc.RuntimeParams["application_name"] = app
+	s := newSleepLock(cc, "some_schema", "default", 5*time.Second, zaptest.NewLogger(t))
+	sessions := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app+"-sleep").Scan(&n))
+		return n
+	}
+
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); s.run(runCtx) }()
+	require.Eventually(t, func() bool { return sessions() == 1 }, 30*time.Second, 10*time.Millisecond,
+		"connected while nobody asked for the key")
+	require.False(t, s.holding.Load())
+
+	stop()
+	<-done
+	require.Eventually(t, func() bool { return sessions() == 0 }, 30*time.Second, 10*time.Millisecond)
 }

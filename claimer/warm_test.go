@@ -13,11 +13,11 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 )
 
-func newWarmClaimer(ctx context.Context, t *testing.T, schema string) (*Claimer, *pgxpool.Pool) {
+func newWarmClaimer(ctx context.Context, t *testing.T, schema string, maxConns int32) (*Claimer, *pgxpool.Pool) {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(pgtest.URL())
 	require.NoError(t, err)
-	cfg.MaxConns = 10
+	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -38,7 +38,7 @@ func TestWarmReadiesConnections(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	schema := pgtest.Schema(t)
-	c, pool := newWarmClaimer(ctx, t, schema)
+	c, pool := newWarmClaimer(ctx, t, schema, 10)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	insertJobs(ctx, t, pool, jobs, 3)
 
@@ -74,7 +74,7 @@ func TestWarmFailureReleasesConnections(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, pool := newWarmClaimer(ctx, t, pgtest.EmptySchemaName(t))
+	c, pool := newWarmClaimer(ctx, t, pgtest.EmptySchemaName(t), 10)
 
 	c.warm(ctx)
 
@@ -82,4 +82,18 @@ func TestWarmFailureReleasesConnections(t *testing.T) {
 	var one int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT 1").Scan(&one))
 	require.Equal(t, 1, one)
+}
+
+// Warming leaves a connection of the pool to the claims it runs beside: a
+// pool of one is not warmed at all, a pool of four gets three.
+func TestWarmLeavesAConnectionFree(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	for maxConns, want := range map[int32]int32{1: 0, 4: 3} {
+		c, pool := newWarmClaimer(ctx, t, schema, maxConns)
+		c.warm(ctx)
+		require.Equal(t, want, pool.Stat().TotalConns(), "a pool of %d", maxConns)
+	}
 }
