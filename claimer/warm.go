@@ -5,12 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 )
+
+// warmHold bounds how long a warmed connection waits for the others before
+// it goes back to the pool.
+const warmHold = 100 * time.Millisecond
 
 // warm readies, as the claimer starts, as many of the pool's connections as
 // a busy claimer uses at once (one per held batch, the claim's and the
@@ -44,16 +49,19 @@ func (c *Claimer) warm(ctx context.Context) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
-	// Each connection is held until all are warmed, so that n acquires take
-	// n connections and not the same one n times.
+	// Each connection is held until all n are warmed, so that n acquires
+	// take n connections and not the same one n times; but for warmHold at
+	// most, so that claimers warming one pool at once (a worker of several
+	// queues), or a pool busy elsewhere, never wait on each other for long.
 	var (
-		ready, done sync.WaitGroup
-		mu          sync.Mutex
-		errs        []error
+		done sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
 	)
-	release := make(chan struct{})
+	all := make(chan struct{}) // closed when every acquire has ended
+	var left atomic.Int32
+	left.Store(int32(n))
 	for range n {
-		ready.Add(1)
 		done.Add(1)
 		go func() {
 			defer done.Done()
@@ -66,15 +74,20 @@ func (c *Claimer) warm(ctx context.Context) {
 				errs = append(errs, err)
 				mu.Unlock()
 			}
-			ready.Done()
+			if left.Add(-1) == 0 {
+				close(all)
+			}
 			if conn != nil {
-				<-release
+				t := time.NewTimer(warmHold)
+				select {
+				case <-all:
+				case <-t.C:
+				}
+				t.Stop()
 				conn.Release()
 			}
 		}()
 	}
-	ready.Wait()
-	close(release)
 	done.Wait()
 	if err := errors.Join(errs...); err != nil {
 		c.logger.Debug("warming connections failed; the first claims ready them instead", zap.Error(err))

@@ -2,12 +2,15 @@ package claimer
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
@@ -96,4 +99,35 @@ func TestWarmLeavesAConnectionFree(t *testing.T) {
 		c.warm(ctx)
 		require.Equal(t, want, pool.Stat().TotalConns(), "a pool of %d", maxConns)
 	}
+}
+
+// Claimers of several queues warm one pool at once, together wanting more
+// connections than it has: none waits on the others' connections until it
+// times out; each warms what it can and is done.
+func TestWarmSharesAPool(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 6 // each claimer warms 5 (3 held batches, the claim, the completer)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	core, logs := observer.New(zap.DebugLevel)
+	var wg sync.WaitGroup
+	for _, queue := range []string{"a", "b", "c"} {
+		c, err := New(Config{
+			Pool: pool, Schema: schema, SleepConnConfig: cfg.ConnConfig, Queue: queue, WorkerID: "w",
+			Registry: executors.NewRegistry(), Logger: zap.New(core),
+			StatementTimeout: 20 * time.Second, // longer than the test waits: a warm that waited this long fails it
+		})
+		require.NoError(t, err)
+		wg.Add(1)
+		go func() { defer wg.Done(); c.warm(ctx) }()
+	}
+	wg.Wait()
+	require.Len(t, logs.FilterMessage("connections warmed").All(), 3, "%v", logs.All())
+	require.LessOrEqual(t, pool.Stat().TotalConns(), int32(6))
 }
