@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/executors"
@@ -21,18 +20,13 @@ func TestClaimKeepsPlanSettingToItself(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	schema := pgtest.Schema(t)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // every statement below runs on the claim's connection
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := newSizedPool(ctx, t, 1) // every statement below runs on the claim's connection
 
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
-	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) SELECT 'noop' FROM generate_series(1, 3)")
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) SELECT 'noop' FROM generate_series(1, 3)")
 	require.NoError(t, err)
 	c, err := New(Config{
-		Pool: pool, Schema: schema, SleepConnConfig: cfg.ConnConfig, Queue: "default",
+		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default",
 		WorkerID: "w", Registry: executors.NewRegistry(),
 	})
 	require.NoError(t, err)

@@ -16,7 +16,9 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 )
 
-func newWarmClaimer(ctx context.Context, t *testing.T, schema string, maxConns int32) (*Claimer, *pgxpool.Pool) {
+// newSizedPool is a pool of the test's own, of maxConns connections at most,
+// closed when the test ends.
+func newSizedPool(ctx context.Context, t *testing.T, maxConns int32) *pgxpool.Pool {
 	t.Helper()
 	cfg, err := pgxpool.ParseConfig(pgtest.URL())
 	require.NoError(t, err)
@@ -24,8 +26,14 @@ func newWarmClaimer(ctx context.Context, t *testing.T, schema string, maxConns i
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	return pool
+}
+
+func newWarmClaimer(ctx context.Context, t *testing.T, schema string, maxConns int32) (*Claimer, *pgxpool.Pool) {
+	t.Helper()
+	pool := newSizedPool(ctx, t, maxConns)
 	c, err := New(Config{
-		Pool: pool, Schema: schema, SleepConnConfig: cfg.ConnConfig, Queue: "default",
+		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default",
 		WorkerID: "w", Registry: executors.NewRegistry(),
 	})
 	require.NoError(t, err)
@@ -109,17 +117,12 @@ func TestWarmSharesAPool(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	schema := pgtest.Schema(t)
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 6 // each claimer warms 5 (3 held batches, the claim, the completer)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := newSizedPool(ctx, t, 6) // each claimer warms 5 (3 held batches, the claim, the completer)
 	core, logs := observer.New(zap.DebugLevel)
 	var wg sync.WaitGroup
 	for _, queue := range []string{"a", "b", "c"} {
 		c, err := New(Config{
-			Pool: pool, Schema: schema, SleepConnConfig: cfg.ConnConfig, Queue: queue, WorkerID: "w",
+			Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: queue, WorkerID: "w",
 			Registry: executors.NewRegistry(), Logger: zap.New(core),
 			StatementTimeout: 20 * time.Second, // longer than the test waits: a warm that waited this long fails it
 		})
