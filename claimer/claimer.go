@@ -16,6 +16,10 @@
 // listener, by the earliest known future run_at, or by the slow fallback
 // tick. While it sleeps, writers notify.
 //
+// As it starts, beside its first claims, it readies the pool connections it
+// uses while busy (warm.go), so that its first burst of jobs does not wait
+// for new connections and plans.
+//
 // Stopping is in two steps, as in River's producer: when Run's context ends
 // the claimer stops claiming and lets running jobs finish for
 // ShutdownTimeout; then it cancels them, gives the unfinished ones back to
