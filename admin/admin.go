@@ -302,15 +302,23 @@ const retrySet = `status = 'pending',
 // Retry makes the dead or cancelled jobs among ids pending and due now,
 // each with at least one more attempt; last_error keeps the last failure.
 // Jobs in other statuses are left as they are.
+//
+// Only the rows it changes are locked; the others are read. A pending row
+// may carry the mark of a held claim lost with its worker (its xmax, read
+// by the next claim to count that attempt, claimer/sql.go): a lock taken
+// and committed here would replace it, and the attempt would go uncounted.
 func (a *Admin) Retry(ctx context.Context, ids []int64) ([]Change, error) {
-	return a.change(ctx, ids, "retry", `WITH l AS (
-	    SELECT id, status FROM {jobs} WHERE id = ANY($1) ORDER BY id FOR UPDATE
+	return a.change(ctx, ids, "retry", `WITH s AS (
+	    SELECT id, status FROM {jobs} WHERE id = ANY($1)
+	), l AS (
+	    SELECT id, status FROM {jobs} WHERE id = ANY($1) AND status IN ('dead', 'cancelled') ORDER BY id FOR UPDATE
 	), u AS (
 	    UPDATE {jobs} j SET `+retrySet+`
-	    FROM l WHERE j.id = l.id AND l.status IN ('dead', 'cancelled')
+	    FROM l WHERE j.id = l.id
 	    RETURNING j.id
 	)
-	SELECT l.id, l.status, u.id IS NOT NULL FROM l LEFT JOIN u ON u.id = l.id ORDER BY l.id`)
+	SELECT s.id, coalesce(l.status, s.status), u.id IS NOT NULL
+	FROM s LEFT JOIN l ON l.id = s.id LEFT JOIN u ON u.id = s.id ORDER BY s.id`)
 }
 
 // Cancel makes the pending and running jobs among ids cancelled. A running

@@ -231,3 +231,39 @@ func TestRetryAndCancelByID(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int32(2), j.Attempts)
 }
+
+// Retry does not lock the jobs it leaves alone. A pending job here carries
+// the mark of a transaction that locked it and died, as a held claim lost
+// with its worker leaves it (the row's xmax, which the next claim reads to
+// count the lost attempt): after a retry that names it, the mark is intact.
+func TestRetryLeavesOtherJobsUnlocked(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, schema, exec := setup(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	exec(`INSERT INTO {jobs} (kind) VALUES ('ok')`)
+	exec(`INSERT INTO {jobs} (kind, status, finished_at) VALUES ('ok', 'dead', now())`)
+	pool := pgtest.Pool(t)
+	var pendingID, deadID int64
+	require.NoError(t, pool.QueryRow(ctx, "SELECT min(id), max(id) FROM "+jobs).Scan(&pendingID, &deadID))
+
+	locker := pgtest.Conn(t)
+	_, err := locker.Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	_, err = locker.Exec(ctx, "SELECT id FROM "+jobs+" WHERE id = $1 FOR UPDATE", pendingID)
+	require.NoError(t, err)
+	var killed bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, 5000)", locker.PgConn().PID()).Scan(&killed))
+	require.True(t, killed)
+	var mark string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT xmax::text FROM "+jobs+" WHERE id = $1", pendingID).Scan(&mark))
+	require.NotEqual(t, "0", mark)
+
+	changes, err := a.Retry(ctx, []int64{pendingID, deadID})
+	require.NoError(t, err)
+	require.Equal(t, []admin.Change{{ID: pendingID, Status: "pending"}, {ID: deadID, Status: "dead", Changed: true}}, changes)
+	var after string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT xmax::text FROM "+jobs+" WHERE id = $1", pendingID).Scan(&after))
+	require.Equal(t, mark, after, "the pending job's mark")
+}
