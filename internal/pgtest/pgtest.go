@@ -145,8 +145,18 @@ func Conn(t testing.TB) *pgx.Conn {
 	if err != nil {
 		t.Fatalf("pgtest: connect: %v", err)
 	}
-	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	t.Cleanup(func() { closeConn(conn) })
 	return conn
+}
+
+// closeConn closes conn and waits until its socket is closed too. A
+// connection whose statement a cancelled context cut short is already
+// closing in the background (pgconn's asyncClose: a cancel request, then a
+// drain until the server hangs up, up to 15 s), and Close returns at once;
+// the test binary's leak check would find that goroutine.
+func closeConn(conn *pgx.Conn) {
+	_ = conn.Close(context.Background())
+	<-conn.PgConn().CleanupDone()
 }
 
 // Schema creates a migrated schema for this test alone and drops it when the
