@@ -18,8 +18,8 @@ import (
 const warmHold = 100 * time.Millisecond
 
 // warm readies, as the claimer starts, as many of the pool's connections as
-// a busy claimer uses at once (one per held batch, the claim's and the
-// completer's), leaving at least one free for the claims it runs beside.
+// a busy claimer uses at once (one per held batch unless Hold is off, the
+// claim's and the completer's), leaving at least one free for the claims it runs beside.
 // On each it runs every statement of the claimer once, in a
 // transaction it rolls back, with arguments that match no row: a claim of
 // zero jobs, outcomes and leases of none.
@@ -42,7 +42,11 @@ const warmHold = 100 * time.Millisecond
 // (pgxpool closes idle ones after MaxConnIdleTime), so a worker idle for
 // longer pays the first-use cost again on its next burst.
 func (c *Claimer) warm(ctx context.Context) {
-	n := min(c.maxHeld+2, int(c.cfg.Pool.Config().MaxConns)-1)
+	held := c.maxHeld
+	if c.cfg.Hold < 0 {
+		held = 0 // every claim leases: no held batch takes a connection
+	}
+	n := min(held+2, int(c.cfg.Pool.Config().MaxConns)-1)
 	if n <= 0 {
 		return
 	}

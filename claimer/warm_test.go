@@ -29,12 +29,12 @@ func newSizedPool(ctx context.Context, t *testing.T, maxConns int32) *pgxpool.Po
 	return pool
 }
 
-func newWarmClaimer(ctx context.Context, t *testing.T, schema string, maxConns int32) (*Claimer, *pgxpool.Pool) {
+func newWarmClaimer(ctx context.Context, t *testing.T, schema string, maxConns int32, hold time.Duration) (*Claimer, *pgxpool.Pool) {
 	t.Helper()
 	pool := newSizedPool(ctx, t, maxConns)
 	c, err := New(Config{
 		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default",
-		WorkerID: "w", Registry: executors.NewRegistry(),
+		WorkerID: "w", Registry: executors.NewRegistry(), Hold: hold,
 	})
 	require.NoError(t, err)
 	return c, pool
@@ -49,7 +49,7 @@ func TestWarmReadiesConnections(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	schema := pgtest.Schema(t)
-	c, pool := newWarmClaimer(ctx, t, schema, 10)
+	c, pool := newWarmClaimer(ctx, t, schema, 10, 0)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	insertJobs(ctx, t, pool, jobs, 3)
 
@@ -85,7 +85,7 @@ func TestWarmFailureReleasesConnections(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, pool := newWarmClaimer(ctx, t, pgtest.EmptySchemaName(t), 10)
+	c, pool := newWarmClaimer(ctx, t, pgtest.EmptySchemaName(t), 10, 0)
 
 	c.warm(ctx)
 
@@ -95,17 +95,23 @@ func TestWarmFailureReleasesConnections(t *testing.T) {
 	require.Equal(t, 1, one)
 }
 
-// Warming leaves a connection of the pool to the claims it runs beside: a
-// pool of one is not warmed at all, a pool of four gets three.
-func TestWarmLeavesAConnectionFree(t *testing.T) {
+// Warming leaves a connection of the pool to the claims it runs beside (a
+// pool of one is not warmed at all, a pool of four gets three), and a
+// claimer that never holds (CLAIM_HOLD=0) warms only the claim's and the
+// completer's.
+func TestWarmSizes(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	schema := pgtest.Schema(t)
-	for maxConns, want := range map[int32]int32{1: 0, 4: 3} {
-		c, pool := newWarmClaimer(ctx, t, schema, maxConns)
+	for _, tc := range []struct {
+		maxConns int32
+		hold     time.Duration
+		want     int32
+	}{{1, 0, 0}, {4, 0, 3}, {10, -1, 2}} {
+		c, pool := newWarmClaimer(ctx, t, schema, tc.maxConns, tc.hold)
 		c.warm(ctx)
-		require.Equal(t, want, pool.Stat().TotalConns(), "a pool of %d", maxConns)
+		require.Equal(t, tc.want, pool.Stat().TotalConns(), "a pool of %d, hold %s", tc.maxConns, tc.hold)
 	}
 }
 
