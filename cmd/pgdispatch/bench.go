@@ -3,16 +3,19 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/csv"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"runtime"
 	"runtime/pprof"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -92,6 +95,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&o.soakWriters, "soak-writers", 4, "soak: writer connections")
 	fs.BoolVar(&o.json, "json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	latencies := fs.String("latencies", "", "latency and sustained: write each job's commit and start times to this CSV file, to see when the slowest ones ran")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -145,6 +149,17 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	o.concurrency = base.Concurrency
 	b := &bench{pool: c.pool, base: base, opts: o, log: stderr}
+	if *latencies != "" {
+		f, err := os.Create(*latencies)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = f.Close() }()
+		b.latencies = csv.NewWriter(f)
+		if err := b.latencies.Write([]string{"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us"}); err != nil {
+			return err
+		}
+	}
 
 	var results []*benchResult
 	for _, s := range o.scenarios {
@@ -169,6 +184,11 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		results = append(results, rs...)
 	}
+	if b.latencies != nil {
+		if b.latencies.Flush(); b.latencies.Error() != nil {
+			return fmt.Errorf("--latencies: %w", b.latencies.Error())
+		}
+	}
 	if o.json {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -185,10 +205,33 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 }
 
 type bench struct {
-	pool *pgxpool.Pool
-	base pgdispatch.Config
-	opts benchOptions
-	log  io.Writer
+	pool      *pgxpool.Pool
+	base      pgdispatch.Config
+	opts      benchOptions
+	log       io.Writer
+	latencies *csv.Writer // --latencies, or nil
+}
+
+// recordLatencies writes each committed job's commit and start times to
+// --latencies, in commit order, when it is set.
+func (b *bench) recordLatencies(scenario string, writers int, p *probe, committed map[int64]time.Time) error {
+	if b.latencies == nil {
+		return nil
+	}
+	ids := slices.SortedFunc(maps.Keys(committed), func(x, y int64) int { return committed[x].Compare(committed[y]) })
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		c, s := committed[id].UnixMicro(), p.started[id].UnixMicro()
+		row := []string{scenario, strconv.Itoa(writers), strconv.FormatInt(id, 10)}
+		for _, us := range []int64{c, s, s - c} {
+			row = append(row, strconv.FormatInt(us, 10))
+		}
+		if err := b.latencies.Write(row); err != nil {
+			return fmt.Errorf("--latencies: %w", err)
+		}
+	}
+	return nil
 }
 
 func (b *bench) serverVersion(ctx context.Context) string {
@@ -339,6 +382,9 @@ func (b *bench) latency(ctx context.Context) ([]*benchResult, error) {
 	}
 	lat, err := waitLatencies(ctx, p, committed, 30*time.Second)
 	if err != nil {
+		return nil, err
+	}
+	if err := b.recordLatencies("latency", 1, p, committed); err != nil {
 		return nil, err
 	}
 	r := &benchResult{Scenario: "latency", Conditions: fmt.Sprintf("%d jobs, one per transaction, %s apart, idle worker, CONCURRENCY=%d, worker's synchronous_commit=%s",
@@ -536,6 +582,9 @@ func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 		lat, err := waitLatencies(ctx, p, committed, 60*time.Second)
 		cleanup()
 		if err != nil {
+			return nil, err
+		}
+		if err := b.recordLatencies("sustained", k, p, committed); err != nil {
 			return nil, err
 		}
 		r := &benchResult{Scenario: "sustained", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, CONCURRENCY=%d, LINGER=%s", k, b.opts.duration, b.opts.concurrency, b.lingerSetting())}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -403,9 +404,10 @@ func TestHelp(t *testing.T) {
 // users to: the producers' connections must not send it to the server.
 func TestBenchRuns(t *testing.T) {
 	t.Parallel()
+	latencies := filepath.Join(t.TempDir(), "latencies.csv")
 	p := start(t, env("DATABASE_URL="+withParam(pgtest.URL(), "pool_max_conns=8")), "bench", "--json", "--scenario", "latency,drain,sustained,writers,idle,soak",
 		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "1s", "--idle-duration", "200ms",
-		"--soak-duration", "1s", "--soak-writers", "2")
+		"--soak-duration", "1s", "--soak-writers", "2", "--latencies", latencies)
 	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
 	var results []struct {
 		Scenario   string             `json:"scenario"`
@@ -429,6 +431,25 @@ func TestBenchRuns(t *testing.T) {
 	require.GreaterOrEqual(t, got["writers"]["notified_share"], 0.0)
 	require.Positive(t, got["soak"]["jobs_written"])
 	require.Positive(t, got["soak"]["table_mb_end"])
+
+	// --latencies: a row per job of the latency and sustained scenarios.
+	f, err := os.Open(latencies)
+	require.NoError(t, err)
+	defer f.Close() //nolint:errcheck // read only
+	rows, err := csv.NewReader(f).ReadAll()
+	require.NoError(t, err)
+	require.Equal(t, []string{"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us"}, rows[0])
+	perScenario := map[string]int{}
+	for _, row := range rows[1:] {
+		perScenario[row[0]]++
+		commit, err := strconv.ParseInt(row[3], 10, 64)
+		require.NoError(t, err)
+		started, err := strconv.ParseInt(row[4], 10, 64)
+		require.NoError(t, err)
+		require.Equal(t, strconv.FormatInt(started-commit, 10), row[5], "row %v", row)
+	}
+	require.Equal(t, 20, perScenario["latency"])
+	require.InDelta(t, got["sustained"]["inserts_per_s"], float64(perScenario["sustained"]), 0.5, "one row per job committed in the 1 s run")
 	var left int
 	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
 		"SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdispatch_bench_%'").Scan(&left))
