@@ -31,9 +31,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -412,6 +415,15 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			}
 			failures++
 			delay := claimRetryDelay(failures)
+			if connLost(err) && failures <= int(c.cfg.Pool.Config().MaxConns) {
+				// The pool handed out a connection the server had closed
+				// (terminated, restarted), and drops it now. After a mass
+				// termination every idle connection is dead: backing off
+				// for each would leave the queue unclaimed for seconds
+				// (0.1 + 0.2 + 0.4 + ... for a pool of warmed connections),
+				// so the next is tried at once, a pool's worth of times.
+				delay = 0
+			}
 			c.logger.Warn("claim failed", zap.Error(err), zap.Int("failures", failures), zap.Duration("retry_in", delay))
 			resetTimer(sched, delay)
 			continue
@@ -485,6 +497,22 @@ func lingerWait(linger time.Duration, idle int) (time.Duration, bool) {
 		spent += wait
 	}
 	return wait, spent <= linger
+}
+
+// connLost reports whether err says that the connection died under the
+// statement, the server having closed it (a FATAL error, such as
+// pg_terminate_backend's 57P01) or gone away, rather than that the
+// statement failed or a new connection could not be made.
+func connLost(err error) bool {
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return false
+	}
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
+		return pgErr.Severity == "FATAL" || pgErr.SeverityUnlocalized == "FATAL"
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 func claimRetryDelay(failures int) time.Duration {

@@ -65,6 +65,9 @@ func (c *Claimer) flushPending(ctx context.Context) {
 		}
 		failures++
 		delay := claimRetryDelay(failures)
+		if connLost(err) && failures <= int(c.cfg.Pool.Config().MaxConns) {
+			delay = 0 // a dead pooled connection, dropped now: see claimLoop
+		}
 		c.logger.Warn("writing outcomes failed", zap.Error(err), zap.Int("num_outcomes", len(batch)),
 			zap.Int("failures", failures), zap.Duration("retry_in", delay))
 		t := time.NewTimer(delay)

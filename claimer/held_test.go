@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
@@ -489,4 +492,70 @@ func TestOutcomesAfterAFailedHeldCommitChangeNothing(t *testing.T) {
 	for _, r := range again {
 		require.Equal(t, 2, r.job.Attempt, "job %d: the lost attempt counts", r.job.ID)
 	}
+}
+
+// After every connection of its pool was terminated (a failover, a proxy
+// restarted), the claimer and the completer go through the dead connections
+// the pool still holds without backing off: a claim or a write that fails
+// on one is tried again at once, on the next.
+func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	app := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 6
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	// As cmd/pgdispatch's pool: no ping before handing out a connection
+	// idle for less than minutes, so a dead one is found by its use.
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	ran := make(chan int64, 1)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error {
+		ran <- job.ID
+		return nil
+	}))
+	core, logs := observer.New(zap.WarnLevel)
+	c, err := New(Config{
+		Pool: pool, Schema: schema, SleepConnConfig: cfg.ConnConfig, Queue: "default", WorkerID: "w",
+		Registry: registry, Logger: zap.New(core),
+	})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer stop()
+
+	warmed := int32(min(maxHeld, 6/2) + 2)
+	require.Eventually(t, func() bool { return pool.Stat().IdleConns() >= warmed }, 30*time.Second, 10*time.Millisecond)
+	var killed int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
+		"SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&killed))
+	require.GreaterOrEqual(t, killed, int(warmed))
+
+	ids := insertJobs(ctx, t, pgtest.Pool(t), pgx.Identifier{schema, "jobs"}.Sanitize(), 1)
+	c.Wake()
+	select {
+	case id := <-ran:
+		require.Equal(t, ids[0], id)
+	case <-ctx.Done():
+		t.Fatal("the job never ran")
+	}
+	stop()
+	require.NoError(t, <-done)
+
+	failed := logs.FilterMessage("claim failed").All()
+	require.NotEmpty(t, failed, "no claim met a dead connection: the test did not exercise it")
+	for _, e := range append(failed, logs.FilterMessage("writing outcomes failed").All()...) {
+		require.Equal(t, time.Duration(0), e.ContextMap()["retry_in"], "%s: %v", e.Message, e.ContextMap())
+	}
+	var status string
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE id = $1", ids[0]).Scan(&status))
+	require.Equal(t, "done", status)
 }
