@@ -365,7 +365,8 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		fromTick  bool
 		fromGrant bool
 		busy      bool // the last claim found jobs: the next may hold its own
-		failures  int
+		failures  int  // claims failed in a row
+		quick     int  // of them, retried at once: their connection was lost
 	)
 	for {
 		fromGrant = false
@@ -414,21 +415,23 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 				return
 			}
 			failures++
-			delay := claimRetryDelay(failures)
-			if connLost(err) && failures <= int(c.cfg.Pool.Config().MaxConns) {
+			var delay time.Duration
+			if connLost(err) && quick < int(c.cfg.Pool.Config().MaxConns) {
 				// The pool handed out a connection the server had closed
 				// (terminated, restarted), and drops it now. After a mass
 				// termination every idle connection is dead: backing off
 				// for each would leave the queue unclaimed for seconds
 				// (0.1 + 0.2 + 0.4 + ... for a pool of warmed connections),
 				// so the next is tried at once, a pool's worth of times.
-				delay = 0
+				quick++
+			} else {
+				delay = claimRetryDelay(failures - quick)
 			}
 			c.logger.Warn("claim failed", zap.Error(err), zap.Int("failures", failures), zap.Duration("retry_in", delay))
 			resetTimer(sched, delay)
 			continue
 		}
-		failures = 0
+		failures, quick = 0, 0
 		if fromTick && len(claimed) > 0 {
 			c.tickHits.Add(1)
 			c.logger.Info("fallback tick found due jobs: a notification was missed",

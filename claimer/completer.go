@@ -42,7 +42,7 @@ func (c *Claimer) pendingCount() int {
 // database fails, until ctx ends. A write under way is not cut short by ctx:
 // each is bounded by StatementTimeout.
 func (c *Claimer) flushPending(ctx context.Context) {
-	failures := 0
+	failures, quick := 0, 0
 	for {
 		c.mu.Lock()
 		batch := c.pending[:min(len(c.pending), maxCompletionBatch)]
@@ -52,7 +52,7 @@ func (c *Claimer) flushPending(ctx context.Context) {
 		}
 		err := c.complete(context.WithoutCancel(ctx), batch)
 		if err == nil {
-			failures = 0
+			failures, quick = 0, 0
 			c.mu.Lock()
 			c.pending = c.pending[len(batch):]
 			for _, o := range batch {
@@ -64,9 +64,11 @@ func (c *Claimer) flushPending(ctx context.Context) {
 			continue
 		}
 		failures++
-		delay := claimRetryDelay(failures)
-		if connLost(err) && failures <= int(c.cfg.Pool.Config().MaxConns) {
-			delay = 0 // a dead pooled connection, dropped now: see claimLoop
+		var delay time.Duration
+		if connLost(err) && quick < int(c.cfg.Pool.Config().MaxConns) {
+			quick++ // a dead pooled connection, dropped now: see claimLoop
+		} else {
+			delay = claimRetryDelay(failures - quick)
 		}
 		c.logger.Warn("writing outcomes failed", zap.Error(err), zap.Int("num_outcomes", len(batch)),
 			zap.Int("failures", failures), zap.Duration("retry_in", delay))
