@@ -365,8 +365,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		fromTick  bool
 		fromGrant bool
 		busy      bool // the last claim found jobs: the next may hold its own
-		failures  int  // claims failed in a row
-		quick     int  // of them, retried at once: their connection was lost
+		retry     = c.newBackoff()
 	)
 	for {
 		fromGrant = false
@@ -414,24 +413,12 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			if ctx.Err() != nil {
 				return
 			}
-			failures++
-			var delay time.Duration
-			if connLost(err) && quick < int(c.cfg.Pool.Config().MaxConns) {
-				// The pool handed out a connection the server had closed
-				// (terminated, restarted), and drops it now. After a mass
-				// termination every idle connection is dead: backing off
-				// for each would leave the queue unclaimed for seconds
-				// (0.1 + 0.2 + 0.4 + ... for a pool of warmed connections),
-				// so the next is tried at once, a pool's worth of times.
-				quick++
-			} else {
-				delay = claimRetryDelay(failures - quick)
-			}
-			c.logger.Warn("claim failed", zap.Error(err), zap.Int("failures", failures), zap.Duration("retry_in", delay))
+			delay := retry.next(err)
+			c.logger.Warn("claim failed", zap.Error(err), zap.Int("failures", retry.failures), zap.Duration("retry_in", delay))
 			resetTimer(sched, delay)
 			continue
 		}
-		failures, quick = 0, 0
+		retry = c.newBackoff()
 		if fromTick && len(claimed) > 0 {
 			c.tickHits.Add(1)
 			c.logger.Info("fallback tick found due jobs: a notification was missed",
@@ -500,6 +487,34 @@ func lingerWait(linger time.Duration, idle int) (time.Duration, bool) {
 		spent += wait
 	}
 	return wait, spent <= linger
+}
+
+// backoff paces the tries of a statement that keeps failing: 100 ms after
+// the first failure, doubling to 10 s (claimRetryDelay). A failure whose
+// connection was lost (connLost) is tried again at once instead, a pool's
+// worth of times in a row: the pool handed out a connection the server had
+// closed (terminated, restarted) and drops it now, and after a mass
+// termination every idle connection is dead. Backing off for each left a
+// queue unclaimed for seconds (0.1 + 0.2 + 0.4 + ... s for a pool of warmed
+// connections; the fault suite's terminate scenario caught it).
+type backoff struct {
+	failures int // in a row
+	quick    int // of them, tried again at once
+	poolSize int
+}
+
+func (c *Claimer) newBackoff() backoff {
+	return backoff{poolSize: int(c.cfg.Pool.Config().MaxConns)}
+}
+
+// next counts a failure and returns the pause before the next try.
+func (b *backoff) next(err error) time.Duration {
+	b.failures++
+	if connLost(err) && b.quick < b.poolSize {
+		b.quick++
+		return 0
+	}
+	return claimRetryDelay(b.failures - b.quick)
 }
 
 // connLost reports whether err says that the connection died under the

@@ -42,7 +42,7 @@ func (c *Claimer) pendingCount() int {
 // database fails, until ctx ends. A write under way is not cut short by ctx:
 // each is bounded by StatementTimeout.
 func (c *Claimer) flushPending(ctx context.Context) {
-	failures, quick := 0, 0
+	retry := c.newBackoff()
 	for {
 		c.mu.Lock()
 		batch := c.pending[:min(len(c.pending), maxCompletionBatch)]
@@ -52,7 +52,7 @@ func (c *Claimer) flushPending(ctx context.Context) {
 		}
 		err := c.complete(context.WithoutCancel(ctx), batch)
 		if err == nil {
-			failures, quick = 0, 0
+			retry = c.newBackoff()
 			c.mu.Lock()
 			c.pending = c.pending[len(batch):]
 			for _, o := range batch {
@@ -63,15 +63,9 @@ func (c *Claimer) flushPending(ctx context.Context) {
 			signal(c.slotFreed) // a claimer held back by unwritten outcomes may go on
 			continue
 		}
-		failures++
-		var delay time.Duration
-		if connLost(err) && quick < int(c.cfg.Pool.Config().MaxConns) {
-			quick++ // a dead pooled connection, dropped now: see claimLoop
-		} else {
-			delay = claimRetryDelay(failures - quick)
-		}
+		delay := retry.next(err)
 		c.logger.Warn("writing outcomes failed", zap.Error(err), zap.Int("num_outcomes", len(batch)),
-			zap.Int("failures", failures), zap.Duration("retry_in", delay))
+			zap.Int("failures", retry.failures), zap.Duration("retry_in", delay))
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
