@@ -196,9 +196,10 @@ type Claimer struct {
 	heldClaimSQL, heldCompleteSQL, leaseHeldSQL string
 	sleep                                       *sleepLock
 
-	baseCtx context.Context // Run's context without its cancellation: held batches commit under it
-	maxHeld int             // held batches open at once at most
-	heldWG  sync.WaitGroup  // held batches not yet committed
+	baseCtx  context.Context // Run's context without its cancellation: held batches commit under it
+	poolSize int             // the pool's MaxConns, read once: Pool.Config copies the whole config
+	maxHeld  int             // held batches open at once at most
+	heldWG   sync.WaitGroup  // held batches not yet committed
 
 	wake      chan struct{} // notifications and timers; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
@@ -234,6 +235,7 @@ func New(cfg Config) (*Claimer, error) {
 	}
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
 	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
+	poolSize := int(cfg.Pool.Config().MaxConns)
 	return &Claimer{
 		cfg:             cfg,
 		logger:          logger,
@@ -244,7 +246,8 @@ func New(cfg Config) (*Claimer, error) {
 		heldCompleteSQL: withTable(heldCompleteSQL, jobsTable),
 		leaseHeldSQL:    withTable(leaseHeldSQL, jobsTable),
 		baseCtx:         context.Background(),
-		maxHeld:         min(maxHeld, max(int(cfg.Pool.Config().MaxConns)/2, 1)),
+		poolSize:        poolSize,
+		maxHeld:         min(maxHeld, max(poolSize/2, 1)),
 		sleep:           newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		wake:            make(chan struct{}, 1),
 		slotFreed:       make(chan struct{}, 1),
@@ -504,7 +507,7 @@ type backoff struct {
 }
 
 func (c *Claimer) newBackoff() backoff {
-	return backoff{poolSize: int(c.cfg.Pool.Config().MaxConns)}
+	return backoff{poolSize: c.poolSize}
 }
 
 // next counts a failure and returns the pause before the next try.

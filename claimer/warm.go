@@ -46,7 +46,7 @@ func (c *Claimer) warm(ctx context.Context) {
 	if c.cfg.Hold < 0 {
 		held = 0 // every claim leases: no held batch takes a connection
 	}
-	n := min(held+2, int(c.cfg.Pool.Config().MaxConns)-1)
+	n := min(held+2, c.poolSize-1)
 	if n <= 0 {
 		return
 	}
