@@ -578,7 +578,7 @@ func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Durat
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
-	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL, c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
+	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL, c.claimArgs(limit)...)
 	claimed, next, err := c.readClaim(results, nil)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
@@ -722,7 +722,7 @@ func (c *Claimer) runHeartbeat(ctx context.Context) {
 			continue
 		}
 		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
-		tag, err := c.execPinned(callCtx, c.heartbeatSQL, ids, c.cfg.WorkerID, c.cfg.Lease.Seconds())
+		tag, err := c.execPinned(callCtx, c.heartbeatSQL, c.heartbeatArgs(ids)...)
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {

@@ -81,8 +81,7 @@ func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
 	a := newOutcomeArrays(batch)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
-	tag, err := c.execPinned(ctx, c.completeSQL, a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases,
-		c.cfg.DeleteDone, c.cfg.WorkerID)
+	tag, err := c.execPinned(ctx, c.completeSQL, c.completeArgs(a)...)
 	if err != nil {
 		return fmt.Errorf("record outcomes: %w", err)
 	}

@@ -79,7 +79,7 @@ func (c *Claimer) claimHeld(ctx context.Context, limit int) ([]*running, *time.D
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN")
 	batch.Queue(planSQL)
-	batch.Queue(c.heldClaimSQL, c.cfg.Queue, limit, c.cfg.MaxAttempts)
+	batch.Queue(c.heldClaimSQL, c.heldClaimArgs(limit)...)
 	results := conn.SendBatch(ctx, batch)
 	_, err = results.Exec()
 	var (
@@ -186,15 +186,14 @@ func (c *Claimer) commitHeld(ctx context.Context, conn *pgxpool.Conn, outcomes [
 	batch := &pgx.Batch{}
 	if len(outcomes) > 0 {
 		a := newOutcomeArrays(outcomes)
-		batch.Queue(c.heldCompleteSQL, a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases,
-			c.cfg.DeleteDone, c.cfg.MaxAttempts)
+		batch.Queue(c.heldCompleteSQL, c.heldCompleteArgs(a)...)
 	}
 	if n := len(lease); n > 0 {
 		ids, attempts := make([]int64, n), make([]int32, n)
 		for i, j := range lease {
 			ids[i], attempts[i] = j.ID, int32(j.Attempt)
 		}
-		batch.Queue(c.leaseHeldSQL, ids, attempts, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts)
+		batch.Queue(c.leaseHeldSQL, c.leaseHeldArgs(ids, attempts)...)
 	}
 	batch.Queue("COMMIT")
 	if err := conn.SendBatch(ctx, batch).Close(); err != nil {

@@ -471,7 +471,7 @@ func TestOutcomesAfterAFailedHeldCommitChangeNothing(t *testing.T) {
 	release()
 	c.heldWG.Wait() // the lease failed
 
-	_, err := c.execPinned(ctx, c.heartbeatSQL, c.inflightIDs(), c.cfg.WorkerID, c.cfg.Lease.Seconds())
+	_, err := c.execPinned(ctx, c.heartbeatSQL, c.heartbeatArgs(c.inflightIDs())...)
 	require.NoError(t, err)
 	for _, r := range runs {
 		require.True(t, c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"}))

@@ -177,6 +177,41 @@ const lostSQL = `CASE WHEN xmax = '0'::xid THEN false ELSE coalesce(pg_xact_stat
       - (xmax::text::bigint > (pg_current_xact_id()::text::bigint & 4294967295))::int) << 32)
     | xmax::text::bigint, 3)::text::xid8) <> 'committed', false) END`
 
+// The arguments of each statement, built in one place for its use and for
+// the warm-up (warm.go), which runs every statement once with arguments that
+// match no row.
+
+// claimArgs are claimSQL's arguments: up to limit jobs.
+func (c *Claimer) claimArgs(limit int) []any {
+	return []any{c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts}
+}
+
+// heldClaimArgs are heldClaimSQL's arguments: up to limit jobs.
+func (c *Claimer) heldClaimArgs(limit int) []any {
+	return []any{c.cfg.Queue, limit, c.cfg.MaxAttempts}
+}
+
+// heldCompleteArgs are heldCompleteSQL's arguments: the outcomes a.
+func (c *Claimer) heldCompleteArgs(a outcomeArrays) []any {
+	return []any{a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases, c.cfg.DeleteDone, c.cfg.MaxAttempts}
+}
+
+// leaseHeldArgs are leaseHeldSQL's arguments: the jobs ids with their
+// attempts.
+func (c *Claimer) leaseHeldArgs(ids []int64, attempts []int32) []any {
+	return []any{ids, attempts, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts}
+}
+
+// completeArgs are completeSQL's arguments: the outcomes a.
+func (c *Claimer) completeArgs(a outcomeArrays) []any {
+	return []any{a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases, c.cfg.DeleteDone, c.cfg.WorkerID}
+}
+
+// heartbeatArgs are heartbeatSQL's arguments: the leases of jobs ids.
+func (c *Claimer) heartbeatArgs(ids []int64) []any {
+	return []any{ids, c.cfg.WorkerID, c.cfg.Lease.Seconds()}
+}
+
 func withTable(sql, jobsTable string) string {
 	return strings.NewReplacer("{jobs}", jobsTable, "{lost}", lostSQL).Replace(sql)
 }

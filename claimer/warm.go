@@ -104,19 +104,16 @@ func (c *Claimer) warm(ctx context.Context) {
 // trip after pgx's own to prepare them, and rolls back.
 func (c *Claimer) warmConn(ctx context.Context, conn *pgxpool.Conn) error {
 	none := newOutcomeArrays(nil)
-	lease := c.cfg.Lease.Seconds()
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN")
 	batch.Queue(planSQL) // first: the statements after it get their generic plans
 	batch.Queue(claimPlanSQL)
-	batch.Queue(c.claimSQL, c.cfg.Queue, 0, c.cfg.WorkerID, lease, c.cfg.MaxAttempts)
-	batch.Queue(c.heldClaimSQL, c.cfg.Queue, 0, c.cfg.MaxAttempts)
-	batch.Queue(c.heldCompleteSQL, none.ids, none.attempts, none.statuses, none.delays, none.errs, none.releases,
-		c.cfg.DeleteDone, c.cfg.MaxAttempts)
-	batch.Queue(c.leaseHeldSQL, none.ids, none.attempts, c.cfg.WorkerID, lease, c.cfg.MaxAttempts)
-	batch.Queue(c.completeSQL, none.ids, none.attempts, none.statuses, none.delays, none.errs, none.releases,
-		c.cfg.DeleteDone, c.cfg.WorkerID)
-	batch.Queue(c.heartbeatSQL, none.ids, c.cfg.WorkerID, lease)
+	batch.Queue(c.claimSQL, c.claimArgs(0)...)
+	batch.Queue(c.heldClaimSQL, c.heldClaimArgs(0)...)
+	batch.Queue(c.heldCompleteSQL, c.heldCompleteArgs(none)...)
+	batch.Queue(c.leaseHeldSQL, c.leaseHeldArgs(none.ids, none.attempts)...)
+	batch.Queue(c.completeSQL, c.completeArgs(none)...)
+	batch.Queue(c.heartbeatSQL, c.heartbeatArgs(none.ids)...)
 	batch.Queue("ROLLBACK")
 	if err := conn.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("warm a connection: %w", err)
