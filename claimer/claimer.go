@@ -721,18 +721,38 @@ func (c *Claimer) runHeartbeat(ctx context.Context) {
 		if len(ids) == 0 {
 			continue
 		}
+		c.renewLeases(ctx, ids)
+	}
+}
+
+// renewLeases runs one heartbeat. A heartbeat that meets a dead connection
+// is tried again at once, as a claim is (backoff): while every slot is busy
+// with long jobs, nothing else uses the pool, and after a restart or a mass
+// termination each of its idle connections is dead. One dead connection per
+// tick would let the leases lapse after three (Lease/3 apart), and the
+// sweeper would hand the running jobs to another worker. Any other failure
+// waits for the next tick, within the lease.
+func (c *Claimer) renewLeases(ctx context.Context, ids []int64) {
+	retry := c.newBackoff()
+	for {
 		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 		tag, err := c.execPinned(callCtx, c.heartbeatSQL, c.heartbeatArgs(ids)...)
 		cancel()
-		if err != nil {
-			if ctx.Err() == nil {
-				c.logger.Warn("heartbeat failed", zap.Error(err), zap.Int("num_jobs", len(ids)))
+		if err == nil {
+			if n := tag.RowsAffected(); n < int64(len(ids)) {
+				c.logger.Debug("heartbeat renewed fewer leases than jobs held",
+					zap.Int64("renewed", n), zap.Int("num_jobs", len(ids)))
 			}
-			continue
+			return
 		}
-		if n := tag.RowsAffected(); n < int64(len(ids)) {
-			c.logger.Debug("heartbeat renewed fewer leases than jobs held",
-				zap.Int64("renewed", n), zap.Int("num_jobs", len(ids)))
+		if ctx.Err() != nil {
+			return
+		}
+		again := retry.next(err) == 0
+		c.logger.Warn("heartbeat failed", zap.Error(err), zap.Int("num_jobs", len(ids)),
+			zap.Int("failures", retry.failures), zap.Bool("retry_now", again))
+		if !again {
+			return
 		}
 	}
 }

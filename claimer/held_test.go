@@ -503,17 +503,7 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	schema := pgtest.Schema(t)
-	app := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = 6
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	// As cmd/pgdispatch's pool: no ping before handing out a connection
-	// idle for less than minutes, so a dead one is found by its use.
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool, app := newUnpingedPool(ctx, t, 6)
 
 	ran := make(chan int64, 1)
 	registry := executors.NewRegistry()
@@ -523,7 +513,7 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 	}))
 	core, logs := observer.New(zap.WarnLevel)
 	c, err := New(Config{
-		Pool: pool, Schema: schema, SleepConnConfig: cfg.ConnConfig, Queue: "default", WorkerID: "w",
+		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default", WorkerID: "w",
 		Registry: registry, Logger: zap.New(core),
 	})
 	require.NoError(t, err)
@@ -534,10 +524,7 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 
 	warmed := int32(min(maxHeld, 6/2) + 2)
 	require.Eventually(t, func() bool { return pool.Stat().IdleConns() >= warmed }, 30*time.Second, 10*time.Millisecond)
-	var killed int
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
-		"SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&killed))
-	require.GreaterOrEqual(t, killed, int(warmed))
+	require.GreaterOrEqual(t, terminateApp(ctx, t, app), int(warmed))
 
 	ids := insertJobs(ctx, t, pgtest.Pool(t), pgx.Identifier{schema, "jobs"}.Sanitize(), 1)
 	c.Wake()
@@ -558,4 +545,114 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 	var status string
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE id = $1", ids[0]).Scan(&status))
 	require.Equal(t, "done", status)
+}
+
+// newUnpingedPool is a pool of maxConns connections named app (returned) in
+// pg_stat_activity, that hands out its idle connections without a ping, as
+// cmd/pgdispatch's does for those idle for less than minutes: a dead one is
+// found by its use.
+func newUnpingedPool(ctx context.Context, t *testing.T, maxConns int32) (*pgxpool.Pool, string) {
+	t.Helper()
+	app := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool, app
+}
+
+// terminateApp terminates the sessions named app and returns how many.
+func terminateApp(ctx context.Context, t *testing.T, app string) int {
+	t.Helper()
+	var killed int
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
+		"SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&killed))
+	return killed
+}
+
+// While every slot is busy with a long job, the heartbeat is the only user
+// of the pool. After every connection was terminated, it goes through the
+// dead ones at its next tick and renews the leases before they lapse; it
+// used to meet one dead connection per tick, and with six in the pool the
+// lease (three ticks) lapsed before a renewal got through.
+func TestHeartbeatSkipsDeadConnections(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	const poolSize = 6
+	pool, app := newUnpingedPool(ctx, t, poolSize)
+
+	started := make(chan int64, 1)
+	release := make(chan struct{})
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		started <- job.ID
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}))
+	core, logs := observer.New(zap.WarnLevel)
+	const lease = 3 * time.Second // a heartbeat every second
+	c, err := New(Config{
+		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default", WorkerID: "w",
+		Registry: registry, Logger: zap.New(core), Concurrency: 1, Lease: lease, Hold: -1,
+	})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer stop()
+
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	ids := insertJobs(ctx, t, pgtest.Pool(t), jobs, 1)
+	c.Wake()
+	select {
+	case id := <-started:
+		require.Equal(t, ids[0], id)
+	case <-ctx.Done():
+		t.Fatal("the job never started")
+	}
+	// Fill the pool, so that every connection it hands out next is dead.
+	conns := make([]*pgxpool.Conn, poolSize)
+	for i := range conns {
+		conns[i], err = pool.Acquire(ctx)
+		require.NoError(t, err)
+	}
+	for _, conn := range conns {
+		conn.Release()
+	}
+	lockedUntil := func() time.Time {
+		var until time.Time
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT locked_until FROM "+jobs+" WHERE id = $1", ids[0]).Scan(&until))
+		return until
+	}
+	until := lockedUntil()
+	require.Equal(t, poolSize, terminateApp(ctx, t, app))
+
+	var renewed time.Time
+	require.Eventually(t, func() bool {
+		renewed = lockedUntil()
+		return renewed.After(until)
+	}, 20*time.Second, 20*time.Millisecond, "no heartbeat renewed the lease")
+	require.True(t, renewed.Add(-lease).Before(until),
+		"the lease lapsed at %s, before the heartbeat renewed it at %s", until, renewed.Add(-lease))
+	failed := logs.FilterMessage("heartbeat failed").All()
+	require.NotEmpty(t, failed, "no heartbeat met a dead connection: the test did not exercise it")
+	for _, e := range failed {
+		require.Equal(t, true, e.ContextMap()["retry_now"], "%v", e.ContextMap())
+	}
+
+	close(release)
+	stop()
+	require.NoError(t, <-done)
+	row, ok := readRow(ctx, t, pgtest.Pool(t), jobs, ids[0])
+	require.True(t, ok)
+	require.Equal(t, "done", row.Status)
 }
