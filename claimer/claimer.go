@@ -194,12 +194,14 @@ type Claimer struct {
 
 	claimSQL, heartbeatSQL, completeSQL         string
 	heldClaimSQL, heldCompleteSQL, leaseHeldSQL string
+	heldClaimPastSQL                            string
 	sleep                                       *sleepLock
 
 	baseCtx  context.Context // Run's context without its cancellation: held batches commit under it
 	poolSize int             // the pool's MaxConns, read once: Pool.Config copies the whole config
 	maxHeld  int             // held batches open at once at most
 	heldWG   sync.WaitGroup  // held batches not yet committed
+	resume   resume          // where held claims start; the claim loop's own
 
 	wake      chan struct{} // notifications and timers; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
@@ -213,7 +215,8 @@ type Claimer struct {
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
 	heldClaims, leasedLate                              atomic.Int64
-	sleeping                                            atomic.Bool // see Sleeping
+	pastClaims                                          atomic.Int64 // held claims that started past a row (resume)
+	sleeping                                            atomic.Bool  // see Sleeping
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -237,22 +240,23 @@ func New(cfg Config) (*Claimer, error) {
 	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	poolSize := int(cfg.Pool.Config().MaxConns)
 	return &Claimer{
-		cfg:             cfg,
-		logger:          logger,
-		claimSQL:        withTable(claimSQL, jobsTable),
-		heartbeatSQL:    withTable(heartbeatSQL, jobsTable),
-		completeSQL:     withTable(completeSQL, jobsTable),
-		heldClaimSQL:    withTable(heldClaimSQL, jobsTable),
-		heldCompleteSQL: withTable(heldCompleteSQL, jobsTable),
-		leaseHeldSQL:    withTable(leaseHeldSQL, jobsTable),
-		baseCtx:         context.Background(),
-		poolSize:        poolSize,
-		maxHeld:         min(maxHeld, max(poolSize/2, 1)),
-		sleep:           newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
-		wake:            make(chan struct{}, 1),
-		slotFreed:       make(chan struct{}, 1),
-		flush:           make(chan struct{}, 1),
-		inflight:        map[int64]*running{},
+		cfg:              cfg,
+		logger:           logger,
+		claimSQL:         withTable(claimSQL, jobsTable),
+		heartbeatSQL:     withTable(heartbeatSQL, jobsTable),
+		completeSQL:      withTable(completeSQL, jobsTable),
+		heldClaimSQL:     withTable(heldClaimSQL, jobsTable),
+		heldClaimPastSQL: withTable(withPast(heldClaimSQL), jobsTable),
+		heldCompleteSQL:  withTable(heldCompleteSQL, jobsTable),
+		leaseHeldSQL:     withTable(leaseHeldSQL, jobsTable),
+		baseCtx:          context.Background(),
+		poolSize:         poolSize,
+		maxHeld:          min(maxHeld, max(poolSize/2, 1)),
+		sleep:            newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
+		wake:             make(chan struct{}, 1),
+		slotFreed:        make(chan struct{}, 1),
+		flush:            make(chan struct{}, 1),
+		inflight:         map[int64]*running{},
 	}, nil
 }
 
@@ -406,11 +410,24 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			c.wakeUp()
 			continue
 		}
-		claim := c.claim
-		if busy && c.mayHold() {
-			claim = c.claimHeld
+		var (
+			claimed []*running
+			next    *time.Duration
+			err     error
+			from    *claimKey
+			started = time.Now()
+		)
+		hold, open := false, false
+		if busy {
+			hold, open = c.mayHold()
 		}
-		claimed, next, err := claim(ctx, free)
+		if hold {
+			from = c.resume.next(open, started)
+			claimed, next, err = c.claimHeld(ctx, free, from)
+		} else {
+			claimed, next, err = c.claim(ctx, free)
+		}
+		c.resume.claimed(from, started, claimed, free, err)
 		busy = err == nil && len(claimed) > 0
 		if err != nil {
 			if ctx.Err() != nil {
@@ -559,16 +576,17 @@ func (c *Claimer) freeSlots() int {
 	return max(free, 0)
 }
 
-// mayHold reports whether the next claim may be held (held.go). Only a claim
-// that follows a busy one is: at an empty queue, a held claim would need one
-// more round trip to end its transaction.
-func (c *Claimer) mayHold() bool {
+// mayHold reports whether the next claim may be held (held.go), and whether
+// a held batch is still open. Only a claim that follows a busy one is held:
+// at an empty queue, a held claim would need one more round trip to end its
+// transaction.
+func (c *Claimer) mayHold() (hold, open bool) {
 	if c.cfg.Hold < 0 {
-		return false
+		return false, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.held < c.maxHeld
+	return c.held < c.maxHeld, c.held > 0
 }
 
 // claim takes up to limit due jobs and marks them running. When it claimed

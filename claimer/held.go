@@ -66,9 +66,80 @@ type heldBatch struct {
 	leased   bool          // committed, or failed to: outcomes go to the completer
 }
 
-// claimHeld claims up to limit due jobs in a held batch. A batch that claims
+// resumeFront bounds how long held claims may start past the front of the
+// queue (resume): at least this often a claim looks at it from the front.
+const resumeFront = 10 * time.Millisecond
+
+// claimKey is a job's place in the claim order: priority, run_at, id.
+type claimKey struct {
+	priority int16
+	runAt    time.Time
+	id       int64
+}
+
+func (k claimKey) less(o claimKey) bool {
+	if k.priority != o.priority {
+		return k.priority < o.priority
+	}
+	if !k.runAt.Equal(o.runAt) {
+		return k.runAt.Before(o.runAt)
+	}
+	return k.id < o.id
+}
+
+// resume is where a held claim in a backlog starts. Every claim scans the
+// queue in claim order from its front, and each row it meets that another
+// transaction holds costs a lock tried and skipped. In a backlog the first
+// rows are this claimer's own: its held batches are still open, committing
+// (two or three of 100 rows at each claim of a drain). So a held claim that
+// follows a full claim (the queue had more jobs than free slots) while a
+// held batch is still open starts past the last row that claim took.
+//
+// The rows it passes over are those of its open batches, and any that a
+// claim from the front would have taken first: a job of a higher priority
+// enqueued meanwhile, a job given back by a worker whose claim was lost,
+// one whose transaction committed after the claim but began before it (its
+// run_at is its transaction's start). Those wait for the next claim from
+// the front, which comes at least every resumeFront, or as soon as a claim
+// comes back short of its limit or no batch is open: a backlog delays
+// them by resumeFront at most, and outside a backlog nothing changes.
+type resume struct {
+	from    claimKey  // the last row the last full claim took
+	full    bool      // the last claim came back full: from is set
+	frontAt time.Time // when the last claim from the front started
+}
+
+// next returns where the next held claim starts at now, or nil for the
+// front of the queue. open reports whether a held batch is still open.
+func (r *resume) next(open bool, now time.Time) *claimKey {
+	if !r.full || !open || now.Sub(r.frontAt) >= resumeFront {
+		return nil
+	}
+	return &r.from
+}
+
+// claimed records a claim, started at started from from (nil: the front),
+// that took runs of up to limit jobs; err is its error.
+func (r *resume) claimed(from *claimKey, started time.Time, runs []*running, limit int, err error) {
+	if from == nil {
+		r.frontAt = started
+	}
+	r.full = err == nil && limit > 0 && len(runs) == limit
+	if !r.full {
+		return
+	}
+	for i, run := range runs {
+		k := claimKey{priority: run.job.Priority, runAt: run.job.RunAt, id: run.job.ID}
+		if i == 0 || r.from.less(k) {
+			r.from = k
+		}
+	}
+}
+
+// claimHeld claims up to limit due jobs in a held batch, from the front of
+// the queue, or past from when it is not nil (resume). A batch that claims
 // nothing ends its transaction before it returns.
-func (c *Claimer) claimHeld(ctx context.Context, limit int) ([]*running, *time.Duration, error) {
+func (c *Claimer) claimHeld(ctx context.Context, limit int, from *claimKey) ([]*running, *time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	conn, err := c.cfg.Pool.Acquire(ctx)
@@ -79,7 +150,12 @@ func (c *Claimer) claimHeld(ctx context.Context, limit int) ([]*running, *time.D
 	batch := &pgx.Batch{}
 	batch.Queue("BEGIN")
 	batch.Queue(planSQL)
-	batch.Queue(c.heldClaimSQL, c.heldClaimArgs(limit)...)
+	if from == nil {
+		batch.Queue(c.heldClaimSQL, c.heldClaimArgs(limit)...)
+	} else {
+		c.pastClaims.Add(1)
+		batch.Queue(c.heldClaimPastSQL, c.heldClaimPastArgs(limit, *from)...)
+	}
 	results := conn.SendBatch(ctx, batch)
 	_, err = results.Exec()
 	var (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -88,7 +89,7 @@ func lockRow(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string,
 // mustClaimHeld claims up to limit jobs in a held batch and wants n of them.
 func mustClaimHeld(ctx context.Context, t *testing.T, c *Claimer, limit, n int) []*running {
 	t.Helper()
-	runs, _, err := c.claimHeld(ctx, limit)
+	runs, _, err := c.claimHeld(ctx, limit, nil)
 	require.NoError(t, err)
 	require.Len(t, runs, n)
 	return runs
@@ -277,7 +278,7 @@ func TestHeldBatchLostConnectionGivesJobsBack(t *testing.T) {
 	require.Zero(t, c.Stats().Completed)
 
 	worker := "held-test"
-	held, _, err := c.claimHeld(ctx, 2)
+	held, _, err := c.claimHeld(ctx, 2, nil)
 	require.NoError(t, err)
 	require.Len(t, held, 2, "the pool replaced the dead connection")
 	leased, _, err := c.claim(ctx, 10)
@@ -357,7 +358,7 @@ func TestClaimedPayloadsAreTheirOwn(t *testing.T) {
 	require.NoError(t, err)
 	leased, _, err := c.claim(ctx, 3)
 	require.NoError(t, err)
-	held, _, err := c.claimHeld(ctx, 3)
+	held, _, err := c.claimHeld(ctx, 3, nil)
 	require.NoError(t, err)
 	for i, r := range append(leased, held...) {
 		require.JSONEq(t, fmt.Sprintf(`{"n": %d}`, i+1), string(r.job.Payload))
@@ -655,4 +656,108 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 	row, ok := readRow(ctx, t, pgtest.Pool(t), jobs, ids[0])
 	require.True(t, ok)
 	require.Equal(t, "done", row.Status)
+}
+
+// A held claim past a row starts its scan there: it takes the rows after
+// it, and leaves those before it, here a job of a higher priority enqueued
+// after the first batch, to the next claim from the front.
+func TestHeldClaimPastARow(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold})
+	ids := insertJobs(ctx, t, pool, jobs, 6)
+
+	first := mustClaimHeld(ctx, t, c, 3, 3)
+	var urgent int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&urgent))
+	last := first[2].job
+	past, _, err := c.claimHeld(ctx, 3, &claimKey{priority: last.Priority, runAt: last.RunAt, id: last.ID})
+	require.NoError(t, err)
+	require.Equal(t, ids[3:], jobIDs(past), "the rows after the first batch's last")
+
+	front := mustClaimHeld(ctx, t, c, 3, 1)
+	require.Equal(t, urgent, front[0].job.ID, "a claim from the front takes the job it passed over")
+
+	for _, r := range append(append(first, past...), front...) {
+		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
+	}
+	c.heldWG.Wait()
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status <> 'done'").Scan(&left))
+	require.Zero(t, left)
+}
+
+func jobIDs(runs []*running) []int64 {
+	ids := make([]int64, len(runs))
+	for i, r := range runs {
+		ids[i] = r.job.ID
+	}
+	return ids
+}
+
+// In a backlog, held claims start past the rows the claimer's open batches
+// hold, and pass over a job of a higher priority enqueued meanwhile; a
+// claim from the front, at least every resumeFront, takes it. It runs among
+// the next jobs, not after the backlog. Each job takes a millisecond, so
+// that a batch's commit is done before the claim after next and the
+// claimer never has maxHeld batches open: every claim is held, and only the
+// resumeFront bound brings one back to the front (a leased claim would
+// start there).
+func TestUrgentJobIsNotLeftBehindABacklog(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var (
+		mu      sync.Mutex
+		order   []int64
+		started = make(chan struct{})
+		done    = make(chan struct{})
+	)
+	const backlog, before = 2000, 200
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error {
+		time.Sleep(time.Millisecond) // the job's work
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, job.ID)
+		switch len(order) {
+		case before:
+			close(started)
+		case backlog + 1:
+			close(done)
+		}
+		return nil
+	}))
+	c, pool, jobs := newHeldClaimer(t, Config{Registry: registry, Concurrency: 20, DeleteDone: true})
+	insertJobs(ctx, t, pool, jobs, backlog)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	exited := make(chan error, 1)
+	go func() { exited <- c.Run(runCtx) }()
+
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the backlog did not start")
+	}
+	var urgent int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&urgent))
+	mu.Lock()
+	enqueuedAt := len(order)
+	mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the jobs did not all run")
+	}
+	stop()
+	require.NoError(t, <-exited)
+
+	ranAt := slices.Index(order, urgent)
+	require.GreaterOrEqual(t, ranAt, 0)
+	require.Positive(t, c.pastClaims.Load(), "no claim started past a row: the test did not exercise it")
+	t.Logf("the urgent job ran %d jobs after it was enqueued; %d claims started past a row", ranAt-enqueuedAt, c.pastClaims.Load())
+	require.Less(t, ranAt-enqueuedAt, 1000,
+		"the urgent job ran %d jobs after it was enqueued, with %d of the backlog left then", ranAt-enqueuedAt, backlog-enqueuedAt)
 }

@@ -80,3 +80,41 @@ func TestBackoffSkipsLostConnections(t *testing.T) {
 	require.Error(t, err)
 	require.False(t, connLost(err), "a failed connect: %v", err)
 }
+
+// A held claim starts past the last full claim's last row only while a held
+// batch is open, and only for resumeFront after the last claim from the
+// front; a short claim, a failed one or a closed batch sends the next one
+// back to the front.
+func TestResumeStartsPastOnlyInABacklog(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	runs := func(keys ...claimKey) []*running {
+		out := make([]*running, len(keys))
+		for i, k := range keys {
+			out[i] = &running{job: &executors.Job{ID: k.id, Priority: k.priority, RunAt: k.runAt}}
+		}
+		return out
+	}
+	a := claimKey{priority: 0, runAt: t0, id: 7}
+	b := claimKey{priority: 0, runAt: t0.Add(time.Millisecond), id: 3} // after a: a later run_at
+	c := claimKey{priority: 1, runAt: t0, id: 1}                       // after both: a lower priority
+
+	var r resume
+	require.Nil(t, r.next(true, t0), "nothing claimed yet: the front")
+	r.claimed(nil, t0, runs(b, c, a), 3, nil)
+	require.Equal(t, &c, r.next(true, t0.Add(time.Millisecond)), "the greatest key of a full claim")
+	require.Nil(t, r.next(false, t0.Add(time.Millisecond)), "no batch open: the front")
+	require.Nil(t, r.next(true, t0.Add(resumeFront)), "resumeFront after the last front claim: the front")
+
+	r.claimed(&c, t0.Add(time.Millisecond), runs(a, b), 3, nil)
+	require.Nil(t, r.next(true, t0.Add(2*time.Millisecond)), "a short claim: the front")
+
+	r.claimed(nil, t0.Add(20*time.Millisecond), runs(a, b), 2, nil)
+	require.Equal(t, &b, r.next(true, t0.Add(29*time.Millisecond)), "a front claim starts the resumeFront anew")
+	r.claimed(&b, t0.Add(29*time.Millisecond), runs(c), 1, nil)
+	require.Equal(t, &c, r.next(true, t0.Add(29*time.Millisecond)), "a past claim does not")
+	require.Nil(t, r.next(true, t0.Add(30*time.Millisecond)))
+
+	r.claimed(nil, t0.Add(40*time.Millisecond), nil, 2, errors.New("claim jobs: connection lost"))
+	require.Nil(t, r.next(true, t0.Add(41*time.Millisecond)), "a failed claim: the front")
+}

@@ -77,6 +77,10 @@ func checkPlans(t *testing.T, setup []string) {
 				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), false, 'w'",
 		},
 		"held_claim": {heldClaimSQL, "text, int, int", "'default', 1000, 5"},
+		"held_claim_past": {
+			withPast(heldClaimSQL), "text, int, int, smallint, timestamptz, bigint",
+			"'default', 1000, 5, 0, now() - interval '1 hour', 500",
+		},
 		"held_complete": {
 			heldCompleteSQL, "bigint[], int[], text[], float8[], text[], bool[], bool, int",
 			idArray + ", array_fill(1, ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
@@ -102,8 +106,12 @@ func checkPlans(t *testing.T, setup []string) {
 		for _, bad := range []string{"Join Filter", "Seq Scan on jobs", "Hash Join", "Merge Join"} {
 			require.NotContains(t, plan, bad, "%s plan:\n%s", name, plan)
 		}
-		if name == "claim" {
+		switch name {
+		case "claim":
 			require.Contains(t, plan, "Tid Scan on jobs", "claim plan:\n%s", plan)
+		case "held_claim_past":
+			// The scan starts at the row: the bound is in the index condition.
+			require.Regexp(t, `Index Cond: .*ROW\(priority, run_at, id\) >`, plan, "held_claim_past plan:\n%s", plan)
 		}
 	}
 	// The generic plan is made at the first EXPLAIN, and kept. It is checked

@@ -212,9 +212,19 @@ func (c *Claimer) heartbeatArgs(ids []int64) []any {
 	return []any{ids, c.cfg.WorkerID, c.cfg.Lease.Seconds()}
 }
 
-func withTable(sql, jobsTable string) string {
-	return strings.NewReplacer("{jobs}", jobsTable, "{lost}", lostSQL).Replace(sql)
+// heldClaimPastArgs are heldClaimSQL's arguments, with pastSQL, for a claim
+// of up to limit jobs past from.
+func (c *Claimer) heldClaimPastArgs(limit int, from claimKey) []any {
+	return append(c.heldClaimArgs(limit), from.priority, from.runAt, from.id)
 }
+
+// withTable names the jobs table in sql. A held claim starts at the front
+// of the queue; withPast makes it start past a row.
+func withTable(sql, jobsTable string) string {
+	return strings.NewReplacer("{jobs}", jobsTable, "{lost}", lostSQL, "{past}", "").Replace(sql)
+}
+
+func withPast(sql string) string { return strings.Replace(sql, "{past}", pastSQL, 1) }
 
 // heldClaimSQL is the claim of a held batch (held.go): it locks up to $2 due
 // jobs of queue $1 with FOR UPDATE SKIP LOCKED and writes nothing. The
@@ -235,7 +245,7 @@ WITH c AS (
            coalesce(max_attempts, $3) AS max_attempts, run_at, created_at,
            {lost} AS lost
     FROM {jobs}
-    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now(){past}
     ORDER BY priority, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -246,6 +256,17 @@ WITH c AS (
 )
 SELECT c.id, c.kind, c.payload, c.priority, c.attempt, c.max_attempts, c.run_at, c.created_at, n.next_in, c.lost
 FROM n LEFT JOIN c ON true`
+
+// pastSQL makes heldClaimSQL a claim that starts past the row ($4, $5, $6:
+// its priority, run_at and id) where the last full claim ended, rather
+// than at the front of the queue (resume in held.go). The bound is in the
+// index condition, so the scan starts there and no longer steps over the
+// rows this claimer's open batches hold. Each of those cost a lock tried
+// and skipped, about 2 µs: a claim of 100 behind 400 locked rows took
+// 1.6 ms, against 0.8 ms with none (EXPLAIN ANALYZE), and in a drain two or
+// three batches of 100 are still committing at each claim.
+const pastSQL = `
+      AND (priority, run_at, id) > ($4::smallint, $5::timestamptz, $6::bigint)`
 
 // heldCompleteSQL records the outcomes of held jobs in their claim's
 // transaction. The rows are still pending and already locked by it, so

@@ -110,6 +110,7 @@ func (c *Claimer) warmConn(ctx context.Context, conn *pgxpool.Conn) error {
 	batch.Queue(claimPlanSQL)
 	batch.Queue(c.claimSQL, c.claimArgs(0)...)
 	batch.Queue(c.heldClaimSQL, c.heldClaimArgs(0)...)
+	batch.Queue(c.heldClaimPastSQL, c.heldClaimPastArgs(0, claimKey{})...)
 	batch.Queue(c.heldCompleteSQL, c.heldCompleteArgs(none)...)
 	batch.Queue(c.leaseHeldSQL, c.leaseHeldArgs(none.ids, none.attempts)...)
 	batch.Queue(c.completeSQL, c.completeArgs(none)...)

@@ -62,7 +62,7 @@ func TestWarmReadiesConnections(t *testing.T) {
 		}
 	}()
 	require.Len(t, conns, maxHeld+2, "one connection per held batch, the claim's and the completer's")
-	statements := []string{c.claimSQL, c.heldClaimSQL, c.heldCompleteSQL, c.leaseHeldSQL, c.completeSQL, c.heartbeatSQL}
+	statements := []string{c.claimSQL, c.heldClaimSQL, c.heldClaimPastSQL, c.heldCompleteSQL, c.leaseHeldSQL, c.completeSQL, c.heartbeatSQL}
 	for _, conn := range conns {
 		var planned int
 		var mode string
