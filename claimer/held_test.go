@@ -634,8 +634,10 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT locked_until FROM "+jobs+" WHERE id = $1", ids[0]).Scan(&until))
 		return until
 	}
-	until := lockedUntil()
 	require.Equal(t, poolSize, terminateApp(ctx, t, app))
+	// Read after the termination: a heartbeat that ran between the two
+	// would otherwise pass for one that got through the dead connections.
+	until := lockedUntil()
 
 	var renewed time.Time
 	require.Eventually(t, func() bool {
