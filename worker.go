@@ -89,8 +89,7 @@ type Config struct {
 	RetainDone time.Duration
 	// DeleteDone deletes jobs as soon as they are done (RETAIN_DONE=0).
 	DeleteDone bool
-	// Hold is how long a claim that follows a busy one, or that a
-	// notification woke the sleeping claimer for, keeps its jobs under
+	// Hold is how long a claim that follows a busy one keeps its jobs under
 	// its own transaction before it leases them; jobs done within it cost one
 	// write instead of two (see claimer.Config.Hold). Default: 50ms;
 	// negative: lease every job at its claim.

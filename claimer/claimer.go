@@ -120,8 +120,7 @@ type Config struct {
 	// DeleteDone deletes jobs as soon as they are done instead of keeping
 	// them for the sweeper to purge.
 	DeleteDone bool
-	// Hold is how long a claim that follows a busy one, or that a
-	// notification woke the sleeping claimer for, keeps its jobs under
+	// Hold is how long a claim that follows a busy one keeps its jobs under
 	// its own transaction's row locks before it leases them (held.go): jobs
 	// done within it are recorded in that transaction, with no lease
 	// written. Default: 50ms; negative: every claim leases its jobs at once.
@@ -373,18 +372,14 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		fromTick  bool
 		fromGrant bool
 		busy      bool // the last claim found jobs: the next may hold its own
-		woken     bool // a notification woke the claimer from its sleep: so may this claim
 		retry     = c.newBackoff()
 	)
 	for {
-		fromGrant, woken = false, false
+		fromGrant = false
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.wake:
-			// Asleep, the claimer hears only of jobs committed for it: the
-			// claim will likely find one, and holding it writes it once.
-			woken = asleep
 		case <-c.sleep.recheck:
 			fromGrant = c.sleep.holding.Load()
 		case <-sched.C:
@@ -423,7 +418,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			started = time.Now()
 		)
 		hold, open := false, false
-		if busy || woken {
+		if busy {
 			hold, open = c.mayHold()
 		}
 		if hold {
@@ -582,10 +577,9 @@ func (c *Claimer) freeSlots() int {
 }
 
 // mayHold reports whether the next claim may be held (held.go), and whether
-// a held batch is still open. Only a claim that is likely to find jobs is
-// held (one that follows a busy claim, or that a notification woke from its
-// sleep): at an empty queue, a held claim would need one more round trip to
-// end its transaction.
+// a held batch is still open. Only a claim that follows a busy one is held:
+// at an empty queue, a held claim would need one more round trip to end its
+// transaction.
 func (c *Claimer) mayHold() (hold, open bool) {
 	if c.cfg.Hold < 0 {
 		return false, false

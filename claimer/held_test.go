@@ -733,15 +733,28 @@ func TestUrgentJobIsNotLeftBehindABacklog(t *testing.T) {
 	}))
 	c, pool, jobs := newHeldClaimer(t, Config{Registry: registry, Concurrency: 20, DeleteDone: true})
 	insertJobs(ctx, t, pool, jobs, backlog)
-	stop := runClaimer(ctx, t, c)
-	await(ctx, t, started, "the backlog did not start")
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	exited := make(chan error, 1)
+	go func() { exited <- c.Run(runCtx) }()
+
+	select {
+	case <-started:
+	case <-ctx.Done():
+		t.Fatal("the backlog did not start")
+	}
 	var urgent int64
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&urgent))
 	mu.Lock()
 	enqueuedAt := len(order)
 	mu.Unlock()
-	await(ctx, t, done, "the jobs did not all run")
-	require.NoError(t, stop())
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatal("the jobs did not all run")
+	}
+	stop()
+	require.NoError(t, <-exited)
 
 	ranAt := slices.Index(order, urgent)
 	require.GreaterOrEqual(t, ranAt, 0)
@@ -749,75 +762,4 @@ func TestUrgentJobIsNotLeftBehindABacklog(t *testing.T) {
 	t.Logf("the urgent job ran %d jobs after it was enqueued; %d claims started past a row", ranAt-enqueuedAt, c.pastClaims.Load())
 	require.Less(t, ranAt-enqueuedAt, 1000,
 		"the urgent job ran %d jobs after it was enqueued, with %d of the backlog left then", ranAt-enqueuedAt, backlog-enqueuedAt)
-}
-
-// A claimer asleep hears only of jobs committed for it, so the claim that a
-// notification wakes it for is held: the job is written once, at its
-// outcome. The claims of an idle queue (its start, its lingering looks)
-// stay leased.
-func TestClaimWokenFromSleepIsHeld(t *testing.T) {
-	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	asleep := make(chan struct{}, 1)
-	ran := make(chan int64, 1)
-	registry := executors.NewRegistry()
-	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error {
-		ran <- job.ID
-		return nil
-	}))
-	c, pool, jobs := newHeldClaimer(t, Config{
-		Registry: registry,
-		OnSleep: func() {
-			select {
-			case asleep <- struct{}{}:
-			default:
-			}
-		},
-	})
-	stop := runClaimer(ctx, t, c)
-	await(ctx, t, asleep, "the claimer never slept")
-	require.Zero(t, c.Stats().Held, "an idle queue's claims lease")
-
-	ids := insertJobs(ctx, t, pool, jobs, 1)
-	c.Wake() // as the listener does on the trigger's NOTIFY
-	require.Equal(t, ids[0], await(ctx, t, ran, "the job never ran"))
-	require.NoError(t, stop())
-	require.Equal(t, int64(1), c.Stats().Held, "the claim after the wake-up held its job")
-	row, ok := readRow(ctx, t, pool, jobs, ids[0])
-	require.True(t, ok)
-	require.Equal(t, heldRow{Status: "done", Attempts: 1}, row)
-}
-
-// runClaimer runs c until the returned stop is called (or the test ends);
-// stop returns Run's error.
-func runClaimer(ctx context.Context, t *testing.T, c *Claimer) (stop func() error) {
-	t.Helper()
-	runCtx, cancel := context.WithCancel(ctx)
-	exited := make(chan error, 1)
-	go func() { exited <- c.Run(runCtx) }()
-	var (
-		once sync.Once
-		err  error
-	)
-	stop = func() error {
-		once.Do(func() { cancel(); err = <-exited })
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop
-}
-
-// await returns what ch gives, or fails the test with what when ctx ends
-// first.
-func await[T any](ctx context.Context, t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-ctx.Done():
-		t.Fatal(what)
-		var zero T
-		return zero
-	}
 }

@@ -40,7 +40,7 @@ var workerSettings = []setting{
 	{"CONCURRENCY", "concurrency", "100", "jobs run at once per queue; a claim takes at most the free ones"},
 	{"POLL_INTERVAL", "poll-interval", "30s", "fallback tick that claims even without a notification"},
 	{"LINGER", "linger", "2ms", "how long a claimer keeps looking at its empty queue, every 0.5-4 ms, before it sleeps; writers skip NOTIFY until then (0: sleep at once)"},
-	{"CLAIM_HOLD", "claim-hold", "50ms", "how long a claim that follows a busy one, or that a notification woke a sleeping claimer for, keeps its jobs under its own transaction before leasing them; jobs done within it are written once (0: lease every job at its claim; at most 10s)"},
+	{"CLAIM_HOLD", "claim-hold", "50ms", "how long a claim that follows a busy one keeps its jobs under its own transaction before leasing them; jobs done within it are written once (0: lease every job at its claim; at most 10s)"},
 	{"LEASE", "lease", "30s", "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)"},
 	{"SWEEP_INTERVAL", "sweep-interval", "30s", "how often expired leases are given back and old jobs purged"},
 	{"MAX_ATTEMPTS", "max-attempts", "5", "attempts for jobs whose max_attempts is NULL"},
