@@ -91,7 +91,7 @@ func (k claimKey) less(o claimKey) bool {
 // queue in claim order from its front, and each row it meets that another
 // transaction holds costs a lock tried and skipped. In a backlog the first
 // rows are this claimer's own: its held batches are still open, committing
-// (two or three of 100 rows at each claim of a drain). So a held claim that
+// (two or three batches of 100 at each claim of a drain). So a held claim that
 // follows a full claim (the queue had more jobs than free slots) while a
 // held batch is still open starts past the last row that claim took.
 //

@@ -321,9 +321,7 @@ func TestBacklogDrainsThroughHeldClaims(t *testing.T) {
 	c, pool, jobs := newHeldClaimer(t, Config{Registry: registry, Concurrency: 50, Logger: zaptest.NewLogger(t)})
 	insertJobs(ctx, t, pool, jobs, n)
 
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
+	stop := runClaimer(ctx, t, c)
 	seen := map[int64]bool{}
 	for len(seen) < n {
 		select {
@@ -334,8 +332,7 @@ func TestBacklogDrainsThroughHeldClaims(t *testing.T) {
 			t.Fatalf("%d of %d jobs ran", len(seen), n)
 		}
 	}
-	stop()
-	require.NoError(t, <-done)
+	require.NoError(t, stop())
 
 	var doneJobs, attempts int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*), coalesce(sum(attempts), 0) FROM "+jobs+" WHERE status = 'done' AND locked_by IS NULL").Scan(&doneJobs, &attempts))
@@ -518,10 +515,7 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 		Registry: registry, Logger: zap.New(core),
 	})
 	require.NoError(t, err)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	defer stop()
+	stop := runClaimer(ctx, t, c)
 
 	warmed := int32(min(maxHeld, 6/2) + 2)
 	require.Eventually(t, func() bool { return pool.Stat().IdleConns() >= warmed }, 30*time.Second, 10*time.Millisecond)
@@ -535,8 +529,7 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the job never ran")
 	}
-	stop()
-	require.NoError(t, <-done)
+	require.NoError(t, stop())
 
 	failed := logs.FilterMessage("claim failed").All()
 	require.NotEmpty(t, failed, "no claim met a dead connection: the test did not exercise it")
@@ -606,10 +599,7 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 		Registry: registry, Logger: zap.New(core), Concurrency: 1, Lease: lease, Hold: -1,
 	})
 	require.NoError(t, err)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	defer stop()
+	stop := runClaimer(ctx, t, c)
 
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	ids := insertJobs(ctx, t, pgtest.Pool(t), jobs, 1)
@@ -653,8 +643,7 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 	}
 
 	close(release)
-	stop()
-	require.NoError(t, <-done)
+	require.NoError(t, stop())
 	row, ok := readRow(ctx, t, pgtest.Pool(t), jobs, ids[0])
 	require.True(t, ok)
 	require.Equal(t, "done", row.Status)
@@ -733,10 +722,7 @@ func TestUrgentJobIsNotLeftBehindABacklog(t *testing.T) {
 	}))
 	c, pool, jobs := newHeldClaimer(t, Config{Registry: registry, Concurrency: 20, DeleteDone: true})
 	insertJobs(ctx, t, pool, jobs, backlog)
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	exited := make(chan error, 1)
-	go func() { exited <- c.Run(runCtx) }()
+	stop := runClaimer(ctx, t, c)
 
 	select {
 	case <-started:
@@ -753,8 +739,7 @@ func TestUrgentJobIsNotLeftBehindABacklog(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the jobs did not all run")
 	}
-	stop()
-	require.NoError(t, <-exited)
+	require.NoError(t, stop())
 
 	ranAt := slices.Index(order, urgent)
 	require.GreaterOrEqual(t, ranAt, 0)
@@ -762,4 +747,23 @@ func TestUrgentJobIsNotLeftBehindABacklog(t *testing.T) {
 	t.Logf("the urgent job ran %d jobs after it was enqueued; %d claims started past a row", ranAt-enqueuedAt, c.pastClaims.Load())
 	require.Less(t, ranAt-enqueuedAt, 1000,
 		"the urgent job ran %d jobs after it was enqueued, with %d of the backlog left then", ranAt-enqueuedAt, backlog-enqueuedAt)
+}
+
+// runClaimer runs c until the returned stop is called, or the test ends;
+// stop returns Run's error.
+func runClaimer(ctx context.Context, t *testing.T, c *Claimer) (stop func() error) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	exited := make(chan error, 1)
+	go func() { exited <- c.Run(runCtx) }()
+	var (
+		once sync.Once
+		err  error
+	)
+	stop = func() error {
+		once.Do(func() { cancel(); err = <-exited })
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
 }
