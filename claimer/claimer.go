@@ -31,12 +31,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,6 +43,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/retry"
 )
 
 const (
@@ -372,7 +370,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		fromTick  bool
 		fromGrant bool
 		busy      bool // the last claim found jobs: the next may hold its own
-		retry     = c.newBackoff()
+		backoff   = retry.New(c.poolSize)
 	)
 	for {
 		fromGrant = false
@@ -433,12 +431,12 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			if ctx.Err() != nil {
 				return
 			}
-			delay := retry.next(err)
-			c.logger.Warn("claim failed", zap.Error(err), zap.Int("failures", retry.failures), zap.Duration("retry_in", delay))
+			delay := backoff.Next(err)
+			c.logger.Warn("claim failed", zap.Error(err), zap.Int("failures", backoff.Failures()), zap.Duration("retry_in", delay))
 			resetTimer(sched, delay)
 			continue
 		}
-		retry = c.newBackoff()
+		backoff = retry.New(c.poolSize)
 		if fromTick && len(claimed) > 0 {
 			c.tickHits.Add(1)
 			c.logger.Info("fallback tick found due jobs: a notification was missed",
@@ -507,55 +505,6 @@ func lingerWait(linger time.Duration, idle int) (time.Duration, bool) {
 		spent += wait
 	}
 	return wait, spent <= linger
-}
-
-// backoff paces the tries of a statement that keeps failing: 100 ms after
-// the first failure, doubling to 10 s (claimRetryDelay). A failure whose
-// connection was lost (connLost) is tried again at once instead, a pool's
-// worth of times in a row: the pool handed out a connection the server had
-// closed (terminated, restarted) and drops it now, and after a mass
-// termination every idle connection is dead. Backing off for each left a
-// queue unclaimed for seconds (0.1 + 0.2 + 0.4 + ... s for a pool of warmed
-// connections; the fault suite's terminate scenario caught it).
-type backoff struct {
-	failures int // in a row
-	quick    int // of them, tried again at once
-	poolSize int
-}
-
-func (c *Claimer) newBackoff() backoff {
-	return backoff{poolSize: c.poolSize}
-}
-
-// next counts a failure and returns the pause before the next try.
-func (b *backoff) next(err error) time.Duration {
-	b.failures++
-	if connLost(err) && b.quick < b.poolSize {
-		b.quick++
-		return 0
-	}
-	return claimRetryDelay(b.failures - b.quick)
-}
-
-// connLost reports whether err says that the connection died under the
-// statement, the server having closed it (a FATAL error, such as
-// pg_terminate_backend's 57P01) or gone away, rather than that the
-// statement failed or a new connection could not be made.
-func connLost(err error) bool {
-	var connectErr *pgconn.ConnectError
-	if errors.As(err, &connectErr) {
-		return false
-	}
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
-		return pgErr.Severity == "FATAL" || pgErr.SeverityUnlocalized == "FATAL"
-	}
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-}
-
-func claimRetryDelay(failures int) time.Duration {
-	d := 100 * time.Millisecond << min(failures-1, 7)
-	return min(d, 10*time.Second)
 }
 
 func resetTimer(t *time.Timer, d time.Duration) {
@@ -744,14 +693,14 @@ func (c *Claimer) runHeartbeat(ctx context.Context) {
 }
 
 // renewLeases runs one heartbeat. A heartbeat that meets a dead connection
-// is tried again at once, as a claim is (backoff): while every slot is busy
+// is tried again at once, as a claim is (retry.Backoff): while every slot is busy
 // with long jobs, nothing else uses the pool, and after a restart or a mass
 // termination each of its idle connections is dead. One dead connection per
 // tick would let the leases lapse after three (Lease/3 apart), and the
 // sweeper would hand the running jobs to another worker. Any other failure
 // waits for the next tick, within the lease.
 func (c *Claimer) renewLeases(ctx context.Context, ids []int64) {
-	retry := c.newBackoff()
+	backoff := retry.New(c.poolSize)
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 		tag, err := c.execPinned(callCtx, c.heartbeatSQL, c.heartbeatArgs(ids)...)
@@ -766,9 +715,9 @@ func (c *Claimer) renewLeases(ctx context.Context, ids []int64) {
 		if ctx.Err() != nil {
 			return
 		}
-		again := retry.next(err) == 0
+		again := backoff.Next(err) == 0
 		c.logger.Warn("heartbeat failed", zap.Error(err), zap.Int("num_jobs", len(ids)),
-			zap.Int("failures", retry.failures), zap.Bool("retry_now", again))
+			zap.Int("failures", backoff.Failures()), zap.Bool("retry_now", again))
 		if !again {
 			return
 		}

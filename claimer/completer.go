@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/internal/retry"
 )
 
 // finalFlushTimeout bounds the writes of the last outcomes at shutdown.
@@ -42,7 +44,7 @@ func (c *Claimer) pendingCount() int {
 // database fails, until ctx ends. A write under way is not cut short by ctx:
 // each is bounded by StatementTimeout.
 func (c *Claimer) flushPending(ctx context.Context) {
-	retry := c.newBackoff()
+	backoff := retry.New(c.poolSize)
 	for {
 		c.mu.Lock()
 		batch := c.pending[:min(len(c.pending), maxCompletionBatch)]
@@ -52,7 +54,7 @@ func (c *Claimer) flushPending(ctx context.Context) {
 		}
 		err := c.complete(context.WithoutCancel(ctx), batch)
 		if err == nil {
-			retry = c.newBackoff()
+			backoff = retry.New(c.poolSize)
 			c.mu.Lock()
 			c.pending = c.pending[len(batch):]
 			for _, o := range batch {
@@ -63,9 +65,9 @@ func (c *Claimer) flushPending(ctx context.Context) {
 			signal(c.slotFreed) // a claimer held back by unwritten outcomes may go on
 			continue
 		}
-		delay := retry.next(err)
+		delay := backoff.Next(err)
 		c.logger.Warn("writing outcomes failed", zap.Error(err), zap.Int("num_outcomes", len(batch)),
-			zap.Int("failures", retry.failures), zap.Duration("retry_in", delay))
+			zap.Int("failures", backoff.Failures()), zap.Duration("retry_in", delay))
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -501,7 +500,7 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	schema := pgtest.Schema(t)
-	pool, app := newUnpingedPool(ctx, t, 6)
+	pool, app := pgtest.UnpingedPool(ctx, t, 6)
 
 	ran := make(chan int64, 1)
 	registry := executors.NewRegistry()
@@ -519,7 +518,7 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 
 	warmed := int32(min(maxHeld, 6/2) + 2)
 	require.Eventually(t, func() bool { return pool.Stat().IdleConns() >= warmed }, 30*time.Second, 10*time.Millisecond)
-	require.GreaterOrEqual(t, terminateApp(ctx, t, app), int(warmed))
+	require.GreaterOrEqual(t, pgtest.TerminateApp(ctx, t, app), int(warmed))
 
 	ids := insertJobs(ctx, t, pgtest.Pool(t), pgx.Identifier{schema, "jobs"}.Sanitize(), 1)
 	c.Wake()
@@ -541,33 +540,6 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 	require.Equal(t, "done", status)
 }
 
-// newUnpingedPool is a pool of maxConns connections named app (returned) in
-// pg_stat_activity, that hands out its idle connections without a ping, as
-// cmd/pgdispatch's does for those idle for less than minutes: a dead one is
-// found by its use.
-func newUnpingedPool(ctx context.Context, t *testing.T, maxConns int32) (*pgxpool.Pool, string) {
-	t.Helper()
-	app := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
-	cfg, err := pgxpool.ParseConfig(pgtest.URL())
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	cfg.ConnConfig.RuntimeParams["application_name"] = app
-	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool, app
-}
-
-// terminateApp terminates the sessions named app and returns how many.
-func terminateApp(ctx context.Context, t *testing.T, app string) int {
-	t.Helper()
-	var killed int
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
-		"SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&killed))
-	return killed
-}
-
 // While every slot is busy with a long job, the heartbeat is the only user
 // of the pool. After every connection was terminated, it goes through the
 // dead ones at its next tick and renews the leases before they lapse; it
@@ -579,7 +551,7 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 	defer cancel()
 	schema := pgtest.Schema(t)
 	const poolSize = 6
-	pool, app := newUnpingedPool(ctx, t, poolSize)
+	pool, app := pgtest.UnpingedPool(ctx, t, poolSize)
 
 	started := make(chan int64, 1)
 	release := make(chan struct{})
@@ -610,21 +582,13 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the job never started")
 	}
-	// Fill the pool, so that every connection it hands out next is dead.
-	conns := make([]*pgxpool.Conn, poolSize)
-	for i := range conns {
-		conns[i], err = pool.Acquire(ctx)
-		require.NoError(t, err)
-	}
-	for _, conn := range conns {
-		conn.Release()
-	}
+	pgtest.FillPool(ctx, t, pool)
 	lockedUntil := func() time.Time {
 		var until time.Time
 		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT locked_until FROM "+jobs+" WHERE id = $1", ids[0]).Scan(&until))
 		return until
 	}
-	require.Equal(t, poolSize, terminateApp(ctx, t, app))
+	require.Equal(t, poolSize, pgtest.TerminateApp(ctx, t, app))
 	// Read after the termination: a heartbeat that ran between the two
 	// would otherwise pass for one that got through the dead connections.
 	until := lockedUntil()

@@ -1,10 +1,7 @@
 package claimer
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"io"
 	"math"
 	"strings"
 	"testing"
@@ -12,7 +9,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -57,28 +53,6 @@ func TestHoldIsBounded(t *testing.T) {
 	require.ErrorContains(t, cfg.validate(), "Hold must not exceed 10s")
 	cfg.Hold = maxHold
 	require.NoError(t, cfg.validate())
-}
-
-// A failure on a lost connection is tried again at once, a pool's worth of
-// times in a row; any other failure, and a lost connection past that, backs
-// off from the first step (100 ms) up. A failure to connect is not a lost
-// connection: the database is down, and trying again at once would spin.
-func TestBackoffSkipsLostConnections(t *testing.T) {
-	t.Parallel()
-	lost := fmt.Errorf("claim jobs: %w", &pgconn.PgError{Severity: "FATAL", Code: "57P01", Message: "terminating connection due to administrator command"})
-	failed := errors.New(`claim jobs: relation "jobs" does not exist`)
-	b := backoff{poolSize: 2}
-	var got []time.Duration
-	for _, err := range []error{lost, lost, lost, failed, io.ErrUnexpectedEOF} {
-		got = append(got, b.next(err))
-	}
-	require.Equal(t, []time.Duration{0, 0, 100 * time.Millisecond, 200 * time.Millisecond, 400 * time.Millisecond}, got)
-
-	require.True(t, connLost(fmt.Errorf("record outcomes: %w", io.EOF)))
-	require.False(t, connLost(&pgconn.PgError{Severity: "ERROR", Code: "40P01"}), "a deadlock is the statement's failure")
-	_, err := pgconn.Connect(context.Background(), "postgres://127.0.0.1:1/x?connect_timeout=5")
-	require.Error(t, err)
-	require.False(t, connLost(err), "a failed connect: %v", err)
 }
 
 // A held claim starts past the last full claim's last row only while a held

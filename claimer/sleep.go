@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/internal/retry"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -220,7 +221,7 @@ func (s *sleepLock) fail(ctx context.Context, msg string, err error, failures in
 	if ctx.Err() != nil {
 		return
 	}
-	delay := min(claimRetryDelay(failures), maxSleepRetry)
+	delay := min(retry.Delay(failures), maxSleepRetry)
 	s.logger.Warn(msg, zap.Error(err), zap.Int("failures", failures), zap.Duration("retry_in", delay))
 	signal(s.recheck)
 	t := time.NewTimer(delay)

@@ -24,6 +24,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/internal/retry"
 )
 
 const (
@@ -88,6 +90,9 @@ type Sweeper struct {
 	logger *zap.Logger
 	rescue string
 	purge  string
+	// poolSize is the pool's MaxConns, read once (Pool.Config copies the
+	// whole config): how many dead connections a pass may meet in a row.
+	poolSize int
 
 	rescued, killed, purged atomic.Int64
 }
@@ -117,6 +122,8 @@ func New(cfg Config) (*Sweeper, error) {
 		logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("sweeper"),
 		rescue: strings.ReplaceAll(rescueSQL, "{jobs}", jobs),
 		purge:  strings.ReplaceAll(purgeSQL, "{jobs}", jobs),
+
+		poolSize: int(cfg.Pool.Config().MaxConns),
 	}, nil
 }
 
@@ -161,20 +168,34 @@ DELETE FROM {jobs} j WHERE j.id = ANY(ARRAY(SELECT id FROM d))`
 
 // Run sweeps every Interval until ctx ends, starting at once. It returns nil
 // when ctx is cancelled.
+//
+// A pass that meets a dead connection is run again at once, up to the
+// pool's size in a row (retry.Backoff): after a restart or a mass
+// termination every idle connection of the pool is dead, and waiting an
+// Interval for each would leave crashed workers' jobs unrescued for minutes.
+// Any other failure waits for the next Interval.
 func (s *Sweeper) Run(ctx context.Context) error {
 	s.logger.Info("sweeper started", zap.Duration("interval", s.cfg.Interval))
 	t := time.NewTimer(0)
 	defer t.Stop()
+	backoff := retry.New(s.poolSize)
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		}
+		next := s.cfg.Interval
 		if _, err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-			s.logger.Warn("sweep failed", zap.Error(err))
+			again := backoff.Next(err) == 0
+			s.logger.Warn("sweep failed", zap.Error(err), zap.Int("failures", backoff.Failures()), zap.Bool("retry_now", again))
+			if again {
+				next = 0
+			}
+		} else {
+			backoff = retry.New(s.poolSize)
 		}
-		t.Reset(s.cfg.Interval)
+		t.Reset(next)
 	}
 }
 

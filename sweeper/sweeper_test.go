@@ -92,3 +92,33 @@ func TestRunStopsWithContext(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+// After every connection of its pool was terminated, the sweeper goes
+// through the dead ones at once and rescues the expired lease in the same
+// pass; it used to wait a whole Interval (an hour here) after meeting the
+// first.
+func TestRunSkipsDeadConnections(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	const poolSize = 4
+	pool, app := pgtest.UnpingedPool(ctx, t, poolSize)
+	pgtest.FillPool(ctx, t, pool)
+	require.Equal(t, poolSize, pgtest.TerminateApp(ctx, t, app))
+	_, err := pgtest.Pool(t).Exec(ctx, `INSERT INTO `+pgx.Identifier{schema, "jobs"}.Sanitize()+
+		` (kind, status, attempts, locked_by, locked_until) VALUES ('expired', 'running', 1, 'w1', now() - interval '1 second')`)
+	require.NoError(t, err)
+
+	s, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema, Interval: time.Hour})
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error)
+	go func() { done <- s.Run(runCtx) }()
+	defer func() {
+		stop()
+		require.NoError(t, <-done)
+	}()
+	require.Eventually(t, func() bool { return s.Stats().Rescued == 1 }, 30*time.Second, 10*time.Millisecond,
+		"the expired lease is rescued without waiting for the next Interval")
+}

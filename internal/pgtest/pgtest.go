@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -132,6 +133,57 @@ func Pool(t testing.TB) *pgxpool.Pool {
 		}
 	}
 	return pool
+}
+
+// UnpingedPool is a pool of maxConns connections named app (returned) in
+// pg_stat_activity, closed when the test ends, that hands out its idle
+// connections without a ping, as cmd/pgdispatch's does for those idle for
+// less than minutes: a dead one is found by its use.
+func UnpingedPool(ctx context.Context, t testing.TB, maxConns int32) (*pgxpool.Pool, string) {
+	t.Helper()
+	app := strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p, app
+}
+
+// FillPool opens every connection pool may hold and leaves them idle in it,
+// so that after a termination every connection it hands out is dead.
+func FillPool(ctx context.Context, t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+	for i := range conns {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("pgtest: fill the pool: %v", err)
+		}
+		conns[i] = conn
+	}
+	for _, conn := range conns {
+		conn.Release()
+	}
+}
+
+// TerminateApp terminates the sessions named app, waiting for each to end,
+// and returns how many.
+func TerminateApp(ctx context.Context, t testing.TB, app string) int {
+	t.Helper()
+	var killed int
+	if err := Pool(t).QueryRow(ctx,
+		"SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&killed); err != nil {
+		t.Fatalf("pgtest: terminate %s: %v", app, err)
+	}
+	return killed
 }
 
 // Conn opens a connection of the test's own, outside the pool, and closes
