@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 )
@@ -193,6 +194,59 @@ func TestHeldBatchRecordsOutcomesInItsClaim(t *testing.T) {
 	require.Equal(t, 1, again[0].job.Attempt, "a batch that committed leaves no lost mark")
 	require.NotNil(t, again[0].held)
 	c.report(again[0], outcome{id: ids[3], attempt: 1, status: "done"})
+	c.heldWG.Wait()
+}
+
+// The admin commands tell the jobs a held claim runs from those that wait,
+// though both rows read pending: a held batch's rows are held while it is
+// open, and not after it committed or its connection was lost.
+func TestAdminSeesHeldJobs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, DeleteDone: false})
+	ids := insertJobs(ctx, t, pool, jobs, 3)
+	a := admin.New(pool, c.cfg.Schema, 0)
+	stats := func() admin.QueueStats {
+		t.Helper()
+		s, _, err := a.Stats(ctx, 0)
+		require.NoError(t, err)
+		require.Len(t, s, 1)
+		return s[0]
+	}
+	held := func(id int64) bool {
+		t.Helper()
+		j, err := a.Get(ctx, id)
+		require.NoError(t, err)
+		return j.Held
+	}
+
+	runs := mustClaimHeld(ctx, t, c, 2, 2)
+	s := stats()
+	require.Equal(t, [4]int64{1, 1, 2, 0}, [4]int64{s.Pending, s.Due, s.Held, s.Running}, "pending, due, held, running")
+	require.Equal(t, []bool{true, true, false}, []bool{held(ids[0]), held(ids[1]), held(ids[2])})
+	listed, err := a.List(ctx, admin.Filter{Statuses: []string{"pending"}})
+	require.NoError(t, err)
+	require.Len(t, listed, 3)
+	require.Equal(t, []bool{false, true, true}, []bool{listed[0].Held, listed[1].Held, listed[2].Held}, "newest first")
+
+	for _, r := range runs {
+		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
+	}
+	c.heldWG.Wait()
+	s = stats()
+	require.Equal(t, [4]int64{1, 1, 0, 0}, [4]int64{s.Pending, s.Due, s.Held, s.Running})
+	require.Equal(t, int64(2), *s.Done)
+	require.False(t, held(ids[0]), "a committed claim's mark on a row is not a hold")
+
+	// A lost held claim's rows are pending and not held.
+	lost := mustClaimHeld(ctx, t, c, 1, 1)
+	require.True(t, held(ids[2]))
+	killHeldConn(ctx, t, pgtest.Pool(t), lost[0].held)
+	require.False(t, held(ids[2]), "a lost claim's mark is not a hold")
+	s = stats()
+	require.Equal(t, [3]int64{1, 1, 0}, [3]int64{s.Pending, s.Due, s.Held})
+	c.report(lost[0], outcome{id: ids[2], attempt: 1, status: "done"})
 	c.heldWG.Wait()
 }
 

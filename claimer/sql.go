@@ -1,6 +1,10 @@
 package claimer
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/pgdispatch/pgdispatch/internal/xidsql"
+)
 
 // The queries name the jobs table through {jobs}, replaced once per claimer
 // by the quoted identifier. Every multi-row write first locks its rows in id
@@ -162,20 +166,17 @@ WHERE j.id = l.id AND NOT ($7 AND l.status = 'done')`
 // mark, again. Only a lock-only locker that committed in that gap (a user's
 // SELECT FOR UPDATE) counts an attempt that did not run.
 //
-// xmax is 32 bits, pg_xact_status takes the 64-bit xid8: the epoch is the
-// current transaction's, less one when the xid is beyond the current one
-// (it was assigned before the last wraparound). A value that is not a plain
-// xid (a MultiXactId, left by several lockers at once, such as a held
-// claim and a foreign key's KEY SHARE) reads as some other transaction's
-// status: an attempt may then be counted that did not run, or a lost one
-// missed. An xid too old for the commit log reads NULL: not lost. Other
+// xmax is 32 bits; xidsql.Xid8 makes it the xid8 that pg_xact_status takes,
+// in the current transaction's epoch. A value that is not a plain xid (a
+// MultiXactId, left by several lockers at once, such as a held claim and a
+// foreign key's KEY SHARE) reads as some other transaction's status: an
+// attempt may then be counted that did not run, or a lost one missed. An
+// xid too old for the commit log reads NULL: not lost. Other
 // aborted writers and lockers leave the mark too (a claim whose transaction
 // failed after it locked its rows, a user's SELECT FOR UPDATE that rolled
 // back); for those an attempt is counted that did not run.
-const lostSQL = `CASE WHEN xmax = '0'::xid THEN false ELSE coalesce(pg_xact_status(greatest(
-    (((pg_current_xact_id()::text::bigint >> 32)
-      - (xmax::text::bigint > (pg_current_xact_id()::text::bigint & 4294967295))::int) << 32)
-    | xmax::text::bigint, 3)::text::xid8) <> 'committed', false) END`
+var lostSQL = `CASE WHEN xmax = '0'::xid THEN false ELSE coalesce(pg_xact_status(` +
+	xidsql.Xid8("xmax", "pg_current_xact_id()::text::bigint") + `) <> 'committed', false) END`
 
 // The arguments of each statement, built in one place for its use and for
 // the warm-up (warm.go), which runs every statement once with arguments that
