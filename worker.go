@@ -154,6 +154,10 @@ func NewWorker(cfg Config) (*Worker, error) {
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).With(zap.String("worker_id", cfg.WorkerID))
 	w := &Worker{cfg: cfg, logger: logger, claimers: map[string]*claimer.Claimer{}}
 
+	// The queues' held batches share half the pool, however many queues
+	// there are: each keeps a connection, and the rest of the worker needs
+	// the other half (claimer.HeldLimit).
+	held := claimer.NewHeldLimit(int(cfg.Pool.Config().MaxConns) / 2)
 	for _, q := range cfg.Queues {
 		if _, dup := w.claimers[q.Name]; dup {
 			return nil, fmt.Errorf("pgdispatch: queue %q is listed twice", q.Name)
@@ -163,7 +167,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 			WorkerID: cfg.WorkerID, Registry: cfg.Registry, Concurrency: cmp.Or(q.Concurrency, cfg.Concurrency),
 			Lease: cfg.Lease, PollInterval: cfg.PollInterval, Linger: cfg.Linger, JobTimeout: cfg.JobTimeout,
 			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, DeleteDone: cfg.DeleteDone,
-			Hold:            cfg.Hold,
+			Hold: cfg.Hold, HeldLimit: held,
 			ShutdownTimeout: cfg.ShutdownTimeout, StatementTimeout: cfg.StatementTimeout,
 			OnSleep: onSleep(cfg.OnSleep, q.Name), Observer: cfg.Observer, Logger: logger,
 		})

@@ -123,6 +123,10 @@ type Config struct {
 	// done within it are recorded in that transaction, with no lease
 	// written. Default: 50ms; negative: every claim leases its jobs at once.
 	Hold time.Duration
+	// HeldLimit bounds the held batches open at once across the claimers
+	// that share it (a Worker's). Default: a limit of the claimer's own, of
+	// half its pool.
+	HeldLimit *HeldLimit
 	// ShutdownTimeout is how long running jobs may go on after Run's context
 	// ends before they are cancelled and given back. Default: 30s.
 	ShutdownTimeout time.Duration
@@ -197,7 +201,7 @@ type Claimer struct {
 
 	baseCtx  context.Context // Run's context without its cancellation: held batches commit under it
 	poolSize int             // the pool's MaxConns, read once: Pool.Config copies the whole config
-	maxHeld  int             // held batches open at once at most
+	maxHeld  int             // held batches open at once at most, of this claimer's own
 	heldWG   sync.WaitGroup  // held batches not yet committed
 	resume   resume          // where held claims start; the claim loop's own
 
@@ -237,6 +241,9 @@ func New(cfg Config) (*Claimer, error) {
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
 	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	poolSize := int(cfg.Pool.Config().MaxConns)
+	if cfg.HeldLimit == nil {
+		cfg.HeldLimit = NewHeldLimit(poolSize / 2)
+	}
 	return &Claimer{
 		cfg:              cfg,
 		logger:           logger,
@@ -249,7 +256,7 @@ func New(cfg Config) (*Claimer, error) {
 		leaseHeldSQL:     withTable(leaseHeldSQL, jobsTable),
 		baseCtx:          context.Background(),
 		poolSize:         poolSize,
-		maxHeld:          min(maxHeld, max(poolSize/2, 1)),
+		maxHeld:          min(maxHeld, cfg.HeldLimit.n),
 		sleep:            newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		wake:             make(chan struct{}, 1),
 		slotFreed:        make(chan struct{}, 1),
@@ -528,14 +535,15 @@ func (c *Claimer) freeSlots() int {
 // mayHold reports whether the next claim may be held (held.go), and whether
 // a held batch is still open. Only a claim that follows a busy one is held:
 // at an empty queue, a held claim would need one more round trip to end its
-// transaction.
+// transaction. When it may, it has taken a place in the HeldLimit, which
+// claimHeld gives back unless it opens a batch, and the batch when it ends.
 func (c *Claimer) mayHold() (hold, open bool) {
 	if c.cfg.Hold < 0 {
 		return false, false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.held < c.maxHeld, c.held > 0
+	return c.held < c.maxHeld && c.cfg.HeldLimit.tryAcquire(), c.held > 0
 }
 
 // claim takes up to limit due jobs and marks them running. When it claimed

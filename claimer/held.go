@@ -9,16 +9,40 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 )
 
 // maxHeld is how many held batches a claimer keeps open at once, each on a
-// connection of its own, and never more than half its pool. Past it, claims
+// connection of its own; its HeldLimit may allow fewer. Past it, claims
 // lease their jobs. In 100,000-job drains (100 slots) a cap of 2 left a
 // fifth of the claims leased, and drained 60,000 jobs/s against 66,000–68,000
-// with 4, which held all but the first.
-const maxHeld = 4
+// with 4, which held all but the first. 5 against 4, in 17 alternated
+// pairs of drains over two sessions: 3–9 % more jobs/s on average with
+// done jobs deleted, 4–14 % with them kept, within the machine's noise
+// (docs/performance.md).
+const maxHeld = 5
+
+// HeldLimit bounds how many held batches the claimers that share it keep
+// open at once. Each holds a pool connection for up to Hold, and the
+// completers, heartbeats, leased claims and the sweeper need connections of
+// the same pool: a Worker gives its claimers one limit of half its pool, so
+// that one busy queue may hold maxHeld batches and several busy queues
+// together never hold more than half the pool. Safe for concurrent use.
+type HeldLimit struct {
+	sem *semaphore.Weighted
+	n   int
+}
+
+// NewHeldLimit returns a limit of n held batches, at least one.
+func NewHeldLimit(n int) *HeldLimit {
+	n = max(n, 1)
+	return &HeldLimit{sem: semaphore.NewWeighted(int64(n)), n: n}
+}
+
+func (l *HeldLimit) tryAcquire() bool { return l.sem.TryAcquire(1) }
+func (l *HeldLimit) release()         { l.sem.Release(1) }
 
 // A held batch is a claim whose transaction stays open while its jobs run.
 //
@@ -138,8 +162,16 @@ func (r *resume) claimed(from *claimKey, started time.Time, runs []*running, lim
 
 // claimHeld claims up to limit due jobs in a held batch, from the front of
 // the queue, or past from when it is not nil (resume). A batch that claims
-// nothing ends its transaction before it returns.
+// nothing ends its transaction before it returns. It is called with a place
+// in the HeldLimit taken (mayHold): the batch keeps it until it ends, and
+// a claim that opens none gives it back.
 func (c *Claimer) claimHeld(ctx context.Context, limit int, from *claimKey) ([]*running, *time.Duration, error) {
+	opened := false
+	defer func() {
+		if !opened {
+			c.cfg.HeldLimit.release()
+		}
+	}()
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	conn, err := c.cfg.Pool.Acquire(ctx)
@@ -193,6 +225,7 @@ func (c *Claimer) claimHeld(ctx context.Context, limit int, from *claimKey) ([]*
 
 	b := &heldBatch{conn: conn, done: make(chan struct{})}
 	b.runs = c.track(jobs, b)
+	opened = true
 	c.heldClaims.Add(1)
 	c.heldWG.Add(1)
 	go c.hold(b)
@@ -237,6 +270,7 @@ func (c *Claimer) hold(b *heldBatch) {
 	b.late, b.leased = nil, true
 	c.pending = append(c.pending, late...)
 	c.held--
+	c.cfg.HeldLimit.release()
 	c.mu.Unlock()
 	if len(late) > 0 {
 		signal(c.flush)

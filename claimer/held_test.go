@@ -86,10 +86,18 @@ func lockRow(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string,
 	return tx
 }
 
+// claimHeldNow claims up to limit jobs in a held batch from from (nil: the
+// front), after taking a place in the claimer's HeldLimit as mayHold does.
+func claimHeldNow(ctx context.Context, t *testing.T, c *Claimer, limit int, from *claimKey) ([]*running, *time.Duration, error) {
+	t.Helper()
+	require.True(t, c.cfg.HeldLimit.tryAcquire(), "the HeldLimit is full")
+	return c.claimHeld(ctx, limit, from)
+}
+
 // mustClaimHeld claims up to limit jobs in a held batch and wants n of them.
 func mustClaimHeld(ctx context.Context, t *testing.T, c *Claimer, limit, n int) []*running {
 	t.Helper()
-	runs, _, err := c.claimHeld(ctx, limit, nil)
+	runs, _, err := claimHeldNow(ctx, t, c, limit, nil)
 	require.NoError(t, err)
 	require.Len(t, runs, n)
 	return runs
@@ -195,6 +203,56 @@ func TestHeldBatchRecordsOutcomesInItsClaim(t *testing.T) {
 	require.NotNil(t, again[0].held)
 	c.report(again[0], outcome{id: ids[3], attempt: 1, status: "done"})
 	c.heldWG.Wait()
+}
+
+// Claimers that share a HeldLimit (a worker's queues) never hold more
+// batches together than it allows. A claim that opens no batch gives its
+// place back at once, and a batch when it ends.
+func TestHeldLimitIsShared(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, pool, jobs := newHeldClaimer(t, Config{Hold: maxHold, HeldLimit: NewHeldLimit(2)})
+	cfg := a.cfg
+	cfg.Queue = "other"
+	b, err := New(cfg)
+	require.NoError(t, err)
+	insertJobs(ctx, t, pool, jobs, 2)
+	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, queue) VALUES ('noop', 'other')")
+	require.NoError(t, err)
+	claim := func(c *Claimer, n int) []*running {
+		t.Helper()
+		hold, _ := c.mayHold()
+		require.True(t, hold, "queue %s may hold", c.cfg.Queue)
+		runs, _, err := c.claimHeld(ctx, 1, nil)
+		require.NoError(t, err)
+		require.Len(t, runs, n)
+		return runs
+	}
+	finish := func(c *Claimer, runs []*running) {
+		t.Helper()
+		for _, r := range runs {
+			c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
+		}
+		c.heldWG.Wait()
+	}
+
+	first := claim(a, 1)
+	other := claim(b, 1)
+	hold, open := a.mayHold()
+	require.False(t, hold, "two batches are open: the limit is full")
+	require.True(t, open)
+
+	finish(b, other)
+	claim(b, 0) // its queue is empty: the place is given back
+	second := claim(a, 1)
+	require.Equal(t, 2, a.held, "one queue may take the whole limit")
+	hold, _ = b.mayHold()
+	require.False(t, hold)
+	finish(a, append(first, second...))
+	for range 2 {
+		require.True(t, a.cfg.HeldLimit.tryAcquire(), "every place is back")
+	}
 }
 
 // The admin commands tell the jobs a held claim runs from those that wait,
@@ -331,7 +389,7 @@ func TestHeldBatchLostConnectionGivesJobsBack(t *testing.T) {
 	require.Zero(t, c.Stats().Completed)
 
 	worker := "held-test"
-	held, _, err := c.claimHeld(ctx, 2, nil)
+	held, _, err := claimHeldNow(ctx, t, c, 2, nil)
 	require.NoError(t, err)
 	require.Len(t, held, 2, "the pool replaced the dead connection")
 	leased, _, err := c.claim(ctx, 10)
@@ -408,7 +466,7 @@ func TestClaimedPayloadsAreTheirOwn(t *testing.T) {
 	require.NoError(t, err)
 	leased, _, err := c.claim(ctx, 3)
 	require.NoError(t, err)
-	held, _, err := c.claimHeld(ctx, 3, nil)
+	held, _, err := claimHeldNow(ctx, t, c, 3, nil)
 	require.NoError(t, err)
 	for i, r := range append(leased, held...) {
 		require.JSONEq(t, fmt.Sprintf(`{"n": %d}`, i+1), string(r.job.Payload))
@@ -681,7 +739,7 @@ func TestHeldClaimPastARow(t *testing.T) {
 	var urgent int64
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&urgent))
 	last := first[2].job
-	past, _, err := c.claimHeld(ctx, 3, &claimKey{priority: last.Priority, runAt: last.RunAt, id: last.ID})
+	past, _, err := claimHeldNow(ctx, t, c, 3, &claimKey{priority: last.Priority, runAt: last.RunAt, id: last.ID})
 	require.NoError(t, err)
 	require.Equal(t, ids[3:], jobIDs(past), "the rows after the first batch's last")
 

@@ -76,10 +76,10 @@ func newPool(ctx context.Context, dbURL string, timeout time.Duration, extra map
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
-	// A claimer keeps up to four held batches open, each on a connection of
-	// its own, and never more than half the pool: pgxpool's default (the
-	// larger of 4 and the CPUs) would allow two. Connections open as they
-	// are needed.
+	// A claimer keeps up to five held batches open, each on a connection of
+	// its own, and a worker's claimers together at most half the pool:
+	// pgxpool's default (the larger of 4 and the CPUs) would allow two.
+	// Connections open as they are needed.
 	if !strings.Contains(dbURL, "pool_max_conns") {
 		cfg.MaxConns = max(cfg.MaxConns, defaultMaxConns)
 	}
