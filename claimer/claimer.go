@@ -203,7 +203,11 @@ type Claimer struct {
 	poolSize int             // the pool's MaxConns, read once: Pool.Config copies the whole config
 	maxHeld  int             // held batches open at once at most, of this claimer's own
 	heldWG   sync.WaitGroup  // held batches not yet committed
-	resume   resume          // where held claims start; the claim loop's own
+	warmWG   sync.WaitGroup  // warm-ups under way (warm.go)
+	// coldAfter is the pool's MaxConnIdleTime: after that long without a
+	// claim that found jobs, the claimer warms the pool again (warm.go).
+	coldAfter time.Duration
+	resume    resume // where held claims start; the claim loop's own
 
 	wake      chan struct{} // notifications and timers; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
@@ -240,7 +244,8 @@ func New(cfg Config) (*Claimer, error) {
 	}
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
 	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
-	poolSize := int(cfg.Pool.Config().MaxConns)
+	poolCfg := cfg.Pool.Config() // a deep copy: read once
+	poolSize := int(poolCfg.MaxConns)
 	if cfg.HeldLimit == nil {
 		cfg.HeldLimit = NewHeldLimit(poolSize / 2)
 	}
@@ -256,6 +261,7 @@ func New(cfg Config) (*Claimer, error) {
 		leaseHeldSQL:     withTable(leaseHeldSQL, jobsTable),
 		baseCtx:          context.Background(),
 		poolSize:         poolSize,
+		coldAfter:        poolCfg.MaxConnIdleTime,
 		maxHeld:          min(maxHeld, cfg.HeldLimit.n),
 		sleep:            newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		wake:             make(chan struct{}, 1),
@@ -345,11 +351,10 @@ func (c *Claimer) Run(ctx context.Context) error {
 	sleepDone := make(chan struct{})
 	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
 
-	warmed := make(chan struct{})
-	go func() { defer close(warmed); c.warm(ctx) }()
+	c.warmBeside(ctx)
 	jobs := newRunners(func(r *running) { c.execute(workCtx, r) })
 	c.claimLoop(ctx, jobs)
-	<-warmed
+	c.warmWG.Wait()
 	stopSleep()
 	<-sleepDone
 
@@ -376,7 +381,8 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		idle      int  // empty claims in a row while awake
 		fromTick  bool
 		fromGrant bool
-		busy      bool // the last claim found jobs: the next may hold its own
+		busy      bool      // the last claim found jobs: the next may hold its own
+		lastBusy  time.Time // when the last claim that found jobs started
 		backoff   = retry.New(c.poolSize)
 	)
 	for {
@@ -434,6 +440,12 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		}
 		c.resume.claimed(from, started, claimed, free, err)
 		busy = err == nil && len(claimed) > 0
+		if busy {
+			if c.coldAfter > 0 && !lastBusy.IsZero() && started.Sub(lastBusy) >= c.coldAfter {
+				c.warmBeside(ctx) // the pool has closed the connections the burst needs
+			}
+			lastBusy = started
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return

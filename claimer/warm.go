@@ -38,9 +38,11 @@ const warmHold = 100 * time.Millisecond
 //
 // It is best effort: a failure (the database down, the pool in use by
 // others) is logged at debug level and the claimer starts as it would have.
-// The statements stay prepared while the pool keeps the connections
-// (pgxpool closes idle ones after MaxConnIdleTime), so a worker idle for
-// longer pays the first-use cost again on its next burst.
+// The statements stay prepared while the pool keeps the connections, and
+// pgxpool closes those idle for MaxConnIdleTime (30 min by default; an idle
+// worker's fallback ticks keep one or two in use). So a claim that finds
+// jobs after that long without any warms the pool again, beside the burst
+// it starts, as at start.
 func (c *Claimer) warm(ctx context.Context) {
 	held := c.maxHeld
 	if c.cfg.Hold < 0 {
@@ -98,6 +100,15 @@ func (c *Claimer) warm(ctx context.Context) {
 		return
 	}
 	c.logger.Debug("connections warmed", zap.Int("num_conns", n), zap.Duration("took", time.Since(start)))
+}
+
+// warmBeside runs warm in a goroutine of its own, which Run waits for.
+func (c *Claimer) warmBeside(ctx context.Context) {
+	c.warmWG.Add(1)
+	go func() {
+		defer c.warmWG.Done()
+		c.warm(ctx)
+	}()
 }
 
 // warmConn runs each statement of the claimer once on conn, in one round

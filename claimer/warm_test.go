@@ -140,3 +140,56 @@ func TestWarmSharesAPool(t *testing.T) {
 	require.Len(t, logs.FilterMessage("connections warmed").All(), 3, "%v", logs.All())
 	require.LessOrEqual(t, pool.Stat().TotalConns(), int32(6))
 }
+
+// After the pool has closed the connections a burst needs (idle for its
+// MaxConnIdleTime since the last claim that found jobs), the claim that
+// finds jobs again warms them beside the burst, as at start.
+func TestWarmAgainAfterThePoolWentCold(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 10
+	cfg.MaxConnIdleTime = 300 * time.Millisecond
+	cfg.HealthCheckPeriod = 50 * time.Millisecond
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	ran := make(chan int64, 1)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error {
+		ran <- job.ID
+		return nil
+	}))
+	c, err := New(Config{
+		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default",
+		WorkerID: "w", Registry: registry,
+	})
+	require.NoError(t, err)
+	stop := runClaimer(ctx, t, c)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	runOne := func() {
+		t.Helper()
+		id := insertJobs(ctx, t, pgtest.Pool(t), jobs, 1)[0]
+		c.Wake()
+		select {
+		case got := <-ran:
+			require.Equal(t, id, got)
+		case <-ctx.Done():
+			t.Fatal("the job never ran")
+		}
+	}
+	cold := func() bool { return pool.Stat().TotalConns() == 0 }
+
+	runOne() // the first claim that finds jobs
+	require.Eventually(t, cold, 30*time.Second, 10*time.Millisecond, "the pool closes its idle connections")
+	before := pool.Stat().NewConnsCount()
+	runOne()
+	warmed := int64(min(maxHeld+2, 10-1))
+	require.Eventually(t, func() bool { return pool.Stat().NewConnsCount()-before >= warmed }, 30*time.Second, 10*time.Millisecond,
+		"the claim after the pool went cold warms %d connections again; it opened %d", warmed, pool.Stat().NewConnsCount()-before)
+	require.NoError(t, stop())
+}
