@@ -677,7 +677,11 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 		return nil
 	}))
 	core, logs := observer.New(zap.WarnLevel)
-	const lease = 3 * time.Second // a heartbeat every second
+	// A heartbeat every 2 s. A renewal that connects anew on a loaded
+	// machine can take a second or two (one did, under two CPU hogs and the
+	// other packages' tests), so the lease leaves it room; the old
+	// heartbeat, one dead connection a tick, needed six ticks: 12 s.
+	const lease = 6 * time.Second
 	c, err := New(Config{
 		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default", WorkerID: "w",
 		Registry: registry, Logger: zap.New(core), Concurrency: 1, Lease: lease, Hold: -1,

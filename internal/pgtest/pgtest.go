@@ -174,13 +174,14 @@ func FillPool(ctx context.Context, t testing.TB, pool *pgxpool.Pool) {
 	}
 }
 
-// TerminateApp terminates the sessions named app, waiting for each to end,
-// and returns how many.
+// TerminateApp terminates the sessions named app and returns how many
+// ended: it waits up to 30 s for each (a loaded machine can take seconds to
+// schedule a backend that is told to exit).
 func TerminateApp(ctx context.Context, t testing.TB, app string) int {
 	t.Helper()
 	var killed int
-	if err := Pool(t).QueryRow(ctx,
-		"SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&killed); err != nil {
+	if err := Pool(t).QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid, 30000))
+		FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&killed); err != nil {
 		t.Fatalf("pgtest: terminate %s: %v", app, err)
 	}
 	return killed
