@@ -154,10 +154,9 @@ func NewWorker(cfg Config) (*Worker, error) {
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).With(zap.String("worker_id", cfg.WorkerID))
 	w := &Worker{cfg: cfg, logger: logger, claimers: map[string]*claimer.Claimer{}}
 
-	// The queues' held batches share half the pool, however many queues
-	// there are: each keeps a connection, and the rest of the worker needs
-	// the other half (claimer.HeldLimit).
-	held := claimer.NewHeldLimit(int(cfg.Pool.Config().MaxConns) / 2)
+	// The queues' held batches share one limit: each keeps a connection, and
+	// the rest of the worker needs its own (claimer.HeldLimitFor).
+	held := claimer.HeldLimitFor(int(cfg.Pool.Config().MaxConns), len(cfg.Queues))
 	for _, q := range cfg.Queues {
 		if _, dup := w.claimers[q.Name]; dup {
 			return nil, fmt.Errorf("pgdispatch: queue %q is listed twice", q.Name)

@@ -124,8 +124,8 @@ type Config struct {
 	// written. Default: 50ms; negative: every claim leases its jobs at once.
 	Hold time.Duration
 	// HeldLimit bounds the held batches open at once across the claimers
-	// that share it (a Worker's). Default: a limit of the claimer's own, of
-	// half its pool.
+	// that share it (a Worker's). Default: a limit of the claimer's own,
+	// HeldLimitFor(the pool's size, 1).
 	HeldLimit *HeldLimit
 	// ShutdownTimeout is how long running jobs may go on after Run's context
 	// ends before they are cancelled and given back. Default: 30s.
@@ -247,7 +247,7 @@ func New(cfg Config) (*Claimer, error) {
 	poolCfg := cfg.Pool.Config() // a deep copy: read once
 	poolSize := int(poolCfg.MaxConns)
 	if cfg.HeldLimit == nil {
-		cfg.HeldLimit = NewHeldLimit(poolSize / 2)
+		cfg.HeldLimit = HeldLimitFor(poolSize, 1)
 	}
 	return &Claimer{
 		cfg:              cfg,

@@ -20,16 +20,18 @@ import (
 // fifth of the claims leased, and drained 60,000 jobs/s against 66,000–68,000
 // with 4, which held all but the first. 5 against 4, in 17 alternated
 // pairs of drains over two sessions: 3–9 % more jobs/s on average with
-// done jobs deleted, 4–14 % with them kept, within the machine's noise
+// done jobs deleted, 4–14 % with them kept; 7 against 5, in 14 pairs: 8 %
+// and 3 %, 9 pairs of 14 won each way. All within the machine's noise
 // (docs/performance.md).
-const maxHeld = 5
+const maxHeld = 7
 
 // HeldLimit bounds how many held batches the claimers that share it keep
-// open at once. Each holds a pool connection for up to Hold, and the
-// completers, heartbeats, leased claims and the sweeper need connections of
-// the same pool: a Worker gives its claimers one limit of half its pool, so
-// that one busy queue may hold maxHeld batches and several busy queues
-// together never hold more than half the pool. Safe for concurrent use.
+// open at once. Each holds a pool connection for up to Hold, and the rest
+// of the worker needs connections of the same pool: each queue one for its
+// leased claims and one for its completer, and one more for the heartbeats
+// and the sweeper (HeldLimitFor). So one busy queue on the default pool of
+// 10 may hold 7 batches, and two busy queues 5 between them. Safe for
+// concurrent use.
 type HeldLimit struct {
 	sem *semaphore.Weighted
 	n   int
@@ -39,6 +41,14 @@ type HeldLimit struct {
 func NewHeldLimit(n int) *HeldLimit {
 	n = max(n, 1)
 	return &HeldLimit{sem: semaphore.NewWeighted(int64(n)), n: n}
+}
+
+// HeldLimitFor is the limit for a worker of queues queues on a pool of
+// poolSize connections: the pool less one connection for the heartbeats and
+// the sweeper and two per queue, one for its leased claims and one for its
+// completer. At least one.
+func HeldLimitFor(poolSize, queues int) *HeldLimit {
+	return NewHeldLimit(poolSize - 1 - 2*queues)
 }
 
 func (l *HeldLimit) tryAcquire() bool { return l.sem.TryAcquire(1) }

@@ -628,7 +628,7 @@ func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	stop := runClaimer(ctx, t, c)
 
-	warmed := int32(min(maxHeld, 6/2) + 2)
+	warmed := int32(min(maxHeld, HeldLimitFor(6, 1).n) + 2)
 	require.Eventually(t, func() bool { return pool.Stat().IdleConns() >= warmed }, 30*time.Second, 10*time.Millisecond)
 	require.GreaterOrEqual(t, pgtest.TerminateApp(ctx, t, app), int(warmed))
 

@@ -92,3 +92,13 @@ func TestResumeStartsPastOnlyInABacklog(t *testing.T) {
 	r.claimed(nil, t0.Add(40*time.Millisecond), nil, 2, errors.New("claim jobs: connection lost"))
 	require.Nil(t, r.next(true, t0.Add(41*time.Millisecond)), "a failed claim: the front")
 }
+
+// A worker's held batches leave each queue a connection for its leased
+// claims and one for its completer, and one for the heartbeats and the
+// sweeper; never fewer than one batch.
+func TestHeldLimitFor(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ pool, queues, want int }{{10, 1, 7}, {10, 2, 5}, {10, 5, 1}, {2, 1, 1}, {40, 3, 33}} {
+		require.Equal(t, c.want, HeldLimitFor(c.pool, c.queues).n, "pool %d, %d queues", c.pool, c.queues)
+	}
+}

@@ -76,9 +76,10 @@ func newPool(ctx context.Context, dbURL string, timeout time.Duration, extra map
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
-	// A claimer keeps up to five held batches open, each on a connection of
-	// its own, and a worker's claimers together at most half the pool:
-	// pgxpool's default (the larger of 4 and the CPUs) would allow two.
+	// A claimer keeps up to seven held batches open, each on a connection of
+	// its own, and a worker's claimers together the pool less one and two
+	// per queue (claimer.HeldLimitFor): pgxpool's default (the larger of 4
+	// and the CPUs) would allow one.
 	// Connections open as they are needed.
 	if !strings.Contains(dbURL, "pool_max_conns") {
 		cfg.MaxConns = max(cfg.MaxConns, defaultMaxConns)
