@@ -103,6 +103,15 @@ func mustClaimHeld(ctx context.Context, t *testing.T, c *Claimer, limit, n int) 
 	return runs
 }
 
+// finishHeld reports every run done, in its claimed attempt, and waits for
+// the held batches to end.
+func finishHeld(c *Claimer, runs ...*running) {
+	for _, r := range runs {
+		c.report(r, outcome{id: r.job.ID, attempt: r.job.Attempt, status: "done"})
+	}
+	c.heldWG.Wait()
+}
+
 // killHeldConn terminates the backend of b's transaction and waits for it
 // to end.
 func killHeldConn(ctx context.Context, t *testing.T, pool *pgxpool.Pool, b *heldBatch) {
@@ -229,13 +238,6 @@ func TestHeldLimitIsShared(t *testing.T) {
 		require.Len(t, runs, n)
 		return runs
 	}
-	finish := func(c *Claimer, runs []*running) {
-		t.Helper()
-		for _, r := range runs {
-			c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
-		}
-		c.heldWG.Wait()
-	}
 
 	first := claim(a, 1)
 	other := claim(b, 1)
@@ -243,13 +245,13 @@ func TestHeldLimitIsShared(t *testing.T) {
 	require.False(t, hold, "two batches are open: the limit is full")
 	require.True(t, open)
 
-	finish(b, other)
+	finishHeld(b, other...)
 	claim(b, 0) // its queue is empty: the place is given back
 	second := claim(a, 1)
 	require.Equal(t, 2, a.held, "one queue may take the whole limit")
 	hold, _ = b.mayHold()
 	require.False(t, hold)
-	finish(a, append(first, second...))
+	finishHeld(a, append(first, second...)...)
 	for range 2 {
 		require.True(t, a.cfg.HeldLimit.tryAcquire(), "every place is back")
 	}
@@ -288,10 +290,7 @@ func TestAdminSeesHeldJobs(t *testing.T) {
 	require.Len(t, listed, 3)
 	require.Equal(t, []bool{false, true, true}, []bool{listed[0].Held, listed[1].Held, listed[2].Held}, "newest first")
 
-	for _, r := range runs {
-		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
-	}
-	c.heldWG.Wait()
+	finishHeld(c, runs...)
 	s = stats()
 	require.Equal(t, [4]int64{1, 1, 0, 0}, [4]int64{s.Pending, s.Due, s.Held, s.Running})
 	require.Equal(t, int64(2), *s.Done)
@@ -318,10 +317,7 @@ func TestHeldBatchDeletesDoneJobs(t *testing.T) {
 	ids := insertJobs(ctx, t, pool, jobs, 2)
 
 	runs := mustClaimHeld(ctx, t, c, 10, 2)
-	for _, r := range runs {
-		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
-	}
-	c.heldWG.Wait()
+	finishHeld(c, runs...)
 	for _, id := range ids {
 		_, ok := readRow(ctx, t, pool, jobs, id)
 		require.False(t, ok, "job %d: done and deleted", id)
@@ -377,10 +373,7 @@ func TestHeldBatchLostConnectionGivesJobsBack(t *testing.T) {
 	runs := mustClaimHeld(ctx, t, c, 10, 3)
 	killHeldConn(ctx, t, pool, runs[0].held)
 
-	for _, r := range runs {
-		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
-	}
-	c.heldWG.Wait()
+	finishHeld(c, runs...)
 	for _, id := range ids {
 		row, ok := readRow(ctx, t, pool, jobs, id)
 		require.True(t, ok)
@@ -471,10 +464,7 @@ func TestClaimedPayloadsAreTheirOwn(t *testing.T) {
 	for i, r := range append(leased, held...) {
 		require.JSONEq(t, fmt.Sprintf(`{"n": %d}`, i+1), string(r.job.Payload))
 	}
-	for _, r := range held {
-		c.report(r, outcome{id: r.job.ID, attempt: r.job.Attempt, status: "done"})
-	}
-	c.heldWG.Wait()
+	finishHeld(c, held...)
 }
 
 // The lost mark is read before the claim tries the row's lock, so a locker
@@ -750,10 +740,7 @@ func TestHeldClaimPastARow(t *testing.T) {
 	front := mustClaimHeld(ctx, t, c, 3, 1)
 	require.Equal(t, urgent, front[0].job.ID, "a claim from the front takes the job it passed over")
 
-	for _, r := range append(append(first, past...), front...) {
-		c.report(r, outcome{id: r.job.ID, attempt: 1, status: "done"})
-	}
-	c.heldWG.Wait()
+	finishHeld(c, append(append(first, past...), front...)...)
 	var left int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status <> 'done'").Scan(&left))
 	require.Zero(t, left)
