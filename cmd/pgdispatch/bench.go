@@ -493,9 +493,16 @@ func (b *bench) drain(ctx context.Context) ([]*benchResult, error) {
 	return out, nil
 }
 
+// roundTripEvery is how often the sustained scenario's extra connection
+// sends a bare SELECT 1 while the writers run.
+const roundTripEvery = 2 * time.Millisecond
+
 // writerLoad runs k connections inserting one job per transaction for d and
-// returns the commit times by id.
-func (b *bench) writerLoad(ctx context.Context, schema string, k int, d time.Duration) (map[int64]time.Time, error) {
+// returns the commit times by id. If withRoundTrips, one more connection
+// sends SELECT 1 every roundTripEvery during the same window and the round
+// trips' durations are returned: what one round trip to the server costs on
+// the machine the writers load, the least a claim can take.
+func (b *bench) writerLoad(ctx context.Context, schema string, k int, d time.Duration, withRoundTrips bool) (map[int64]time.Time, []time.Duration, error) {
 	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind) VALUES ('noop') RETURNING id"
 	// Connect and prepare first, then start every writer at once: the
 	// writers' time is spent inserting, not connecting and warming caches,
@@ -511,12 +518,20 @@ func (b *bench) writerLoad(ctx context.Context, schema string, k int, d time.Dur
 	for i := range conns {
 		conn, err := b.connect(ctx)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		conns[i] = conn
 		if _, err := conn.Prepare(ctx, "insert", insert); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
+	}
+	var pinger *pgx.Conn
+	if withRoundTrips {
+		var err error
+		if pinger, err = b.connect(ctx); err != nil {
+			return nil, nil, err
+		}
+		defer pinger.Close(context.WithoutCancel(ctx)) //nolint:errcheck // nothing to do about it
 	}
 	var (
 		mu        sync.Mutex
@@ -549,10 +564,44 @@ func (b *bench) writerLoad(ctx context.Context, schema string, k int, d time.Dur
 			mu.Unlock()
 		}()
 	}
+	var roundTrips []time.Duration
+	if pinger != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			var err error
+			roundTrips, err = timeRoundTrips(ctx, pinger, end)
+			mu.Lock()
+			firstErr = cmpErr(firstErr, err)
+			mu.Unlock()
+		}()
+	}
 	end = time.Now().Add(d)
 	close(start)
 	wg.Wait()
-	return committed, firstErr
+	return committed, roundTrips, firstErr
+}
+
+// timeRoundTrips sends SELECT 1 on conn every roundTripEvery until end and
+// returns how long each took.
+func timeRoundTrips(ctx context.Context, conn *pgx.Conn, end time.Time) ([]time.Duration, error) {
+	tick := time.NewTicker(roundTripEvery)
+	defer tick.Stop()
+	var out []time.Duration
+	for time.Now().Before(end) {
+		select {
+		case <-ctx.Done():
+			return out, ctx.Err()
+		case <-tick.C:
+		}
+		sent := time.Now()
+		if err := conn.PgConn().Exec(ctx, "SELECT 1").Close(); err != nil {
+			return out, err
+		}
+		out = append(out, time.Since(sent))
+	}
+	return out, nil
 }
 
 func cmpErr(a, b error) error {
@@ -572,7 +621,7 @@ func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 		}
 		startCount := p.count.Load()
 		heard := b.notifications(p)
-		committed, err := b.writerLoad(ctx, schema, k, b.opts.duration)
+		committed, roundTrips, err := b.writerLoad(ctx, schema, k, b.opts.duration, true)
 		completedInWindow := p.count.Load() - startCount
 		heard = b.notifications(p) - heard
 		if err != nil {
@@ -592,6 +641,7 @@ func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 		r.set("completed_per_s", float64(completedInWindow)/b.opts.duration.Seconds())
 		r.set("notified_share", float64(heard)/float64(max(len(committed), 1)))
 		addPercentiles(r, "latency_ms", lat)
+		addPercentiles(r, "round_trip_ms", roundTrips)
 		out = append(out, r)
 	}
 	return out, nil
@@ -631,7 +681,7 @@ func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 				}
 			}
 			heard := b.notifications(p)
-			committed, err := b.writerLoad(ctx, schema, k, turn)
+			committed, _, err := b.writerLoad(ctx, schema, k, turn, false)
 			heard = b.notifications(p) - heard
 			usage := b.queueUsage(ctx)
 			cleanup()

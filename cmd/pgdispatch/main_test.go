@@ -425,6 +425,8 @@ func TestBenchRuns(t *testing.T) {
 	require.Positive(t, got["drain"]["jobs_per_s"])
 	require.Zero(t, got["drain"]["not_done_after"])
 	require.Positive(t, got["sustained"]["inserts_per_s"])
+	require.Positive(t, got["sustained"]["round_trip_p50_ms"], "SELECT 1 was timed beside the writers")
+	require.GreaterOrEqual(t, got["sustained"]["round_trip_max_ms"], got["sustained"]["round_trip_p99_ms"])
 	require.Positive(t, got["writers"]["ratio"])
 	require.Contains(t, got, "idle")
 	require.Positive(t, got["drain"]["jobs_per_claim"])

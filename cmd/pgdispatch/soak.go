@@ -51,7 +51,7 @@ func (b *bench) soak(ctx context.Context) ([]*benchResult, error) {
 	}
 	done := make(chan loaded, 1)
 	go func() {
-		committed, err := b.writerLoad(ctx, schema, b.opts.soakWriters, b.opts.soakDuration)
+		committed, _, err := b.writerLoad(ctx, schema, b.opts.soakWriters, b.opts.soakDuration, false)
 		done <- loaded{len(committed), err}
 	}()
 	var (
