@@ -74,6 +74,11 @@ const (
 	// abandonGrace is how long a cancelled executor has to return before its
 	// job is given back without it.
 	abandonGrace = 2 * time.Second
+	// poolReadEvery is how often at most a claim that found jobs reads the
+	// pool's counts to see whether it opened connections since the last
+	// warm-up (warm.go); so a pool that replaces connections without end is
+	// warmed once a second at most.
+	poolReadEvery = time.Second
 )
 
 // Config configures a Claimer. The zero value of every optional field means
@@ -204,10 +209,12 @@ type Claimer struct {
 	maxHeld  int             // held batches open at once at most, of this claimer's own
 	heldWG   sync.WaitGroup  // held batches not yet committed
 	warmWG   sync.WaitGroup  // warm-ups under way (warm.go)
-	// coldAfter is the pool's MaxConnIdleTime: after that long without a
-	// claim that found jobs, the claimer warms the pool again (warm.go).
-	coldAfter time.Duration
-	resume    resume // where held claims start; the claim loop's own
+	warming  atomic.Bool     // a warm-up is under way: warmBeside starts no second one
+	// warmedThrough is the pool's NewConnsCount as the last warm-up ended:
+	// a pool that has opened connections since may have replaced warmed
+	// ones (warm.go).
+	warmedThrough atomic.Int64
+	resume        resume // where held claims start; the claim loop's own
 
 	wake      chan struct{} // notifications and timers; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
@@ -244,8 +251,7 @@ func New(cfg Config) (*Claimer, error) {
 	}
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
 	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
-	poolCfg := cfg.Pool.Config() // a deep copy: read once
-	poolSize := int(poolCfg.MaxConns)
+	poolSize := int(cfg.Pool.Config().MaxConns) // Config is a deep copy: read once
 	if cfg.HeldLimit == nil {
 		cfg.HeldLimit = HeldLimitFor(poolSize, 1)
 	}
@@ -261,7 +267,6 @@ func New(cfg Config) (*Claimer, error) {
 		leaseHeldSQL:     withTable(leaseHeldSQL, jobsTable),
 		baseCtx:          context.Background(),
 		poolSize:         poolSize,
-		coldAfter:        poolCfg.MaxConnIdleTime,
 		maxHeld:          min(maxHeld, cfg.HeldLimit.n),
 		sleep:            newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		wake:             make(chan struct{}, 1),
@@ -382,7 +387,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		fromTick  bool
 		fromGrant bool
 		busy      bool      // the last claim found jobs: the next may hold its own
-		lastBusy  time.Time // when the last claim that found jobs started
+		poolRead  time.Time // when a claim that found jobs last read the pool's counts
 		backoff   = retry.New(c.poolSize)
 	)
 	for {
@@ -440,11 +445,11 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		}
 		c.resume.claimed(from, started, claimed, free, err)
 		busy = err == nil && len(claimed) > 0
-		if busy {
-			if c.coldAfter > 0 && !lastBusy.IsZero() && started.Sub(lastBusy) >= c.coldAfter {
-				c.warmBeside(ctx) // the pool has closed the connections the burst needs
+		if busy && started.Sub(poolRead) >= poolReadEvery {
+			poolRead = started
+			if c.cfg.Pool.Stat().NewConnsCount() > c.warmedThrough.Load() {
+				c.warmBeside(ctx) // the burst runs on connections no warm-up readied
 			}
-			lastBusy = started
 		}
 		if err != nil {
 			if ctx.Err() != nil {

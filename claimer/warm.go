@@ -39,11 +39,15 @@ const warmHold = 100 * time.Millisecond
 // It is best effort: a failure (the database down, the pool in use by
 // others) is logged at debug level and the claimer starts as it would have.
 // The statements stay prepared while the pool keeps the connections, and
-// pgxpool closes those idle for MaxConnIdleTime (30 min by default; an idle
-// worker's fallback ticks keep one or two in use). So a claim that finds
-// jobs after that long without any warms the pool again, beside the burst
-// it starts, as at start.
+// the pool replaces them: pgxpool closes connections idle for
+// MaxConnIdleTime (30 min by default; an idle worker's fallback ticks keep
+// one or two in use) and those older than MaxConnLifetime (an hour), and a
+// restarted server's connections die. Each comes back unprepared. So when
+// a claim finds jobs and the pool has opened connections since the last
+// warm-up ended (its NewConnsCount, read every poolReadEvery at most), the
+// claimer warms the pool again, beside the burst, as at start.
 func (c *Claimer) warm(ctx context.Context) {
+	defer func() { c.warmedThrough.Store(c.cfg.Pool.Stat().NewConnsCount()) }()
 	held := c.maxHeld
 	if c.cfg.Hold < 0 {
 		held = 0 // every claim leases: no held batch takes a connection
@@ -102,11 +106,16 @@ func (c *Claimer) warm(ctx context.Context) {
 	c.logger.Debug("connections warmed", zap.Int("num_conns", n), zap.Duration("took", time.Since(start)))
 }
 
-// warmBeside runs warm in a goroutine of its own, which Run waits for.
+// warmBeside runs warm in a goroutine of its own, which Run waits for,
+// unless a warm-up is under way.
 func (c *Claimer) warmBeside(ctx context.Context) {
+	if !c.warming.CompareAndSwap(false, true) {
+		return
+	}
 	c.warmWG.Add(1)
 	go func() {
 		defer c.warmWG.Done()
+		defer c.warming.Store(false)
 		c.warm(ctx)
 	}()
 }

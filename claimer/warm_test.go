@@ -146,18 +146,49 @@ func TestWarmSharesAPool(t *testing.T) {
 // finds jobs again warms them beside the burst, as at start.
 func TestWarmAgainAfterThePoolWentCold(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	schema := pgtest.Schema(t)
+	// Idle closes, after MaxConnIdleTime; more than poolReadEvery, as a
+	// real pool's 30 minutes is.
+	pool := warmAgainPool(t, func(cfg *pgxpool.Config) { cfg.MaxConnIdleTime = poolReadEvery + 200*time.Millisecond })
+	cold := func() bool { return pool.Stat().TotalConns() == 0 }
+	requireWarmAgain(t, pool, cold, "the pool closes its idle connections")
+}
+
+func TestWarmAgainAfterThePoolReplacedConnections(t *testing.T) {
+	t.Parallel()
+	// Lifetime closes, after MaxConnLifetime, which pgxpool counts apart.
+	pool := warmAgainPool(t, func(cfg *pgxpool.Config) { cfg.MaxConnLifetime = poolReadEvery + 200*time.Millisecond })
+	var first int64
+	replaced := func() bool {
+		if first == 0 {
+			first = pool.Stat().NewConnsCount()
+		}
+		return pool.Stat().MaxLifetimeDestroyCount() >= first
+	}
+	requireWarmAgain(t, pool, replaced, "the pool closes its connections at the end of their lifetime")
+}
+
+// warmAgainPool is a pool of 10 whose health check runs every 50 ms.
+func warmAgainPool(t *testing.T, tune func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(pgtest.URL())
 	require.NoError(t, err)
 	cfg.MaxConns = 10
-	cfg.MaxConnIdleTime = 300 * time.Millisecond
 	cfg.HealthCheckPeriod = 50 * time.Millisecond
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	tune(cfg)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
+	return pool
+}
 
+// requireWarmAgain runs a job on a claimer of pool, waits until replaced
+// says the pool has let its connections go, runs a second job, and wants
+// the claimer to have warmed a full set of connections again beside it.
+func requireWarmAgain(t *testing.T, pool *pgxpool.Pool, replaced func() bool, what string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
 	ran := make(chan int64, 1)
 	registry := executors.NewRegistry()
 	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error {
@@ -182,14 +213,13 @@ func TestWarmAgainAfterThePoolWentCold(t *testing.T) {
 			t.Fatal("the job never ran")
 		}
 	}
-	cold := func() bool { return pool.Stat().TotalConns() == 0 }
 
 	runOne() // the first claim that finds jobs
-	require.Eventually(t, cold, 30*time.Second, 10*time.Millisecond, "the pool closes its idle connections")
+	require.Eventually(t, replaced, 30*time.Second, 10*time.Millisecond, what)
 	before := pool.Stat().NewConnsCount()
 	runOne()
 	warmed := int64(min(maxHeld+2, 10-1))
 	require.Eventually(t, func() bool { return pool.Stat().NewConnsCount()-before >= warmed }, 30*time.Second, 10*time.Millisecond,
-		"the claim after the pool went cold warms %d connections again; it opened %d", warmed, pool.Stat().NewConnsCount()-before)
+		"the claim after the pool let its connections go warms %d connections again; it opened %d", warmed, pool.Stat().NewConnsCount()-before)
 	require.NoError(t, stop())
 }
