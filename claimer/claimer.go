@@ -356,7 +356,7 @@ func (c *Claimer) Run(ctx context.Context) error {
 	sleepDone := make(chan struct{})
 	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
 
-	c.warmBeside(ctx)
+	c.warmBeside(ctx, false)
 	jobs := newRunners(func(r *running) { c.execute(workCtx, r) })
 	c.claimLoop(ctx, jobs)
 	c.warmWG.Wait()
@@ -448,7 +448,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		if busy && started.Sub(poolRead) >= poolReadEvery {
 			poolRead = started
 			if c.cfg.Pool.Stat().NewConnsCount() > c.warmedThrough.Load() {
-				c.warmBeside(ctx) // the burst runs on connections no warm-up readied
+				c.warmBeside(ctx, true) // the burst runs on connections no warm-up readied
 			}
 		}
 		if err != nil {

@@ -45,14 +45,20 @@ const warmHold = 100 * time.Millisecond
 // restarted server's connections die. Each comes back unprepared. So when
 // a claim finds jobs and the pool has opened connections since the last
 // warm-up ended (its NewConnsCount, read every poolReadEvery at most), the
-// claimer warms the pool again, beside the burst, as at start.
-func (c *Claimer) warm(ctx context.Context) {
+// claimer warms the pool again, beside the burst, as at start. That
+// warm-up (again) takes only the connections it can have without waiting:
+// the idle ones and the room to open new ones. A busy pool's connections
+// in use stay with the held batches and claims that use them.
+func (c *Claimer) warm(ctx context.Context, again bool) {
 	defer func() { c.warmedThrough.Store(c.cfg.Pool.Stat().NewConnsCount()) }()
 	held := c.maxHeld
 	if c.cfg.Hold < 0 {
 		held = 0 // every claim leases: no held batch takes a connection
 	}
 	n := min(held+2, c.poolSize-1)
+	if again {
+		n = min(n, freeConns(c.cfg.Pool.Stat()))
+	}
 	if n <= 0 {
 		return
 	}
@@ -106,9 +112,15 @@ func (c *Claimer) warm(ctx context.Context) {
 	c.logger.Debug("connections warmed", zap.Int("num_conns", n), zap.Duration("took", time.Since(start)))
 }
 
+// freeConns is how many connections a pool hands out without waiting:
+// its idle ones and the room to open more.
+func freeConns(st *pgxpool.Stat) int {
+	return int(st.IdleConns()) + max(int(st.MaxConns()-st.TotalConns()), 0)
+}
+
 // warmBeside runs warm in a goroutine of its own, which Run waits for,
 // unless a warm-up is under way.
-func (c *Claimer) warmBeside(ctx context.Context) {
+func (c *Claimer) warmBeside(ctx context.Context, again bool) {
 	if !c.warming.CompareAndSwap(false, true) {
 		return
 	}
@@ -116,7 +128,7 @@ func (c *Claimer) warmBeside(ctx context.Context) {
 	go func() {
 		defer c.warmWG.Done()
 		defer c.warming.Store(false)
-		c.warm(ctx)
+		c.warm(ctx, again)
 	}()
 }
 

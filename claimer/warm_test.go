@@ -53,7 +53,7 @@ func TestWarmReadiesConnections(t *testing.T) {
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	insertJobs(ctx, t, pool, jobs, 3)
 
-	c.warm(ctx)
+	c.warm(ctx, false)
 
 	conns := pool.AcquireAllIdle(ctx)
 	defer func() {
@@ -87,7 +87,7 @@ func TestWarmFailureReleasesConnections(t *testing.T) {
 	defer cancel()
 	c, pool := newWarmClaimer(ctx, t, pgtest.EmptySchemaName(t), 10, 0)
 
-	c.warm(ctx)
+	c.warm(ctx, false)
 
 	require.Zero(t, pool.Stat().AcquiredConns())
 	var one int
@@ -110,9 +110,45 @@ func TestWarmSizes(t *testing.T) {
 		want     int32
 	}{{1, 0, 0}, {4, 0, 3}, {10, -1, 2}} {
 		c, pool := newWarmClaimer(ctx, t, schema, tc.maxConns, tc.hold)
-		c.warm(ctx)
+		c.warm(ctx, false)
 		require.Equal(t, tc.want, pool.Stat().TotalConns(), "a pool of %d, hold %s", tc.maxConns, tc.hold)
 	}
+}
+
+// A warm-up beside a busy claimer takes only what the pool hands out
+// without waiting: with 8 of 10 connections in use, it opens the 2 it has
+// room for and queues no acquire. Before, it made 9: the other 7 queued for
+// connections coming back, which in a worker are the claims' and the held
+// batches', and kept each up to warmHold.
+func TestWarmAgainTakesNoConnectionInUse(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := newSizedPool(ctx, t, 10)
+	c, err := New(Config{
+		Pool: pool, Schema: pgtest.Schema(t), SleepConnConfig: pool.Config().ConnConfig, Queue: "default",
+		WorkerID: "w", Registry: executors.NewRegistry(),
+	})
+	require.NoError(t, err)
+	inUse := make([]*pgxpool.Conn, 8)
+	for i := range inUse {
+		inUse[i], err = pool.Acquire(ctx)
+		require.NoError(t, err)
+	}
+	defer func() {
+		for _, conn := range inUse {
+			conn.Release()
+		}
+	}()
+	before := pool.Stat()
+
+	c.warm(ctx, true)
+
+	after := pool.Stat()
+	require.Equal(t, int64(2), after.NewConnsCount()-before.NewConnsCount(), "the room for two connections, opened and warmed")
+	require.Equal(t, int64(2), after.AcquireCount()-before.AcquireCount(),
+		"two acquires, none queued for a connection to come back (a busy claimer's, in a worker)")
+	require.Equal(t, int32(8), after.AcquiredConns(), "the connections in use stay where they are")
 }
 
 // Claimers of several queues warm one pool at once, together wanting more
@@ -134,7 +170,7 @@ func TestWarmSharesAPool(t *testing.T) {
 		})
 		require.NoError(t, err)
 		wg.Add(1)
-		go func() { defer wg.Done(); c.warm(ctx) }()
+		go func() { defer wg.Done(); c.warm(ctx, false) }()
 	}
 	wg.Wait()
 	require.Len(t, logs.FilterMessage("connections warmed").All(), 3, "%v", logs.All())
