@@ -193,12 +193,9 @@ func TestWarmAgainAfterThePoolReplacedConnections(t *testing.T) {
 	t.Parallel()
 	// Lifetime closes, after MaxConnLifetime, which pgxpool counts apart.
 	pool := warmAgainPool(t, func(cfg *pgxpool.Config) { cfg.MaxConnLifetime = poolReadEvery + 200*time.Millisecond })
-	var first int64
 	replaced := func() bool {
-		if first == 0 {
-			first = pool.Stat().NewConnsCount()
-		}
-		return pool.Stat().MaxLifetimeDestroyCount() >= first
+		st := pool.Stat()
+		return st.TotalConns() == 0 && st.MaxLifetimeDestroyCount() > 0 && st.MaxIdleDestroyCount() == 0
 	}
 	requireWarmAgain(t, pool, replaced, "the pool closes its connections at the end of their lifetime")
 }
