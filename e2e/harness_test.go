@@ -59,6 +59,8 @@ func newScenario(t *testing.T, name string, env map[string]string) *scenario {
 			"SHUTDOWN_TIMEOUT": "5s",
 			"LOG_LEVEL":        "info",
 			"LOG_FORMAT":       "json",
+			// The receivers are httptest servers on this machine.
+			"HTTP_ALLOW_NETWORKS": "loopback",
 		},
 	}
 	maps.Copy(s.env, env)

@@ -2,7 +2,8 @@
 // endpoints over HTTP.
 //
 // Counters kept by the worker's parts (claims, ticks, notifications,
-// rescues, purges) are read when Prometheus scrapes; the per-job counters and
+// rescues, purges) and by executors that are prometheus.Collectors are read
+// when Prometheus scrapes; the per-job counters and
 // histograms are fed by the claimers through the claimer.Observer interface.
 // Queue depth is sampled from the database at most once per
 // DepthInterval, and only when scraped: an idle worker that nobody scrapes
@@ -93,6 +94,17 @@ func New(pool *pgxpool.Pool, kinds *executors.Registry) *Metrics {
 	}
 	m.reg.MustRegister(m.completed, m.duration, m.latency, collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// Executors that keep metrics of their own, such as http_callback's
+	// waits for connections, are collected too.
+	for _, k := range kinds.Kinds() {
+		if e, ok := kinds.Lookup(k); ok {
+			if c, ok := e.(prometheus.Collector); ok {
+				if err := m.reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+					panic(fmt.Sprintf("metrics: the %s executor's metrics: %v", k, err))
+				}
+			}
+		}
+	}
 	return m
 }
 

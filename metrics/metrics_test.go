@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/metrics"
 )
@@ -215,4 +216,21 @@ func findSeries(f map[string]*dto.MetricFamily, name, status string) (float64, b
 func requireValue(t *testing.T, want, got float64, msgAndArgs ...any) {
 	t.Helper()
 	require.InDelta(t, want, got, 1e-9, msgAndArgs...)
+}
+
+// An executor that is a prometheus.Collector has its metrics scraped with
+// the worker's: http_callback's waits for connections.
+func TestExecutorMetrics(t *testing.T) {
+	t.Parallel()
+	reg := executors.NewRegistry()
+	exec, err := httpcallback.New(httpcallback.Config{})
+	require.NoError(t, err)
+	reg.Register(httpcallback.Kind, exec)
+	reg.Register("again", exec) // one executor under two kinds is collected once
+	srv := httptest.NewServer(metrics.New(pgtest.Pool(t), reg).Handler())
+	defer srv.Close()
+	families := scrape(t, srv)
+	require.Zero(t, value(t, families, "pgdispatch_http_connection_waits_total", nil))
+	require.Zero(t, value(t, families, "pgdispatch_http_jobs_waiting_for_connection", nil))
+	require.Zero(t, value(t, families, "pgdispatch_http_hosts_saturated", nil))
 }

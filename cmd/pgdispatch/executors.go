@@ -18,7 +18,8 @@ import (
 // The executors' settings, for run.
 var executorSettings = []setting{
 	{"HTTP_SIGNING_SECRET", "", "", "sign http_callback requests per Standard Webhooks with this base64 secret (whsec_ prefix optional)"},
-	{"HTTP_ALLOW_HOSTS", "http-allow-hosts", "", "comma-separated hosts http_callback may reach (exact, IP, or *.domain); empty allows any"},
+	{"HTTP_ALLOW_HOSTS", "http-allow-hosts", "", "comma-separated hosts http_callback may reach (exact, IP, or *.domain); empty allows any name, and HTTP_ALLOW_NETWORKS applies too"},
+	{"HTTP_ALLOW_NETWORKS", "http-allow-networks", httpcallback.NetworksPublic, "comma-separated networks http_callback may dial, checked on each address after DNS: CIDRs, IPs, and public, private or loopback"},
 	{"HTTP_MAX_CONNECTIONS_PER_HOST", "http-max-connections-per-host", strconv.Itoa(httpcallback.DefaultMaxConnsPerHost), "connections open to one host at once; http_callback jobs beyond it wait for one"},
 	{"RABBITMQ_URL", "", "", "broker of the rabbitmq executor, as amqp://user:password@host:5672/vhost"},
 	{"SMTP_HOST", "smtp-host", "", "SMTP server of the email executor"},
@@ -38,15 +39,11 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 	reg = executors.NewRegistry()
 	var errs []error
 
-	var allow []string
-	for _, h := range strings.Split(v.str("HTTP_ALLOW_HOSTS"), ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			allow = append(allow, h)
-		}
-	}
 	httpExec, err := httpcallback.New(httpcallback.Config{
-		SigningSecret: v.str("HTTP_SIGNING_SECRET"), AllowHosts: allow,
+		SigningSecret: v.str("HTTP_SIGNING_SECRET"), AllowHosts: list(v.str("HTTP_ALLOW_HOSTS")),
+		AllowNetworks:   list(v.str("HTTP_ALLOW_NETWORKS")),
 		MaxConnsPerHost: max(v.positiveInt("HTTP_MAX_CONNECTIONS_PER_HOST", &errs), 0), // a bad value is reported once
+		Logger:          logger,
 	})
 	if err != nil {
 		errs = append(errs, fmt.Errorf("HTTP settings: %w", err))
@@ -91,6 +88,17 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 		return nil, nil, err
 	}
 	return reg, close, nil
+}
+
+// list splits a comma-separated setting, without empty items.
+func list(s string) []string {
+	var items []string
+	for _, item := range strings.Split(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			items = append(items, item)
+		}
+	}
+	return items
 }
 
 // notConfigured fails every job of kind, saying which setting is missing.

@@ -74,6 +74,7 @@ func TestMalformedPayloadsDieAndGoodOnesRun(t *testing.T) {
 
 	w := pgtest.Watch(t, schema)
 	p := start(t, dbEnv(schema, "POLL_INTERVAL=1h", "WORKER_ID=payloads",
+		"HTTP_ALLOW_NETWORKS=loopback", // the receiver is on this machine
 		"RABBITMQ_URL="+brokerURL,
 		"SMTP_HOST="+mail.Host, "SMTP_PORT="+strconv.Itoa(mail.Port), "SMTP_TLS=none",
 		"SMTP_USERNAME=mailer", "SMTP_PASSWORD=secret-pw", "SMTP_FROM=shop@example.test"), "run")

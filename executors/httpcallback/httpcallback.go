@@ -11,8 +11,13 @@
 // Idempotency-Key stable across retries, the job id and the attempt number,
 // and, with a signing secret, Standard Webhooks signature headers.
 //
-// Targets can be limited to AllowHosts. Link-local and cloud-metadata
-// addresses are refused always, after DNS resolution and on every redirect.
+// Targets can be limited to AllowHosts by name, and are limited to
+// AllowNetworks (public addresses unless told otherwise) by the address
+// dialled, after DNS resolution, on every connection and every redirect.
+// Link-local and cloud metadata addresses are refused unless an allowed
+// network lies within them. Redirects are followed only within one host.
+// Each host gets at most MaxConnsPerHost requests at once; jobs beyond it
+// wait for one, and only jobs for that host wait.
 package httpcallback
 
 import (
@@ -28,13 +33,14 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+	"unicode"
 	"unicode/utf8"
+
+	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 )
@@ -48,6 +54,13 @@ const (
 	maxDrain         = 64 << 10
 	maxRetryAfter    = 24 * time.Hour
 	defaultUserAgent = "pgdispatch"
+	// MaxResponseHeaderBytes bounds the status line and headers of a
+	// response; a receiver that sends more fails the attempt.
+	MaxResponseHeaderBytes = 64 << 10
+	// bodyWait bounds the reading of a response's body once its status is
+	// in: the status is the outcome, the body only fills last_error or lets
+	// the connection be reused.
+	bodyWait = 2 * time.Second
 )
 
 // Config configures the executor.
@@ -56,37 +69,40 @@ type Config struct {
 	// specification. It is base64, optionally prefixed "whsec_".
 	SigningSecret string
 	// AllowHosts, when not empty, limits targets to these hosts: exact names
-	// or IPs, or "*.example.com" for any subdomain.
+	// or IPs (IPv6 with or without brackets), or "*.example.com" for any
+	// subdomain. It applies to the URL's host; AllowNetworks applies too.
 	AllowHosts []string
-	// DeniedPrefixes are address ranges never dialled. Default: link-local
-	// 169.254.0.0/16 and fe80::/10, and the cloud metadata fd00:ec2::254/128.
-	DeniedPrefixes []netip.Prefix
+	// AllowNetworks are the networks whose addresses may be dialled, checked
+	// on the address each connection dials, after DNS resolution: CIDRs,
+	// single IPs, and the presets NetworksPublic, NetworksPrivate and
+	// NetworksLoopback. Link-local and cloud metadata addresses need an
+	// entry within them. Default: DefaultAllowNetworks, public only.
+	AllowNetworks []string
 	// UserAgent is sent with every request. Default: "pgdispatch".
 	UserAgent string
-	// MaxConnsPerHost bounds the connections open to one host at once,
-	// idle ones included, so that a burst of jobs for one receiver does not
-	// open one connection per job. Requests beyond it wait for a connection
-	// within their job's timeout. Default: DefaultMaxConnsPerHost.
+	// MaxConnsPerHost bounds the requests in flight to one host (name and
+	// port) at once, and so the connections open to it, idle ones included,
+	// so that a burst of jobs for one receiver does not open one connection
+	// per job. Requests beyond it wait for a connection within their job's
+	// timeout; jobs for other hosts do not wait for them. Default:
+	// DefaultMaxConnsPerHost.
 	MaxConnsPerHost int
+	// Logger receives a warning, at most once a minute per host, when jobs
+	// wait for a host's connections. Default: none.
+	Logger *zap.Logger
 }
 
 // DefaultMaxConnsPerHost is Config.MaxConnsPerHost's default.
 const DefaultMaxConnsPerHost = 32
 
-// DefaultDeniedPrefixes are the ranges refused unless Config says otherwise.
-var DefaultDeniedPrefixes = []netip.Prefix{
-	netip.MustParsePrefix("169.254.0.0/16"),
-	netip.MustParsePrefix("fe80::/10"),
-	netip.MustParsePrefix("fd00:ec2::254/128"),
-}
-
 // Executor sends http_callback jobs. Create it with New; it is safe for
-// concurrent use and shares one http.Client with connection reuse.
+// concurrent use and shares one http.Client with connection reuse. It is a
+// prometheus.Collector of its waits for connections.
 type Executor struct {
 	client    *http.Client
 	secret    []byte
-	allow     []string
-	denied    []netip.Prefix
+	guard     *guard
+	slots     *hostSlots
 	userAgent string
 }
 
@@ -96,12 +112,14 @@ func New(cfg Config) (*Executor, error) {
 		return nil, errors.New("http_callback: MaxConnsPerHost must not be negative")
 	}
 	perHost := cmp.Or(cfg.MaxConnsPerHost, DefaultMaxConnsPerHost)
-	e := &Executor{
-		denied:    cfg.DeniedPrefixes,
-		userAgent: cmp.Or(cfg.UserAgent, defaultUserAgent),
+	g, err := newGuard(cfg.AllowHosts, cfg.AllowNetworks)
+	if err != nil {
+		return nil, err
 	}
-	if e.denied == nil {
-		e.denied = DefaultDeniedPrefixes
+	e := &Executor{
+		guard:     g,
+		slots:     newHostSlots(perHost, cmp.Or(cfg.Logger, zap.NewNop()).Named("http_callback")),
+		userAgent: cmp.Or(cfg.UserAgent, defaultUserAgent),
 	}
 	if cfg.SigningSecret != "" {
 		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(cfg.SigningSecret, "whsec_"))
@@ -110,36 +128,22 @@ func New(cfg Config) (*Executor, error) {
 		}
 		e.secret = key
 	}
-	for _, h := range cfg.AllowHosts {
-		h = strings.ToLower(strings.TrimSpace(h))
-		if h == "" {
-			continue
-		}
-		if strings.Contains(h, "/") || strings.Contains(h, ":") && !isIP(h) {
-			return nil, fmt.Errorf("http_callback: allowed host %q: want a host name, an IP or *.domain", h)
-		}
-		e.allow = append(e.allow, h)
-	}
 
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: e.checkDial}
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second, Control: g.checkDial}
 	transport := &http.Transport{
-		Proxy:                 nil, // a proxy would dial for us and bypass checkDial
-		DialContext:           dialer.DialContext,
-		ForceAttemptHTTP2:     true,
-		MaxConnsPerHost:       perHost,
-		MaxIdleConns:          max(100, perHost),
-		MaxIdleConnsPerHost:   perHost, // a connection in use stays open for the next job
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
+		Proxy:                  nil, // a proxy would dial for us and bypass checkDial
+		DialContext:            dialer.DialContext,
+		ForceAttemptHTTP2:      true,
+		MaxConnsPerHost:        perHost,
+		MaxIdleConns:           max(100, perHost),
+		MaxIdleConnsPerHost:    perHost, // a connection in use stays open for the next job
+		IdleConnTimeout:        90 * time.Second,
+		TLSHandshakeTimeout:    10 * time.Second,
+		ExpectContinueTimeout:  time.Second,
+		MaxResponseHeaderBytes: MaxResponseHeaderBytes,
 	}
 	e.client = &http.Client{Transport: transport, CheckRedirect: e.checkRedirect}
 	return e, nil
-}
-
-func isIP(h string) bool {
-	_, err := netip.ParseAddr(strings.Trim(h, "[]"))
-	return err == nil
 }
 
 // refusedError is a target the rules do not allow: permanent.
@@ -147,44 +151,21 @@ type refusedError struct{ msg string }
 
 func (e *refusedError) Error() string { return e.msg }
 
-// checkDial runs after DNS resolution, for every address dialled, including
-// on redirects.
-func (e *Executor) checkDial(_, address string, _ syscall.RawConn) error {
-	host, _, err := net.SplitHostPort(address)
-	if err != nil {
-		return &refusedError{"refused: unparsable address " + address}
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return &refusedError{"refused: unparsable address " + address}
-	}
-	ip = ip.Unmap()
-	for _, p := range e.denied {
-		if p.Contains(ip) {
-			return &refusedError{fmt.Sprintf("refused: %s is in the denied range %s (link-local or cloud metadata)", ip, p)}
-		}
-	}
-	return nil
-}
-
+// checkRedirect follows a redirect only within one host (see sameHost), so
+// that the payload's headers, its body and the signature never reach a
+// host the job did not name.
 func (e *Executor) checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= maxRedirects {
 		return &refusedError{fmt.Sprintf("stopped after %d redirects", maxRedirects)}
 	}
-	return e.checkHost(req.URL)
-}
-
-func (e *Executor) checkHost(u *url.URL) error {
-	if len(e.allow) == 0 {
-		return nil
+	if err := e.guard.checkURL(req.URL); err != nil {
+		return err
 	}
-	host := strings.ToLower(u.Hostname())
-	for _, a := range e.allow {
-		if a == host || strings.HasPrefix(a, "*.") && strings.HasSuffix(host, a[1:]) {
-			return nil
-		}
+	if from := via[len(via)-1].URL; !sameHost(from, req.URL) {
+		return &refusedError{fmt.Sprintf("refused: redirect from %s to another host, %s: only redirects within one host are followed; "+
+			"point the job's url at the new location", printable(from.Scheme+"://"+from.Host), printable(redact(req.URL)))}
 	}
-	return &refusedError{fmt.Sprintf("refused: host %q is not in HTTP_ALLOW_HOSTS", host)}
+	return nil
 }
 
 type payload struct {
@@ -256,10 +237,19 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	if err != nil {
 		return err
 	}
-	if err := e.checkHost(r.url); err != nil {
-		return executors.Permanent(err)
+	target := r.method + " " + redact(r.url)
+	if err := e.guard.checkURL(r.url); err != nil {
+		return executors.Permanent(fmt.Errorf("%s: %w", target, err))
 	}
-	req, err := http.NewRequestWithContext(ctx, r.method, r.url.String(), bytes.NewReader(r.body))
+	release, err := e.slots.acquire(ctx, origin(r.url), job.ID)
+	if err != nil {
+		return fmt.Errorf("%s: %w", target, err)
+	}
+	defer release()
+	// reqCtx ends the body's reading after bodyWait.
+	reqCtx, cancelReq := context.WithCancel(ctx)
+	defer cancelReq()
+	req, err := http.NewRequestWithContext(reqCtx, r.method, r.url.String(), bytes.NewReader(r.body))
 	if err != nil {
 		return executors.Permanent(fmt.Errorf("build request: %w", err))
 	}
@@ -281,7 +271,6 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		req.Header.Set("Webhook-Signature", "v1,"+e.sign(key, ts, r.body))
 	}
 
-	target := r.method + " " + redact(r.url)
 	resp, err := e.client.Do(req)
 	if err != nil {
 		var refused *refusedError
@@ -294,6 +283,8 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		return fmt.Errorf("%s: %w", target, unwrapURLError(err))
 	}
 	defer func() { _ = resp.Body.Close() }()
+	stop := time.AfterFunc(bodyWait, cancelReq)
+	defer stop.Stop()
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain)) // lets the connection be reused
 		return nil
@@ -317,8 +308,8 @@ func idempotencyKey(jobID int64) string { return "pgdispatch-job-" + strconv.For
 func classify(target string, resp *http.Response) error {
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
-	err := fmt.Errorf("%s: HTTP %s", target, resp.Status)
-	if s := strings.TrimSpace(strings.ToValidUTF8(string(snippet), "\uFFFD")); s != "" {
+	err := fmt.Errorf("%s: HTTP %s", target, printable(resp.Status))
+	if s := strings.TrimSpace(printable(string(snippet))); s != "" {
 		if len(snippet) == maxErrorBody {
 			s += "…"
 		}
@@ -374,4 +365,25 @@ func unwrapURLError(err error) error {
 		return ue.Err
 	}
 	return err
+}
+
+// printable makes text a receiver sent safe to store and show: invalid
+// UTF-8 becomes U+FFFD, tabs and line breaks become spaces, and other
+// control and format characters (ESC, BEL, DEL, C1, bidirectional
+// overrides) are written as Go escapes such as \x1b or \u202e.
+func printable(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
+		switch {
+		case r == '\t' || r == '\n' || r == '\r':
+			b.WriteByte(' ')
+		case unicode.IsPrint(r):
+			b.WriteRune(r)
+		case r < 0x100:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		default:
+			fmt.Fprintf(&b, "\\u%04x", r)
+		}
+	}
+	return b.String()
 }

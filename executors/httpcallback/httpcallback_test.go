@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,6 +28,10 @@ import (
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
 
 const waitFor = 20 * time.Second
+
+// loopback lets the executor reach this machine's test receivers, which
+// the default (public addresses only) refuses.
+var loopback = []string{httpcallback.NetworksLoopback}
 
 var secret = "whsec_" + base64.StdEncoding.EncodeToString([]byte("a test secret of thirty-two byte"))
 
@@ -60,6 +65,37 @@ func newReceiver(t *testing.T, handle func(w http.ResponseWriter, r *http.Reques
 	return rc
 }
 
+// requests returns what the receiver has seen so far.
+func (rc *receiver) requests() []received {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return slices.Clone(rc.reqs)
+}
+
+// v6Receiver is a receiver on [::1], with its URL and the same URL with the
+// zone "lo".
+type v6Receiver struct {
+	*receiver
+	zoned string
+}
+
+func newV6Receiver(t *testing.T) *v6Receiver {
+	t.Helper()
+	l, err := net.Listen("tcp", "[::1]:0")
+	require.NoError(t, err)
+	rc := &receiver{got: make(chan received, 100)}
+	rc.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc.mu.Lock()
+		rc.reqs = append(rc.reqs, received{r.Method, r.URL.Path, "", r.Header.Clone()})
+		rc.mu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	}))
+	rc.Listener = l
+	rc.Start()
+	t.Cleanup(rc.Close)
+	return &v6Receiver{rc, fmt.Sprintf("http://[::1%%25lo]:%d/", l.Addr().(*net.TCPAddr).Port)}
+}
+
 type bundle struct {
 	schema string
 	jobs   string
@@ -70,6 +106,11 @@ func setup(t *testing.T, cfg httpcallback.Config) *bundle {
 	t.Helper()
 	exec, err := httpcallback.New(cfg)
 	require.NoError(t, err)
+	return setupWith(t, exec)
+}
+
+func setupWith(t *testing.T, exec *httpcallback.Executor) *bundle {
+	t.Helper()
 	reg := executors.NewRegistry()
 	reg.Register(httpcallback.Kind, exec)
 	schema := workertest.Start(t, "http-test", reg)
@@ -84,7 +125,7 @@ func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
 func TestSuccessAndRawData(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusNoContent) })
-	b := setup(t, httpcallback.Config{})
+	b := setup(t, httpcallback.Config{AllowNetworks: loopback})
 
 	id := b.enqueue(t, map[string]any{"url": rc.URL + "/hook", "data": map[string]any{"param1": "data1"}}, 5)
 	s := b.watch.Status(t, id, "done", waitFor)
@@ -128,7 +169,7 @@ func TestRetrySemantics(t *testing.T) {
 			w.WriteHeader(http.StatusOK)
 		}
 	})
-	b := setup(t, httpcallback.Config{})
+	b := setup(t, httpcallback.Config{AllowNetworks: loopback})
 
 	flaky := b.enqueue(t, map[string]any{"url": rc.URL + "/flaky", "data": 1}, 5)
 	missing := b.enqueue(t, map[string]any{"url": rc.URL + "/missing", "data": 1}, 5)
@@ -169,7 +210,7 @@ func TestRetrySemantics(t *testing.T) {
 func TestSignatureVerifiesIndependently(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
-	b := setup(t, httpcallback.Config{SigningSecret: secret})
+	b := setup(t, httpcallback.Config{SigningSecret: secret, AllowNetworks: loopback})
 	id := b.enqueue(t, map[string]any{"url": rc.URL, "data": map[string]any{"order": 42}}, 5)
 	b.watch.Status(t, id, "done", waitFor)
 	got := <-rc.got
@@ -186,44 +227,100 @@ func TestSignatureVerifiesIndependently(t *testing.T) {
 	require.Error(t, other.Verify([]byte(got.body), got.header))
 }
 
-func TestRefusedTargets(t *testing.T) {
+// The guard with loopback stand-ins for the addresses it must refuse: with
+// the default networks (public only), a loopback receiver is refused by
+// its literal address, its IPv4-mapped and zoned forms, a name that
+// resolves to it, and a redirect to any of them. Metadata addresses are
+// checked without a dial, in guard_internal_test.go.
+func TestLoopbackStandInsAreRefused(t *testing.T) {
 	t.Parallel()
-	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request, _ int) {
-		if r.URL.Path == "/to-metadata" {
-			http.Redirect(w, r, "http://169.254.169.254/latest/meta-data/", http.StatusFound)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
+	v4 := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
+	v6 := newV6Receiver(t)
+	port := v4.Listener.Addr().(*net.TCPAddr).Port
+	b := setup(t, httpcallback.Config{AllowHosts: []string{"localhost", "127.0.0.1", "::1", "*.test"}})
+
+	for _, c := range []struct{ url, want string }{
+		{v4.URL, "refused: 127.0.0.1 is not in HTTP_ALLOW_NETWORKS (public)"},
+		{fmt.Sprintf("http://localhost:%d/", port), "refused: 127.0.0.1 is not in HTTP_ALLOW_NETWORKS (public)"},
+		{fmt.Sprintf("http://[::ffff:127.0.0.1]:%d/", port), "refused: 127.0.0.1 is not in HTTP_ALLOW_NETWORKS"},
+		{v6.zoned, "refused: ::1%lo has an IPv6 zone, which is never dialled"},
+		{v6.URL, "refused: ::1 is not in HTTP_ALLOW_NETWORKS (public)"},
+	} {
+		id := b.enqueue(t, map[string]any{"url": c.url, "data": 1}, 5)
+		s := b.watch.Status(t, id, "dead", waitFor)
+		require.Equal(t, 1, s.Attempts, c.url)
+		require.Contains(t, *s.Error, c.want, c.url)
+	}
+	require.Empty(t, v4.requests())
+	require.Empty(t, v6.requests())
+}
+
+// Zoned IPv6 addresses are refused even where their address is allowed,
+// and so is a redirect to one.
+func TestZonedAddressesAreRefused(t *testing.T) {
+	t.Parallel()
+	v6 := newV6Receiver(t)
+	hop := newReceiver(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+		http.Redirect(w, r, v6.zoned, http.StatusTemporaryRedirect)
 	})
-	b := setup(t, httpcallback.Config{})
-	metadata := b.enqueue(t, map[string]any{"url": "http://169.254.169.254/latest/meta-data/", "data": 1}, 5)
-	s := b.watch.Status(t, metadata, "dead", waitFor)
-	require.Equal(t, 1, s.Attempts)
-	require.Contains(t, *s.Error, "refused: 169.254.169.254 is in the denied range 169.254.0.0/16")
-
-	redirected := b.enqueue(t, map[string]any{"url": rc.URL + "/to-metadata", "data": 1}, 5)
+	b := setup(t, httpcallback.Config{AllowNetworks: []string{"127.0.0.1/32"}})
+	direct := b.enqueue(t, map[string]any{"url": v6.zoned, "data": 1}, 5)
+	s := b.watch.Status(t, direct, "dead", waitFor)
+	require.Contains(t, *s.Error, "refused: ::1%lo has an IPv6 zone")
+	redirected := b.enqueue(t, map[string]any{"url": hop.URL, "data": 1}, 5)
 	s = b.watch.Status(t, redirected, "dead", waitFor)
-	require.Contains(t, *s.Error, "refused: 169.254.169.254")
+	require.Contains(t, *s.Error, "refused: ::1%lo has an IPv6 zone")
+	require.Empty(t, v6.requests())
 
-	v6 := b.enqueue(t, map[string]any{"url": "http://[fd00:ec2::254]/latest/", "data": 1}, 5)
-	s = b.watch.Status(t, v6, "dead", waitFor)
-	require.Contains(t, *s.Error, "fd00:ec2::254/128")
+	// The same receiver without the zone, with ::1 allowed, is reached.
+	b = setup(t, httpcallback.Config{AllowNetworks: []string{"::1"}})
+	id := b.enqueue(t, map[string]any{"url": v6.URL, "data": 1}, 5)
+	b.watch.Status(t, id, "done", waitFor)
+	zoned := b.enqueue(t, map[string]any{"url": v6.zoned, "data": 1}, 5)
+	s = b.watch.Status(t, zoned, "dead", waitFor)
+	require.Contains(t, *s.Error, "has an IPv6 zone")
+	require.Len(t, v6.requests(), 1)
+}
+
+// An allowed name is checked again by the address it resolves to: the
+// networks apply after DNS, on the address dialled.
+func TestAllowedNameResolvingToADeniedAddress(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
+	byName := strings.Replace(rc.URL, "127.0.0.1", "localhost", 1)
+	b := setup(t, httpcallback.Config{AllowHosts: []string{"localhost"}, AllowNetworks: []string{"public", "::1"}})
+	id := b.enqueue(t, map[string]any{"url": byName, "data": 1}, 5)
+	s := b.watch.Status(t, id, "dead", waitFor)
+	require.Contains(t, *s.Error, "refused: 127.0.0.1 is not in HTTP_ALLOW_NETWORKS (public,::1)")
+	require.Empty(t, rc.requests())
+
+	b = setup(t, httpcallback.Config{AllowHosts: []string{"localhost"}, AllowNetworks: []string{"127.0.0.0/8"}})
+	id = b.enqueue(t, map[string]any{"url": byName, "data": 1}, 5)
+	b.watch.Status(t, id, "done", waitFor)
 }
 
 func TestAllowHosts(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
-	b := setup(t, httpcallback.Config{AllowHosts: []string{"127.0.0.1", "*.example.test"}})
+	b := setup(t, httpcallback.Config{AllowHosts: []string{"127.0.0.1", "*.example.test"}, AllowNetworks: loopback})
 	allowed := b.enqueue(t, map[string]any{"url": rc.URL, "data": 1}, 5)
 	b.watch.Status(t, allowed, "done", waitFor)
 	refused := b.enqueue(t, map[string]any{"url": strings.Replace(rc.URL, "127.0.0.1", "localhost", 1), "data": 1}, 5)
 	s := b.watch.Status(t, refused, "dead", waitFor)
 	require.Contains(t, *s.Error, `refused: host "localhost" is not in HTTP_ALLOW_HOSTS`)
+
+	// An IPv6 entry matches with or without brackets.
+	v6 := newV6Receiver(t)
+	for _, entry := range []string{"[::1]", "::1", "0:0::1"} {
+		b := setup(t, httpcallback.Config{AllowHosts: []string{entry}, AllowNetworks: loopback})
+		id := b.enqueue(t, map[string]any{"url": v6.URL, "data": 1}, 5)
+		b.watch.Status(t, id, "done", waitFor)
+	}
 }
 
 func TestSecretsStayOutOfErrors(t *testing.T) {
 	t.Parallel()
-	b := setup(t, httpcallback.Config{SigningSecret: secret})
+	b := setup(t, httpcallback.Config{SigningSecret: secret, AllowNetworks: loopback})
 	// Nothing listens on port 1: a connection error, retried, then dead.
 	id := b.enqueue(t, map[string]any{
 		"url": "http://user:hunter2@127.0.0.1:1/path?token=sekrit", "data": 1,
@@ -242,8 +339,14 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	_, err := httpcallback.New(httpcallback.Config{SigningSecret: "not base64 at all!"})
 	require.ErrorContains(t, err, "signing secret must be base64")
 	require.NotContains(t, err.Error(), "not base64 at all!")
-	_, err = httpcallback.New(httpcallback.Config{AllowHosts: []string{"http://x/y"}})
-	require.Error(t, err)
+	for _, hosts := range [][]string{{"http://x/y"}, {"x.test:8080"}, {"*"}, {"fe80::1%eth0"}} {
+		_, err = httpcallback.New(httpcallback.Config{AllowHosts: hosts})
+		require.ErrorContains(t, err, "want a host name, an IP or *.domain", hosts)
+	}
+	for _, networks := range [][]string{{"everything"}, {"10.0.0.0/33"}, {"fe80::1%eth0"}, {"::ffff:10.0.0.0/104"}, {" ", ""}} {
+		_, err = httpcallback.New(httpcallback.Config{AllowNetworks: networks})
+		require.Error(t, err, networks)
+	}
 }
 
 // A burst of jobs for one receiver shares MaxConnsPerHost connections: the
@@ -270,7 +373,7 @@ func TestConnectionsPerHostAreCapped(t *testing.T) {
 	srv.Start()
 	t.Cleanup(srv.Close)
 
-	b := setup(t, httpcallback.Config{MaxConnsPerHost: perHost})
+	b := setup(t, httpcallback.Config{MaxConnsPerHost: perHost, AllowNetworks: loopback})
 	// Let the handlers go before the worker stops (cleanups run last in,
 	// first out), or a failing test would wait for its shutdown timeout.
 	var releaseOnce sync.Once
