@@ -17,7 +17,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgdispatch/pgdispatch"
-	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
@@ -70,40 +69,6 @@ func (s *startLog) wait(ids []int64, timeout time.Duration) ([]time.Time, error)
 	}
 }
 
-// sleepSignal broadcasts each time a claimer goes to sleep.
-type sleepSignal struct {
-	mu    sync.Mutex
-	count int64
-	next  chan struct{}
-}
-
-func (s *sleepSignal) slept() {
-	s.mu.Lock()
-	s.count++
-	close(s.next)
-	s.next = make(chan struct{})
-	s.mu.Unlock()
-}
-
-// waitSleeping returns once c sleeps holding its sleep key.
-func (s *sleepSignal) waitSleeping(t *testing.T, c *claimer.Claimer) {
-	t.Helper()
-	deadline := time.After(waitFor)
-	for {
-		s.mu.Lock()
-		next := s.next
-		s.mu.Unlock()
-		if c.Sleeping() {
-			return
-		}
-		select {
-		case <-next:
-		case <-deadline:
-			t.Fatal("the claimer did not go to sleep")
-		}
-	}
-}
-
 // Issue 5: writers skip NOTIFY while no worker sleeps, and no wake-up is ever
 // lost. The claimer sleeps at the first empty claim and the fallback tick is
 // an hour away, so that a lost wake-up shows as a job that never starts.
@@ -119,12 +84,10 @@ func TestNoWakeUpLost(t *testing.T) {
 	log := newStartLog()
 	b.registry.Register("probe", log)
 	cfg := b.config(t, "w")
-	cfg.Linger = -1
-	slept := &sleepSignal{next: make(chan struct{})}
-	cfg.OnSleep = func(string) { slept.slept() }
 	cfg.Logger = zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel))
 	w, _, _ := start(t, cfg)
 	c := w.Claimer(pgdispatch.DefaultQueue)
+	slept := statesOf(w)
 
 	const (
 		wantSleeps = 1500
@@ -214,7 +177,7 @@ func TestNoWakeUpLost(t *testing.T) {
 	// of them have, so a missed wake-up cannot be rescued by a later writer's
 	// NOTIFY: it shows as a job that does not start within the bound.
 	for round := 0; c.Stats().Sleeps < wantSleeps; round++ {
-		slept.waitSleeping(t, c)
+		slept.waitAsleep(t, pgdispatch.DefaultQueue)
 		g, gctx := errgroup.WithContext(ctx)
 		for name, write := range writers {
 			if name == long && round%50 != 0 {
@@ -285,21 +248,23 @@ func TestPeerTakesOverSleepKey(t *testing.T) {
 	w1, stop1, _ := start(t, b.config(t, "w1"))
 	w2, stop2, _ := start(t, b.config(t, "w2"))
 	holder, other, stopHolder := w1, w2, stop1
+	s1, s2 := statesOf(w1), statesOf(w2)
 	deadline := time.After(waitFor)
-	for !w1.Claimer(pgdispatch.DefaultQueue).Sleeping() && !w2.Claimer(pgdispatch.DefaultQueue).Sleeping() {
+	for !s1.asleep(pgdispatch.DefaultQueue) && !s2.asleep(pgdispatch.DefaultQueue) {
 		select {
-		case <-b.sleeps:
+		case <-s1.changed:
+		case <-s2.changed:
 		case <-deadline:
 			t.Fatal("neither worker went to sleep")
 		}
 	}
-	if w2.Claimer(pgdispatch.DefaultQueue).Sleeping() {
+	if s2.asleep(pgdispatch.DefaultQueue) {
 		holder, other, stopHolder = w2, w1, stop2
 	}
-	require.False(t, other.Claimer(pgdispatch.DefaultQueue).Sleeping(), "one sleeper holds the key")
+	require.False(t, statesOf(other).asleep(pgdispatch.DefaultQueue), "one sleeper holds the key")
 
 	stopHolder()
-	require.False(t, holder.Claimer(pgdispatch.DefaultQueue).Sleeping())
+	require.False(t, statesOf(holder).asleep(pgdispatch.DefaultQueue))
 	b.waitAsleep(t, other)
 	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
 	b.rec.waitStart(t, id, waitFor)
@@ -324,7 +289,7 @@ func TestServerRestart(t *testing.T) {
 	t.Cleanup(pool.Close)
 	require.NoError(t, pgdispatch.Migrate(ctx, pool, pgdispatch.DefaultSchema))
 
-	b := &bundle{rec: newRecorder(), registry: executors.NewRegistry(), sleeps: make(chan string, 1024)}
+	b := &bundle{rec: newRecorder(), registry: executors.NewRegistry()}
 	b.registry.Register("record", b.rec)
 	cfg := b.config(t, "w")
 	cfg.Pool, cfg.Schema = pool, pgdispatch.DefaultSchema

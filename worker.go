@@ -67,16 +67,18 @@ type Config struct {
 
 	// PollInterval is the fallback tick. Default: 30s.
 	PollInterval time.Duration
-	// Linger is how long a claimer keeps looking at its empty queue before
-	// it sleeps and writers start to notify it. Default: 2ms; negative:
-	// sleep at once.
-	Linger time.Duration
 	// Lease is how long a claimed job stays this worker's without a
 	// heartbeat. Default: 30s.
 	Lease time.Duration
 	// JobTimeout bounds one attempt unless the payload's "timeout" says
 	// otherwise. Default: 5m.
 	JobTimeout time.Duration
+	// MaxJobTimeout bounds the payload's "timeout" (see
+	// claimer.Config.MaxJobTimeout). Default: 1h.
+	MaxJobTimeout time.Duration
+	// ClaimBytes bounds the payloads one claim loads (see
+	// claimer.Config.ClaimBytes). Default: 16 MiB.
+	ClaimBytes int
 	// MaxAttempts applies to jobs whose max_attempts is NULL. Default: 5.
 	MaxAttempts int
 	// RetryBackoff is the delay before the retry after attempt n. Default:
@@ -89,11 +91,6 @@ type Config struct {
 	RetainDone time.Duration
 	// DeleteDone deletes jobs as soon as they are done (RETAIN_DONE=0).
 	DeleteDone bool
-	// Hold is how long a claim that follows a busy one keeps its jobs under
-	// its own transaction before it leases them; jobs done within it cost one
-	// write instead of two (see claimer.Config.Hold). Default: 50ms;
-	// negative: lease every job at its claim.
-	Hold time.Duration
 	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
 	RetainDead time.Duration
 	// ShutdownTimeout is how long running jobs may finish after Run's
@@ -107,11 +104,6 @@ type Config struct {
 	// OnListen, when set, is called each time the listener has (re)connected
 	// and LISTEN is in place. It must not block. For health checks and tests.
 	OnListen func()
-	// OnSleep, when set, is called with the queue's name each time one of
-	// its claimers has gone to sleep: it holds the queue's sleep key and
-	// found nothing more to claim, so writers now notify. It must not
-	// block. For tests.
-	OnSleep func(queue string)
 	// Observer, when set, is told of every job's start and outcome, for
 	// metrics (see package metrics). Its methods must not block.
 	Observer claimer.Observer
@@ -153,10 +145,6 @@ func NewWorker(cfg Config) (*Worker, error) {
 	}
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).With(zap.String("worker_id", cfg.WorkerID))
 	w := &Worker{cfg: cfg, logger: logger, claimers: map[string]*claimer.Claimer{}}
-
-	// The queues' held batches share one limit: each keeps a connection, and
-	// the rest of the worker needs its own (claimer.HeldLimitFor).
-	held := claimer.HeldLimitFor(int(cfg.Pool.Config().MaxConns), len(cfg.Queues))
 	for _, q := range cfg.Queues {
 		if _, dup := w.claimers[q.Name]; dup {
 			return nil, fmt.Errorf("pgdispatch: queue %q is listed twice", q.Name)
@@ -164,11 +152,10 @@ func NewWorker(cfg Config) (*Worker, error) {
 		c, err := claimer.New(claimer.Config{
 			Pool: cfg.Pool, Schema: cfg.Schema, SleepConnConfig: cfg.ListenConnConfig, Queue: q.Name,
 			WorkerID: cfg.WorkerID, Registry: cfg.Registry, Concurrency: cmp.Or(q.Concurrency, cfg.Concurrency),
-			Lease: cfg.Lease, PollInterval: cfg.PollInterval, Linger: cfg.Linger, JobTimeout: cfg.JobTimeout,
-			MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff, DeleteDone: cfg.DeleteDone,
-			Hold: cfg.Hold, HeldLimit: held,
-			ShutdownTimeout: cfg.ShutdownTimeout, StatementTimeout: cfg.StatementTimeout,
-			OnSleep: onSleep(cfg.OnSleep, q.Name), Observer: cfg.Observer, Logger: logger,
+			Lease: cfg.Lease, PollInterval: cfg.PollInterval, JobTimeout: cfg.JobTimeout, MaxJobTimeout: cfg.MaxJobTimeout,
+			ClaimBytes: cfg.ClaimBytes, MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff,
+			DeleteDone: cfg.DeleteDone, ShutdownTimeout: cfg.ShutdownTimeout, StatementTimeout: cfg.StatementTimeout,
+			Observer: cfg.Observer, Logger: logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("pgdispatch: queue %q: %w", q.Name, err)
@@ -194,13 +181,6 @@ func NewWorker(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("pgdispatch: %w", err)
 	}
 	return w, nil
-}
-
-func onSleep(f func(string), queue string) func() {
-	if f == nil {
-		return nil
-	}
-	return func() { f(queue) }
 }
 
 func (w *Worker) wake(queue string) {

@@ -17,6 +17,7 @@ import (
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -31,7 +32,6 @@ type bundle struct {
 	registry *executors.Registry
 	rec      *recorder
 	watch    *pgtest.Watcher
-	sleeps   chan string // a claimer went to sleep: writers now notify
 }
 
 func setup(t *testing.T) *bundle {
@@ -54,7 +54,6 @@ func setupUnwatched(t *testing.T) *bundle {
 		jobs:     pgx.Identifier{schema, "jobs"}.Sanitize(),
 		registry: reg,
 		rec:      rec,
-		sleeps:   make(chan string, 1024),
 	}
 }
 
@@ -67,13 +66,7 @@ func (b *bundle) config(t *testing.T, id string) pgdispatch.Config {
 		WorkerID:     id,
 		Registry:     b.registry,
 		PollInterval: hour,
-		OnSleep: func(q string) {
-			select {
-			case b.sleeps <- q:
-			default:
-			}
-		},
-		Logger: zaptest.NewLogger(t),
+		Logger:       zaptest.NewLogger(t),
 	}
 }
 
@@ -81,14 +74,7 @@ func (b *bundle) config(t *testing.T, id string) pgdispatch.Config {
 // sleep key, so that the next write notifies.
 func (b *bundle) waitAsleep(t *testing.T, w *pgdispatch.Worker) {
 	t.Helper()
-	deadline := time.After(waitFor)
-	for !w.Claimer(pgdispatch.DefaultQueue).Sleeping() {
-		select {
-		case <-b.sleeps:
-		case <-deadline:
-			t.Fatal("the claimer did not go to sleep")
-		}
-	}
+	statesOf(w).waitAsleep(t, pgdispatch.DefaultQueue)
 }
 
 // start runs a worker until the test ends, once its listener is listening.
@@ -105,7 +91,9 @@ func start(t *testing.T, cfg pgdispatch.Config) (w *pgdispatch.Worker, stop func
 	}
 	w, err := pgdispatch.NewWorker(cfg)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
+	s := newClaimerStates()
+	states.Store(w, s)
+	ctx, cancel := context.WithCancel(testhook.With(context.Background(), s.hooks()))
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
 	var once sync.Once
@@ -120,7 +108,7 @@ func start(t *testing.T, cfg pgdispatch.Config) (w *pgdispatch.Worker, stop func
 			}
 		})
 	}
-	t.Cleanup(stop)
+	t.Cleanup(func() { stop(); states.Delete(w) })
 	waitListening(t, ch)
 	return w, stop, ch
 }
@@ -640,9 +628,9 @@ func TestRunStoppedBeforeItStarts(t *testing.T) {
 	}
 }
 
-// Three busy queues on a pool of two connections: held claims take a
-// connection each for up to CLAIM_HOLD, and the claims, outcomes and sweeps
-// of every queue still get theirs, so each backlog drains, once per job.
+// Three busy queues on a pool of two connections: the claims, outcomes,
+// heartbeats and sweeps of every queue take turns, and each backlog drains,
+// once per job.
 func TestBusyQueuesShareASmallPool(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -657,7 +645,7 @@ func TestBusyQueuesShareASmallPool(t *testing.T) {
 	cfg.Pool = pool
 	cfg.Queues = []pgdispatch.Queue{{Name: "a"}, {Name: "b"}, {Name: "c"}}
 	cfg.Concurrency = 20
-	w, stop, _ := start(t, cfg)
+	_, stop, _ := start(t, cfg)
 	const n = 2000
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -672,12 +660,7 @@ func TestBusyQueuesShareASmallPool(t *testing.T) {
 			t.Fatalf("only %d of %d jobs started", b.rec.total.Load(), 3*n)
 		}
 	}
-	var held int64
-	for _, q := range []string{"a", "b", "c"} {
-		held += w.Claimer(q).Stats().Held
-	}
 	stop()
-	require.Positive(t, held, "the busy queues held claims")
 	b.rec.mu.Lock()
 	for id, c := range b.rec.starts {
 		require.Equal(t, 1, c, "job %d ran %d times", id, c)

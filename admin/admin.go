@@ -17,8 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/pgdispatch/pgdispatch/internal/xidsql"
 )
 
 const (
@@ -46,32 +44,16 @@ func New(pool *pgxpool.Pool, schema string, timeout time.Duration) *Admin {
 }
 
 func (a *Admin) sql(s string) string {
-	return strings.NewReplacer("{jobs}", a.jobs, "{held}", heldSQL).Replace(s)
+	return strings.ReplaceAll(s, "{jobs}", a.jobs)
 }
-
-// heldSQL is true for a pending row that a held claim is running: the claim
-// locked it (FOR UPDATE SKIP LOCKED) and writes nothing until it commits its
-// outcomes, so the row reads pending while the job runs. What marks it is
-// the row's xmax, the locker's xid, whose transaction is still in progress
-// (package xidsql). Read through the statement's snapshot, it is not a lock
-// taken or waited for. The statement's own xid is the reference for the
-// locker's epoch, so it takes one, as a claim does: a snapshot's bounds are
-// no bound on the xids in use. A user's transaction that has locked or is
-// updating a pending row reads as held too.
-var heldSQL = `(status = 'pending' AND xmax <> '0'::xid AND coalesce(pg_xact_status(` +
-	xidsql.Xid8("xmax", "pg_current_xact_id()::text::bigint") + `) = 'in progress', false))`
 
 // QueueStats are the numbers of one queue and kind.
 type QueueStats struct {
 	Queue   string `json:"queue"`
 	Kind    string `json:"kind"`
-	Pending int64  `json:"pending"` // pending, due or scheduled, and not Held
+	Pending int64  `json:"pending"` // pending, due or scheduled
 	Due     int64  `json:"due"`     // of those, due now
-	// Held counts the pending jobs a held claim is running now (CLAIM_HOLD):
-	// their rows stay pending, locked by the claim's open transaction, until
-	// it records their outcomes or leases them.
-	Held    int64 `json:"held"`
-	Running int64 `json:"running"` // leased to a worker
+	Running int64  `json:"running"` // leased to a worker
 	// Done, Dead and Cancelled count the finished jobs the table keeps (done
 	// jobs for RETAIN_DONE, the others for RETAIN_DEAD). They are nil when
 	// counting them took longer than Admin's finished-count budget: they are
@@ -79,8 +61,8 @@ type QueueStats struct {
 	Done      *int64 `json:"done"`
 	Dead      *int64 `json:"dead"`
 	Cancelled *int64 `json:"cancelled"`
-	// OldestDueSeconds is the age of the oldest due pending job that no
-	// claim holds, from its run_at; nil when none is due.
+	// OldestDueSeconds is the age of the oldest due pending job, from its
+	// run_at; nil when none is due.
 	OldestDueSeconds *float64 `json:"oldest_due_seconds"`
 	// DoneLastMinute and DeadLastMinute are the jobs that finished in the
 	// last minute: the throughput. Done jobs count only while they are kept
@@ -97,14 +79,13 @@ type QueueStats struct {
 const (
 	activeStatsSQL = `
 SELECT queue, kind,
-       count(*) FILTER (WHERE status = 'pending' AND NOT held),
-       count(*) FILTER (WHERE status = 'pending' AND NOT held AND run_at <= now()),
-       count(*) FILTER (WHERE held),
+       count(*) FILTER (WHERE status = 'pending'),
+       count(*) FILTER (WHERE status = 'pending' AND run_at <= now()),
        count(*) FILTER (WHERE status = 'running'),
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND NOT held AND run_at <= now()))::float8
-FROM (SELECT queue, kind, status, run_at, {held} AS held FROM {jobs} WHERE status = 'pending'
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE status = 'pending' AND run_at <= now()))::float8
+FROM (SELECT queue, kind, status, run_at FROM {jobs} WHERE status = 'pending'
       UNION ALL
-      SELECT queue, kind, status, run_at, false FROM {jobs} WHERE status = 'running') a
+      SELECT queue, kind, status, run_at FROM {jobs} WHERE status = 'running') a
 GROUP BY queue, kind`
 
 	lastMinuteStatsSQL = `
@@ -151,15 +132,15 @@ func (a *Admin) Stats(ctx context.Context, budget time.Duration) (stats []QueueS
 	}
 	var (
 		queue, kind         string
-		pending, due, held  int64
+		pending, due        int64
 		run                 int64
 		oldest              *float64
 		done, dead, cancels int64
 	)
 	rows, _ := tx.Query(ctx, a.sql(activeStatsSQL))
-	if _, err := pgx.ForEachRow(rows, []any{&queue, &kind, &pending, &due, &held, &run, &oldest}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&queue, &kind, &pending, &due, &run, &oldest}, func() error {
 		s := row(queue, kind)
-		s.Pending, s.Due, s.Held, s.Running, s.OldestDueSeconds = pending, due, held, run, oldest
+		s.Pending, s.Due, s.Running, s.OldestDueSeconds = pending, due, run, oldest
 		return nil
 	}); err != nil {
 		return nil, false, fmt.Errorf("stats: active jobs: %w", err)
@@ -216,32 +197,30 @@ func ptr[T any](v T) *T { return &v }
 
 // Job is a job's row.
 type Job struct {
-	ID       int64           `json:"id"`
-	Queue    string          `json:"queue"`
-	Kind     string          `json:"kind"`
-	Payload  json.RawMessage `json:"payload"`
-	Priority int16           `json:"priority"`
-	RunAt    time.Time       `json:"run_at"`
-	Status   string          `json:"status"`
-	// Held is true while a held claim runs the pending job (QueueStats.Held).
-	Held        bool       `json:"held"`
-	Attempts    int32      `json:"attempts"`
-	MaxAttempts *int32     `json:"max_attempts"`
-	DedupKey    *string    `json:"dedup_key"`
-	LastError   *string    `json:"last_error"`
-	LockedBy    *string    `json:"locked_by"`
-	LockedUntil *time.Time `json:"locked_until"`
-	CreatedAt   time.Time  `json:"created_at"`
-	UpdatedAt   time.Time  `json:"updated_at"`
-	FinishedAt  *time.Time `json:"finished_at"`
+	ID          int64           `json:"id"`
+	Queue       string          `json:"queue"`
+	Kind        string          `json:"kind"`
+	Payload     json.RawMessage `json:"payload"`
+	Priority    int16           `json:"priority"`
+	RunAt       time.Time       `json:"run_at"`
+	Status      string          `json:"status"`
+	Attempts    int32           `json:"attempts"`
+	MaxAttempts *int32          `json:"max_attempts"`
+	DedupKey    *string         `json:"dedup_key"`
+	LastError   *string         `json:"last_error"`
+	LockedBy    *string         `json:"locked_by"`
+	LockedUntil *time.Time      `json:"locked_until"`
+	CreatedAt   time.Time       `json:"created_at"`
+	UpdatedAt   time.Time       `json:"updated_at"`
+	FinishedAt  *time.Time      `json:"finished_at"`
 }
 
-const jobColumns = `id, queue, kind, payload, priority, run_at, status, {held}, attempts, max_attempts, dedup_key,
+const jobColumns = `id, queue, kind, payload, priority, run_at, status, attempts, max_attempts, dedup_key,
        last_error, locked_by, locked_until, created_at, updated_at, finished_at`
 
 func scanJob(row pgx.CollectableRow) (Job, error) {
 	var j Job
-	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.RunAt, &j.Status, &j.Held, &j.Attempts,
+	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.RunAt, &j.Status, &j.Attempts,
 		&j.MaxAttempts, &j.DedupKey, &j.LastError, &j.LockedBy, &j.LockedUntil, &j.CreatedAt, &j.UpdatedAt, &j.FinishedAt)
 	return j, err
 }
@@ -327,10 +306,7 @@ const retrySet = `status = 'pending',
 // each with at least one more attempt; last_error keeps the last failure.
 // Jobs in other statuses are left as they are.
 //
-// Only the rows it changes are locked; the others are read. A pending row
-// may carry the mark of a held claim lost with its worker (its xmax, read
-// by the next claim to count that attempt, claimer/sql.go): a lock taken
-// and committed here would replace it, and the attempt would go uncounted.
+// Only the rows it changes are locked; the others are read.
 func (a *Admin) Retry(ctx context.Context, ids []int64) ([]Change, error) {
 	return a.change(ctx, ids, "retry", `WITH s AS (
 	    SELECT id, status FROM {jobs} WHERE id = ANY($1)

@@ -1,24 +1,46 @@
 // Package claimer takes due jobs of one queue and runs them.
 //
-// A Claimer claims in one statement at most as many due jobs as it has free
-// executor slots, with FOR UPDATE SKIP LOCKED. Each job runs on a runner
-// goroutine under a lease that a heartbeat renews; outcomes are written back
-// in batches, in id order. While the queue is busy, a claim is held instead
-// (held.go): its transaction stays open for up to Hold, its row locks stand
-// for the lease, and the outcomes of the jobs done by then are written in it.
+// A Claimer claims, in one statement, at most as many due jobs as it has
+// free executor slots, with FOR UPDATE SKIP LOCKED. The claim leases them:
+// each row reads running, with its attempt counted, locked_by set and
+// locked_until a Lease away, for as long as its job runs. Each job runs on a
+// runner goroutine (runners.go); a heartbeat renews the leases every
+// Lease/3; outcomes are written back in batches, in id order (completer.go).
+// A worker that dies stops renewing, and any worker's sweeper gives its jobs
+// back once their leases expire.
 //
-// While its queue has work, the claimer claims again when its slots free (in
-// full batches: once all are free, or 4ms after the first), and half a
-// millisecond after each claim that emptied the queue. Writers do not
-// NOTIFY an awake claimer. Once the queue has stayed empty for Linger, the
-// claimer goes to sleep: it takes the queue's sleep key (see sleep.go and
-// migration 003), looks once more, and then waits to be woken by the
-// listener, by the earliest known future run_at, or by the slow fallback
-// tick. While it sleeps, writers notify.
+// The claim loop (loop.go) is a state machine. An event (a notification,
+// the loop's one timer, the fallback tick, a freed slot, the sleep key
+// granted or lost) may make it claim, and the claim's result moves it on:
 //
-// As it starts, beside its first claims, it readies the pool connections it
-// uses while busy (warm.go), so that its first burst of jobs does not wait
-// for new connections and plans.
+//	state      claims on                              then, when the claim
+//	                                                  took every   took      found
+//	                                                  free slot    some      none
+//	─────────  ─────────────────────────────────────  ─────────   ───────   ──────────────────
+//	awake      start                                  saturated   lingering lingering
+//	saturated  all slots free, or 4 ms after the      saturated   lingering lingering
+//	           first; a notification; the tick
+//	lingering  its timer (0.5, 1, 2 ms); a            saturated   lingering lingering, or drowsy
+//	           notification; the tick                                       after 2 ms of looks
+//	drowsy     the key granted or lost; a             saturated   lingering asleep if the key was
+//	(asks for  notification; the next run_at;                               just granted, else
+//	the key)   the tick                                                     drowsy
+//	asleep     a notification; the next run_at;       saturated   lingering asleep
+//	(holds     stranded rows; the tick; the key lost
+//	the key)   (and goes to drowsy)
+//	backoff    its timer (the retry); the tick        saturated   lingering lingering
+//
+//	any state: a failed claim ─▶ backoff; no free slot ─▶ saturated;
+//	           Run's context ends ─▶ stopping
+//
+// Any state goes to stopping when Run's context ends. A claim that finds
+// jobs gives the sleep key back, and writers stop notifying. While it
+// sleeps, the claimer holds its queue's sleep key and writers notify (see
+// sleep.go and the migrations); while awake, it looks by itself. A claim
+// that comes up short reports the earliest future run_at, for the timer,
+// and whether it skipped due rows another transaction held locked: those
+// are looked for again soon, from 10 ms to 1 s apart, since the end of that
+// transaction may wake no one.
 //
 // Stopping is in two steps, as in River's producer: when Run's context ends
 // the claimer stops claiming and lets running jobs finish for
@@ -30,55 +52,38 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
-	"github.com/pgdispatch/pgdispatch/internal/retry"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
 
 const (
-	defaultConcurrency  = 100
-	defaultLease        = 30 * time.Second
-	defaultPollInterval = 30 * time.Second
-	defaultLinger       = 2 * time.Millisecond
-	defaultHold         = 50 * time.Millisecond
-	maxHold             = 10 * time.Second
-	// minPoll and maxPoll bound the pauses between looks at a queue while
-	// the claimer lingers.
-	minPoll                 = 500 * time.Microsecond
-	maxPoll                 = 4 * time.Millisecond
+	defaultConcurrency      = 100
+	defaultLease            = 30 * time.Second
+	defaultPollInterval     = 30 * time.Second
 	defaultJobTimeout       = 5 * time.Minute
+	defaultMaxJobTimeout    = time.Hour
 	defaultMaxAttempts      = 5
 	defaultShutdownTimeout  = 30 * time.Second
 	defaultStatementTimeout = 10 * time.Second
 	defaultRetryBackoff     = 30 * time.Second
+	defaultClaimBytes       = 16 << 20
 	maxRetryBackoff         = 24 * time.Hour
 	maxCompletionBatch      = 1000
-	// minScheduleWait and maxScheduleWait bound the sleep until a scheduled
-	// run_at.
-	minScheduleWait = time.Millisecond
-	maxScheduleWait = 24 * time.Hour
 	// maxPendingOutcomes is how many outcomes may wait to be written before
 	// the claimer stops taking new jobs.
 	maxPendingOutcomes = 2 * maxCompletionBatch
 	// abandonGrace is how long a cancelled executor has to return before its
 	// job is given back without it.
 	abandonGrace = 2 * time.Second
-	// poolReadEvery is how often at most a claim that found jobs reads the
-	// pool's counts to see whether it opened connections since the last
-	// warm-up (warm.go); so a pool that replaces connections without end is
-	// warmed once a second at most.
-	poolReadEvery = time.Second
 )
 
 // Config configures a Claimer. The zero value of every optional field means
@@ -107,14 +112,18 @@ type Config struct {
 	// PollInterval is the fallback tick that claims even when no
 	// notification came. Default: 30s.
 	PollInterval time.Duration
-	// Linger is how long the claimer keeps looking at an empty queue, at
-	// growing intervals from 0.5ms to 4ms, before it goes to sleep. Under a
-	// steady stream of jobs it then never sleeps, and writers never notify.
-	// Default: 2ms; negative: sleep at the first empty claim.
-	Linger time.Duration
 	// JobTimeout bounds one attempt unless the payload's "timeout" field says
 	// otherwise. Default: 5m.
 	JobTimeout time.Duration
+	// MaxJobTimeout bounds the payload's "timeout": a job that asks for more
+	// is dead at once. An attempt cut short by shutdown after it ran longer
+	// than JobTimeout counts, so that a job that hangs cannot be given back
+	// uncounted at every restart. Default: 1h.
+	MaxJobTimeout time.Duration
+	// ClaimBytes bounds the payloads one claim loads, by their stored size
+	// (pg_column_size): a claim stops adding jobs once it has passed it, and
+	// takes one job at least. Default: 16 MiB.
+	ClaimBytes int
 	// MaxAttempts applies to jobs whose max_attempts is NULL. Default: 5.
 	MaxAttempts int
 	// RetryBackoff is the delay before the retry that follows attempt n.
@@ -123,24 +132,11 @@ type Config struct {
 	// DeleteDone deletes jobs as soon as they are done instead of keeping
 	// them for the sweeper to purge.
 	DeleteDone bool
-	// Hold is how long a claim that follows a busy one keeps its jobs under
-	// its own transaction's row locks before it leases them (held.go): jobs
-	// done within it are recorded in that transaction, with no lease
-	// written. Default: 50ms; negative: every claim leases its jobs at once.
-	Hold time.Duration
-	// HeldLimit bounds the held batches open at once across the claimers
-	// that share it (a Worker's). Default: a limit of the claimer's own,
-	// HeldLimitFor(the pool's size, 1).
-	HeldLimit *HeldLimit
 	// ShutdownTimeout is how long running jobs may go on after Run's context
 	// ends before they are cancelled and given back. Default: 30s.
 	ShutdownTimeout time.Duration
 	// StatementTimeout bounds each database call. Default: 10s.
 	StatementTimeout time.Duration
-	// OnSleep, when set, is called each time the claimer has taken its sleep
-	// key and found the queue still empty: from then on writers notify. It
-	// must not block. For tests.
-	OnSleep func()
 	// Observer, when set, is told of each job's start and outcome, for
 	// metrics. Its methods must not block.
 	Observer Observer
@@ -173,11 +169,11 @@ func (c *Config) validate() error {
 		return errors.New("claimer: WorkerID is required")
 	case c.Registry == nil:
 		return errors.New("claimer: Registry is required")
-	case c.Hold > maxHold:
-		return fmt.Errorf("claimer: Hold must not exceed %s: a held claim keeps a transaction open, which holds back vacuum", maxHold)
-	case c.Concurrency < 0, c.Lease < 0, c.PollInterval < 0, c.JobTimeout < 0,
+	case c.Concurrency < 0, c.Lease < 0, c.PollInterval < 0, c.JobTimeout < 0, c.MaxJobTimeout < 0, c.ClaimBytes < 0,
 		c.MaxAttempts < 0, c.ShutdownTimeout < 0, c.StatementTimeout < 0:
 		return errors.New("claimer: durations and counts must not be negative")
+	case c.JobTimeout > cmp.Or(c.MaxJobTimeout, defaultMaxJobTimeout):
+		return errors.New("claimer: JobTimeout must not exceed MaxJobTimeout")
 	}
 	return nil
 }
@@ -190,8 +186,6 @@ type Stats struct {
 	Ticks     int64 // fallback ticks
 	TickHits  int64 // fallback ticks that found due work: missed notifications
 	Sleeps    int64 // times the claimer went to sleep holding its sleep key: writers then notify
-	Held      int64 // claims that held their jobs under their own transaction
-	Leased    int64 // held jobs that ran past Hold and were leased
 }
 
 // Claimer claims and runs the jobs of one queue. Create it with New.
@@ -199,37 +193,20 @@ type Claimer struct {
 	cfg    Config
 	logger *zap.Logger
 
-	claimSQL, heartbeatSQL, completeSQL         string
-	heldClaimSQL, heldCompleteSQL, leaseHeldSQL string
-	heldClaimPastSQL                            string
-	sleep                                       *sleepLock
+	claimSQL, heartbeatSQL, completeSQL string
+	sleep                               *sleepLock
+	poolSize                            int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
-	baseCtx  context.Context // Run's context without its cancellation: held batches commit under it
-	poolSize int             // the pool's MaxConns, read once: Pool.Config copies the whole config
-	maxHeld  int             // held batches open at once at most, of this claimer's own
-	heldWG   sync.WaitGroup  // held batches not yet committed
-	warmWG   sync.WaitGroup  // warm-ups under way (warm.go)
-	warming  atomic.Bool     // a warm-up is under way: warmBeside starts no second one
-	// warmedThrough is the pool's NewConnsCount as the last warm-up ended:
-	// a pool that has opened connections since may have replaced warmed
-	// ones (warm.go).
-	warmedThrough atomic.Int64
-	resume        resume // where held claims start; the claim loop's own
-
-	wake      chan struct{} // notifications and timers; capacity 1
+	wake      chan struct{} // notifications; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
 	flush     chan struct{} // outcomes wait in pending; capacity 1
 
 	mu       sync.Mutex
-	running  int                // executors running now
-	inflight map[int64]*running // claimed and not yet recorded, by id
-	pending  []outcome          // outcomes not yet written
-	held     int                // held batches open
+	running  int                   // executors running now
+	inflight map[*running]struct{} // runs claimed and not yet recorded
+	pending  []outcome             // outcomes not yet written
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
-	heldClaims, leasedLate                              atomic.Int64
-	pastClaims                                          atomic.Int64 // held claims that started past a row (resume)
-	sleeping                                            atomic.Bool  // see Sleeping
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -240,9 +217,9 @@ func New(cfg Config) (*Claimer, error) {
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaultConcurrency)
 	cfg.Lease = cmp.Or(cfg.Lease, defaultLease)
 	cfg.PollInterval = cmp.Or(cfg.PollInterval, defaultPollInterval)
-	cfg.Linger = cmp.Or(cfg.Linger, defaultLinger)
-	cfg.Hold = cmp.Or(cfg.Hold, defaultHold)
 	cfg.JobTimeout = cmp.Or(cfg.JobTimeout, defaultJobTimeout)
+	cfg.MaxJobTimeout = cmp.Or(cfg.MaxJobTimeout, defaultMaxJobTimeout)
+	cfg.ClaimBytes = cmp.Or(cfg.ClaimBytes, defaultClaimBytes)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
 	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, defaultShutdownTimeout)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
@@ -251,28 +228,18 @@ func New(cfg Config) (*Claimer, error) {
 	}
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
 	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
-	poolSize := int(cfg.Pool.Config().MaxConns) // Config is a deep copy: read once
-	if cfg.HeldLimit == nil {
-		cfg.HeldLimit = HeldLimitFor(poolSize, 1)
-	}
 	return &Claimer{
-		cfg:              cfg,
-		logger:           logger,
-		claimSQL:         withTable(claimSQL, jobsTable),
-		heartbeatSQL:     withTable(heartbeatSQL, jobsTable),
-		completeSQL:      withTable(completeSQL, jobsTable),
-		heldClaimSQL:     withTable(heldClaimSQL, jobsTable),
-		heldClaimPastSQL: withTable(withPast(heldClaimSQL), jobsTable),
-		heldCompleteSQL:  withTable(heldCompleteSQL, jobsTable),
-		leaseHeldSQL:     withTable(leaseHeldSQL, jobsTable),
-		baseCtx:          context.Background(),
-		poolSize:         poolSize,
-		maxHeld:          min(maxHeld, cfg.HeldLimit.n),
-		sleep:            newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
-		wake:             make(chan struct{}, 1),
-		slotFreed:        make(chan struct{}, 1),
-		flush:            make(chan struct{}, 1),
-		inflight:         map[int64]*running{},
+		cfg:          cfg,
+		logger:       logger,
+		claimSQL:     withTable(claimSQL, jobsTable),
+		heartbeatSQL: withTable(heartbeatSQL, jobsTable),
+		completeSQL:  withTable(completeSQL, jobsTable),
+		sleep:        newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
+		poolSize:     int(cfg.Pool.Config().MaxConns),
+		wake:         make(chan struct{}, 1),
+		slotFreed:    make(chan struct{}, 1),
+		flush:        make(chan struct{}, 1),
+		inflight:     map[*running]struct{}{},
 	}, nil
 }
 
@@ -301,17 +268,7 @@ func (c *Claimer) Queue() string { return c.cfg.Queue }
 
 // Wake asks the claimer to claim now. It never blocks; wake-ups that arrive
 // while one is pending fold into it.
-func (c *Claimer) Wake() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-}
-
-// Sleeping reports whether the claimer sleeps: it holds its queue's sleep
-// key and has looked at the queue since it took it, so a job committed from
-// now on is found by a notification (or the fallback tick).
-func (c *Claimer) Sleeping() bool { return c.sleeping.Load() && c.sleep.holding.Load() }
+func (c *Claimer) Wake() { signal(c.wake) }
 
 // Running is how many of the claimer's jobs are running now.
 func (c *Claimer) Running() int {
@@ -329,15 +286,12 @@ func (c *Claimer) Stats() Stats {
 		Ticks:     c.ticks.Load(),
 		TickHits:  c.tickHits.Load(),
 		Sleeps:    c.sleeps.Load(),
-		Held:      c.heldClaims.Load(),
-		Leased:    c.leasedLate.Load(),
 	}
 }
 
 // Run claims and runs jobs until ctx ends, then shuts down as the package doc
 // describes. It returns nil after a clean shutdown.
 func (c *Claimer) Run(ctx context.Context) error {
-	c.baseCtx = context.WithoutCancel(ctx)
 	// Jobs run under workCtx, which outlives ctx until the hard stop.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelWork()
@@ -348,7 +302,7 @@ func (c *Claimer) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	bg.Add(3)
 	go func() { defer bg.Done(); c.runCompleter(bgCtx) }()
-	go func() { defer bg.Done(); c.runHeartbeat(bgCtx) }()
+	go func() { defer bg.Done(); c.runHeartbeat(bgCtx, heartbeatHook(ctx, c.cfg.Queue)) }()
 	go func() { defer bg.Done(); c.runWatchdog(bgCtx, workCtx) }()
 
 	// The sleep key goes back as soon as claiming stops: peers take over.
@@ -356,184 +310,17 @@ func (c *Claimer) Run(ctx context.Context) error {
 	sleepDone := make(chan struct{})
 	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
 
-	c.warmBeside(ctx, false)
 	jobs := newRunners(func(r *running) { c.execute(workCtx, r) })
 	c.claimLoop(ctx, jobs)
-	c.warmWG.Wait()
 	stopSleep()
 	<-sleepDone
 
 	jobs.close(c.shutdown(cancelWork, jobs))
-	c.heldWG.Wait()  // every job has reported (or been given back): held batches commit
 	stopBackground() // the completer flushes what it holds before it returns
 	bg.Wait()
-	c.logger.Info("claimer stopped", zap.Int64("claims", c.claims.Load()), zap.Int64("held_claims", c.heldClaims.Load()),
-		zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completed.Load()), zap.Int64("leased_late", c.leasedLate.Load()))
+	c.logger.Info("claimer stopped", zap.Int64("claims", c.claims.Load()),
+		zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completed.Load()))
 	return nil
-}
-
-func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
-	c.logger.Info("claimer started", zap.Int("concurrency", c.cfg.Concurrency),
-		zap.Duration("poll_interval", c.cfg.PollInterval))
-	tick := time.NewTicker(c.cfg.PollInterval)
-	defer tick.Stop()
-	sched := time.NewTimer(0) // claim once at start
-	defer sched.Stop()
-	var (
-		backlog   bool // the last claim was cut short by free slots
-		gathering bool // backlog: waiting a moment for more slots to free
-		asleep    bool // the queue stayed empty for Linger: the sleep key is wanted
-		idle      int  // empty claims in a row while awake
-		fromTick  bool
-		fromGrant bool
-		busy      bool      // the last claim found jobs: the next may hold its own
-		poolRead  time.Time // when a claim that found jobs last read the pool's counts
-		backoff   = retry.New(c.poolSize)
-	)
-	for {
-		fromGrant = false
-		select {
-		case <-ctx.Done():
-			return
-		case <-c.wake:
-		case <-c.sleep.recheck:
-			fromGrant = c.sleep.holding.Load()
-		case <-sched.C:
-		case <-tick.C:
-			fromTick = true
-			c.ticks.Add(1)
-		case <-c.slotFreed:
-			if !backlog {
-				continue
-			}
-			// Claim in full batches: a claim per freed slot would take a
-			// few jobs at a time, at the full cost of a claim each. Wait
-			// until every slot is free, or for maxPoll at most.
-			if c.freeSlots() < c.cfg.Concurrency {
-				if !gathering {
-					gathering = true
-					resetTimer(sched, maxPoll)
-				}
-				continue
-			}
-		}
-		gathering = false
-
-		free := c.freeSlots()
-		if free == 0 {
-			// Claim again when a slot frees, notified or not.
-			backlog, asleep, idle = true, false, 0
-			c.wakeUp()
-			continue
-		}
-		var (
-			claimed []*running
-			next    *time.Duration
-			err     error
-			from    *claimKey
-			started = time.Now()
-		)
-		hold, open := false, false
-		if busy {
-			hold, open = c.mayHold()
-		}
-		if hold {
-			from = c.resume.next(open, started)
-			claimed, next, err = c.claimHeld(ctx, free, from)
-		} else {
-			claimed, next, err = c.claim(ctx, free)
-		}
-		c.resume.claimed(from, started, claimed, free, err)
-		busy = err == nil && len(claimed) > 0
-		if busy && started.Sub(poolRead) >= poolReadEvery {
-			poolRead = started
-			if c.cfg.Pool.Stat().NewConnsCount() > c.warmedThrough.Load() {
-				c.warmBeside(ctx, true) // the burst runs on connections no warm-up readied
-			}
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			delay := backoff.Next(err)
-			c.logger.Warn("claim failed", zap.Error(err), zap.Int("failures", backoff.Failures()), zap.Duration("retry_in", delay))
-			resetTimer(sched, delay)
-			continue
-		}
-		backoff = retry.New(c.poolSize)
-		if fromTick && len(claimed) > 0 {
-			c.tickHits.Add(1)
-			c.logger.Info("fallback tick found due jobs: a notification was missed",
-				zap.Int("num_claimed", len(claimed)), zap.Int64("tick_hits", c.tickHits.Load()))
-		}
-		fromTick = false
-		for _, r := range claimed {
-			jobs.start(r)
-		}
-
-		if fromGrant && len(claimed) > 0 {
-			c.logger.Debug("the look after taking the sleep key found jobs", zap.Int("num_claimed", len(claimed)))
-		}
-		// A full claim means more may be due: the next freed slot claims again.
-		backlog = len(claimed) == free
-		wait := time.Duration(-1) // until the next claim; -1: none planned
-		switch {
-		case len(claimed) > 0:
-			asleep, idle = false, 0
-			c.wakeUp()
-			if !backlog {
-				wait = minPoll
-			}
-		case asleep:
-			if fromGrant {
-				c.sleeping.Store(true)
-				c.sleeps.Add(1)
-				if c.cfg.OnSleep != nil {
-					c.cfg.OnSleep()
-				}
-			}
-		default:
-			idle++
-			var lingering bool
-			if wait, lingering = lingerWait(c.cfg.Linger, idle); !lingering {
-				wait = -1
-				asleep = true
-				c.sleep.sleep()
-				c.logger.Debug("queue empty: going to sleep")
-			}
-		}
-		if next != nil && !backlog && (wait < 0 || *next < wait) {
-			wait = max(*next, minScheduleWait)
-		}
-		if wait >= 0 {
-			resetTimer(sched, wait)
-		} else if !backlog {
-			sched.Stop()
-		}
-	}
-}
-
-// wakeUp ends a sleep: it gives the sleep key back.
-func (c *Claimer) wakeUp() {
-	c.sleeping.Store(false)
-	c.sleep.wake()
-}
-
-// lingerWait is the pause before the next look at a queue found empty idle
-// times in a row (idle >= 1): 0.5ms, 1ms, 2ms, then 4ms each. It reports false once
-// those pauses would add up to more than linger: time to sleep.
-func lingerWait(linger time.Duration, idle int) (time.Duration, bool) {
-	var spent, wait time.Duration
-	for i := range idle {
-		wait = min(minPoll<<min(i, 8), maxPoll)
-		spent += wait
-	}
-	return wait, spent <= linger
-}
-
-func resetTimer(t *time.Timer, d time.Duration) {
-	t.Stop()
-	t.Reset(max(d, 0))
 }
 
 // freeSlots is how many jobs the next claim may take: the executor slots
@@ -549,215 +336,18 @@ func (c *Claimer) freeSlots() int {
 	return max(free, 0)
 }
 
-// mayHold reports whether the next claim may be held (held.go), and whether
-// a held batch is still open. Only a claim that follows a busy one is held:
-// at an empty queue, a held claim would need one more round trip to end its
-// transaction. When it may, it has taken a place in the HeldLimit, which
-// claimHeld gives back unless it opens a batch, and the batch when it ends.
-func (c *Claimer) mayHold() (hold, open bool) {
-	if c.cfg.Hold < 0 {
-		return false, false
+// heartbeatHook is the test hook of ctx for heartbeats, if any.
+func heartbeatHook(ctx context.Context, queue string) func(int64) {
+	h := testhook.From(ctx).Heartbeat
+	if h == nil {
+		return nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.held < c.maxHeld && c.cfg.HeldLimit.tryAcquire(), c.held > 0
+	return func(n int64) { h(queue, n) }
 }
 
-// claim takes up to limit due jobs and marks them running. When it claimed
-// fewer than limit it also returns the wait until the queue's earliest future
-// run_at, by the database's clock.
-func (c *Claimer) claim(ctx context.Context, limit int) ([]*running, *time.Duration, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
-	defer cancel()
-	c.claims.Add(1)
-	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL, c.claimArgs(limit)...)
-	claimed, next, err := c.readClaim(results, nil)
-	// Close reads the end of the transaction: only a committed claim runs.
-	if closeErr := results.Close(); err == nil && closeErr != nil {
-		err = fmt.Errorf("claim jobs: %w", closeErr)
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(claimed) == 0 {
-		return nil, next, nil
-	}
-	runs := c.track(claimed, nil)
-	c.logger.Debug("claimed jobs", zap.Int("num_claimed", len(claimed)))
-	return runs, next, nil
-}
-
-// track records claimed jobs as running, held by b when b is not nil.
-func (c *Claimer) track(jobs []*executors.Job, b *heldBatch) []*running {
-	c.claimed.Add(int64(len(jobs)))
-	runs := make([]*running, len(jobs))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.running += len(jobs)
-	for i, j := range jobs {
-		runs[i] = &running{attempt: j.Attempt, job: j, held: b}
-		c.inflight[j.ID] = runs[i]
-	}
-	if b != nil {
-		c.held++
-	}
-	return runs
-}
-
-// sendPinned sends settings (planSQL or claimPlanSQL) and then sql, in one
-// round trip and one transaction. Read the settings' result first.
-func (c *Claimer) sendPinned(ctx context.Context, settings, sql string, args ...any) pgx.BatchResults {
-	batch := &pgx.Batch{}
-	batch.Queue(settings)
-	batch.Queue(sql, args...)
-	return c.cfg.Pool.SendBatch(ctx, batch)
-}
-
-// execPinned runs sql after planSQL, as sendPinned, and returns its tag once
-// the transaction has committed.
-func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	results := c.sendPinned(ctx, planSQL, sql, args...)
-	_, err := results.Exec()
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = results.Exec()
-	}
-	if closeErr := results.Close(); err == nil {
-		err = closeErr
-	}
-	return tag, err
-}
-
-// readClaim reads a claim's results: the settings', then the claimed rows
-// and the wait until the next run_at. With lost not nil, the rows have
-// heldClaimSQL's lost column too, appended to it.
-func (c *Claimer) readClaim(results pgx.BatchResults, lost *[]bool) ([]*executors.Job, *time.Duration, error) {
-	if _, err := results.Exec(); err != nil {
-		return nil, nil, fmt.Errorf("claim jobs: %w", err)
-	}
-	rows, err := results.Query()
-	if err != nil {
-		return nil, nil, fmt.Errorf("claim jobs: %w", err)
-	}
-	defer rows.Close()
-	var (
-		claimed []*executors.Job
-		next    *time.Duration
-	)
-	// Value types, not pointers: a pointer per column and row was a tenth
-	// of the worker's CPU in a drain (pprof). Only the row of a claim that
-	// found nothing has NULLs.
-	var (
-		id                   pgtype.Int8
-		kind                 pgtype.Text
-		priority             pgtype.Int2
-		attempt, maxAttempts pgtype.Int4
-		runAt, createdAt     pgtype.Timestamptz
-		nextIn               pgtype.Float8
-		wasLost              pgtype.Bool
-		payload              []byte
-	)
-	dest := []any{&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt, &nextIn}
-	if lost != nil {
-		dest = append(dest, &wasLost)
-	}
-	for rows.Next() {
-		payload = nil // a new slice per row: the scan would reuse the last one
-		if err := rows.Scan(dest...); err != nil {
-			return nil, nil, fmt.Errorf("claim jobs: scan: %w", err)
-		}
-		if nextIn.Valid {
-			d := scheduleWait(nextIn.Float64)
-			next = &d
-		}
-		if !id.Valid {
-			continue // the one row of a claim that found nothing
-		}
-		if lost != nil {
-			*lost = append(*lost, wasLost.Valid && wasLost.Bool)
-		}
-		claimed = append(claimed, &executors.Job{
-			ID: id.Int64, Queue: c.cfg.Queue, Kind: kind.String, Payload: payload, Priority: priority.Int16,
-			Attempt: int(attempt.Int32), MaxAttempts: int(maxAttempts.Int32), RunAt: runAt.Time, CreatedAt: createdAt.Time,
-		})
-	}
-	if err := rows.Err(); err != nil {
-		return nil, nil, fmt.Errorf("claim jobs: %w", err)
-	}
-	return claimed, next, nil
-}
-
-// scheduleWait turns the seconds until the earliest future run_at into a
-// wait, capped at maxScheduleWait: a job due in the year 9999 is further
-// away than a time.Duration reaches, and the conversion would overflow to a
-// negative wait, a claim every millisecond. The fallback tick comes sooner
-// than the cap anyway.
-func scheduleWait(seconds float64) time.Duration {
-	if !(seconds < maxScheduleWait.Seconds()) { // also NaN
-		return maxScheduleWait
-	}
-	return time.Duration(seconds * float64(time.Second))
-}
-
-// runHeartbeat renews the leases of this claimer's jobs every Lease/3.
-func (c *Claimer) runHeartbeat(ctx context.Context) {
-	t := time.NewTicker(max(c.cfg.Lease/3, 10*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		ids := c.inflightIDs()
-		if len(ids) == 0 {
-			continue
-		}
-		c.renewLeases(ctx, ids)
-	}
-}
-
-// renewLeases runs one heartbeat. A heartbeat that meets a dead connection
-// is tried again at once, as a claim is (retry.Backoff): while every slot is busy
-// with long jobs, nothing else uses the pool, and after a restart or a mass
-// termination each of its idle connections is dead. One dead connection per
-// tick would let the leases lapse after three (Lease/3 apart), and the
-// sweeper would hand the running jobs to another worker. Any other failure
-// waits for the next tick, within the lease.
-func (c *Claimer) renewLeases(ctx context.Context, ids []int64) {
-	backoff := retry.New(c.poolSize)
-	for {
-		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
-		tag, err := c.execPinned(callCtx, c.heartbeatSQL, c.heartbeatArgs(ids)...)
-		cancel()
-		if err == nil {
-			if n := tag.RowsAffected(); n < int64(len(ids)) {
-				c.logger.Debug("heartbeat renewed fewer leases than jobs held",
-					zap.Int64("renewed", n), zap.Int("num_jobs", len(ids)))
-			}
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		again := backoff.Next(err) == 0
-		c.logger.Warn("heartbeat failed", zap.Error(err), zap.Int("num_jobs", len(ids)),
-			zap.Int("failures", backoff.Failures()), zap.Bool("retry_now", again))
-		if !again {
-			return
-		}
-	}
-}
-
-func (c *Claimer) inflightIDs() []int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ids := make([]int64, 0, len(c.inflight))
-	for id, r := range c.inflight {
-		if r.held != nil && !r.held.leased {
-			continue // its claim's transaction holds it: nothing to renew
-		}
-		ids = append(ids, id)
-	}
-	return ids
 }

@@ -58,7 +58,7 @@ func (c *Claimer) flushPending(ctx context.Context) {
 			c.mu.Lock()
 			c.pending = c.pending[len(batch):]
 			for _, o := range batch {
-				delete(c.inflight, o.id)
+				delete(c.inflight, o.run)
 			}
 			c.mu.Unlock()
 			c.completed.Add(int64(len(batch)))
@@ -83,7 +83,8 @@ func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
 	a := newOutcomeArrays(batch)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
-	tag, err := c.execPinned(ctx, c.completeSQL, c.completeArgs(a)...)
+	tag, err := c.execPinned(ctx, c.completeSQL, a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases,
+		c.cfg.DeleteDone, c.cfg.WorkerID)
 	if err != nil {
 		return fmt.Errorf("record outcomes: %w", err)
 	}
@@ -112,7 +113,7 @@ func newOutcomeArrays(batch []outcome) outcomeArrays {
 		delays: make([]float64, n), errs: make([]*string, n), releases: make([]bool, n),
 	}
 	for i, o := range batch {
-		a.ids[i], a.attempts[i], a.statuses[i] = o.id, int32(o.attempt), o.status
+		a.ids[i], a.attempts[i], a.statuses[i] = o.run.job.ID, int32(o.run.job.Attempt), o.status //nolint:gosec // attempts stop at 1,000,000
 		a.delays[i], a.errs[i], a.releases[i] = o.delay.Seconds(), o.err, o.release
 	}
 	return a

@@ -18,19 +18,20 @@ import (
 // maxErrorLen bounds last_error, in bytes.
 const maxErrorLen = 2000
 
-// running is the claimer's record of a claimed job until its outcome is written.
+// running is one run of a claimed job, from its claim until its outcome is
+// written. The claimer tracks runs, not job ids: a job whose lease was lost
+// (a stalled worker, given back by the sweeper) may be claimed again by the
+// same worker while its first run still goes on.
 type running struct {
 	job      *executors.Job
+	started  atomic.Int64 // when the executor started, in Unix nanoseconds; 0 until then
 	deadline atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
-	attempt  int
-	reported bool       // its outcome is in pending or its held batch (or was written)
-	held     *heldBatch // the batch whose transaction holds it; nil when leased at claim
+	reported bool         // its outcome is in pending (or was written)
 }
 
 // outcome is what becomes of one attempt.
 type outcome struct {
-	id      int64
-	attempt int
+	run     *running
 	status  string        // done, pending (retry or release) or dead
 	delay   time.Duration // before the retry
 	err     *string       // last_error; nil keeps the one before
@@ -60,31 +61,11 @@ func (c *Claimer) report(r *running, o outcome) bool {
 	}
 	r.reported = true
 	c.running--
-	if b := r.held; b != nil && !b.leased {
-		if b.ending {
-			b.late = append(b.late, o)
-		} else {
-			b.outcomes = append(b.outcomes, o)
-			if len(b.outcomes) == len(b.runs) {
-				close(b.done)
-			}
-		}
-		c.mu.Unlock()
-		signal(c.slotFreed)
-		return true
-	}
 	c.pending = append(c.pending, o)
 	c.mu.Unlock()
 	signal(c.flush)
 	signal(c.slotFreed)
 	return true
-}
-
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }
 
 // run runs one attempt and returns its outcome and how long the executor
@@ -96,11 +77,15 @@ func (c *Claimer) run(workCtx context.Context, r *running) (outcome, time.Durati
 	if !ok {
 		err := fmt.Errorf("unknown kind %q: no executor is registered for it (known kinds: %s)",
 			job.Kind, strings.Join(c.cfg.Registry.Kinds(), ", "))
-		return c.classify(log, job, executors.Permanent(err), false), 0
+		return c.classify(log, r, executors.Permanent(err), false, 0), 0
 	}
 	timeout, set, err := executors.PayloadDuration(job.Payload, "timeout")
 	if err != nil {
-		return c.classify(log, job, executors.Permanent(err), false), 0
+		return c.classify(log, r, executors.Permanent(err), false, 0), 0
+	}
+	if set && timeout > c.cfg.MaxJobTimeout {
+		err := fmt.Errorf("payload.timeout: %s is longer than the worker's MAX_JOB_TIMEOUT (%s)", timeout, c.cfg.MaxJobTimeout)
+		return c.classify(log, r, executors.Permanent(err), false, 0), 0
 	}
 	if !set || timeout == 0 {
 		timeout = c.cfg.JobTimeout
@@ -113,6 +98,7 @@ func (c *Claimer) run(workCtx context.Context, r *running) (outcome, time.Durati
 	}
 	start := time.Now()
 	ctx := newJobContext(workCtx, start.Add(timeout))
+	r.started.Store(start.UnixNano())
 	// The watchdog gives up on the job if the executor ignores ctx.
 	r.deadline.Store(start.Add(timeout).UnixNano())
 	err = safeExecute(ctx, exec, job)
@@ -125,7 +111,7 @@ func (c *Claimer) run(workCtx context.Context, r *running) (outcome, time.Durati
 	released := err != nil && workCtx.Err() != nil
 	took := time.Since(start)
 	log.Debug("job returned", zap.Duration("duration", took), zap.Bool("ok", err == nil))
-	return c.classify(log, job, err, released), took
+	return c.classify(log, r, err, released, took), took
 }
 
 // observe tells the Observer of an attempt's outcome.
@@ -165,7 +151,7 @@ func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
 		limit := time.Now().Add(-abandonGrace).UnixNano()
 		var late []*running
 		c.mu.Lock()
-		for _, r := range c.inflight {
+		for r := range c.inflight {
 			if d := r.deadline.Load(); d != 0 && d < limit && !r.reported {
 				late = append(late, r)
 			}
@@ -180,7 +166,7 @@ func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
 func (c *Claimer) giveUp(workCtx context.Context, r *running) {
 	job := r.job
 	err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, job.Timeout)
-	o := c.classify(c.jobLogger(job), job, err, workCtx.Err() != nil)
+	o := c.classify(c.jobLogger(job), r, err, workCtx.Err() != nil, r.ran())
 	if c.report(r, o) { // the executor's late result is then dropped
 		c.observe(job, o, job.Timeout+abandonGrace)
 	}
@@ -220,8 +206,11 @@ func safeExecute(ctx context.Context, exec executors.Executor, job *executors.Jo
 	return exec.Execute(ctx, job)
 }
 
-func (c *Claimer) classify(log jobLog, job *executors.Job, err error, released bool) outcome {
-	o := outcome{id: job.ID, attempt: job.Attempt}
+// classify turns an attempt's error into its outcome. released: the
+// attempt was cut short by the worker's shutdown after it ran for took.
+func (c *Claimer) classify(log jobLog, r *running, err error, released bool, took time.Duration) outcome {
+	job := r.job
+	o := outcome{run: r}
 	var (
 		permanent  *executors.PermanentError
 		retryAfter *executors.RetryAfterError
@@ -230,33 +219,54 @@ func (c *Claimer) classify(log jobLog, job *executors.Job, err error, released b
 	case err == nil:
 		o.status = "done"
 		log.Debug("job done")
-	case released:
+		return o
+	case released && took <= c.cfg.JobTimeout:
 		o.status, o.release = "pending", true
 		o.err = errText(fmt.Errorf("interrupted by worker shutdown: %w", err))
 		log.Info("job given back at shutdown", zap.Error(err))
+		return o
+	case released:
+		// A job that outlasts JobTimeout at every shutdown would otherwise
+		// be given back, uncounted, for ever.
+		err = fmt.Errorf("interrupted by worker shutdown after running %s, longer than JOB_TIMEOUT (%s), so the attempt counts: %w",
+			took.Round(time.Millisecond), c.cfg.JobTimeout, err)
 	case errors.As(err, &permanent):
 		o.status, o.err = "dead", errText(err)
 		log.Warn("job dead: permanent error", zap.Error(err))
-	case job.Attempt >= job.MaxAttempts:
+		return o
+	}
+	if job.Attempt >= job.MaxAttempts {
 		o.status = "dead"
 		o.err = errText(fmt.Errorf("attempt %d of %d: %w", job.Attempt, job.MaxAttempts, err))
 		log.Warn("job dead: attempts used up", zap.Error(err), zap.Int("max_attempts", job.MaxAttempts))
-	default:
-		o.status, o.err = "pending", errText(err)
-		o.delay = c.cfg.RetryBackoff(job.Attempt)
-		if errors.As(err, &retryAfter) {
-			o.delay = retryAfter.Delay
-		}
-		log.Warn("job failed: will retry", zap.Error(err), zap.Duration("retry_in", o.delay))
+		return o
 	}
+	o.status, o.err = "pending", errText(err)
+	switch {
+	case released:
+		o.delay = 0 // another worker may take it at once
+	case errors.As(err, &retryAfter):
+		o.delay = retryAfter.Delay
+	default:
+		o.delay = c.cfg.RetryBackoff(job.Attempt)
+	}
+	log.Warn("job failed: will retry", zap.Error(err), zap.Duration("retry_in", o.delay))
 	return o
 }
 
-// errText makes err fit last_error: valid UTF-8 without NUL, at most
-// maxErrorLen bytes.
+// ran is how long r's executor has run; 0 before it started.
+func (r *running) ran() time.Duration {
+	if s := r.started.Load(); s != 0 {
+		return time.Since(time.Unix(0, s))
+	}
+	return 0
+}
+
+// errText makes err fit last_error: printable (executors.Printable: valid
+// UTF-8, control characters other than tab and line feed escaped, NUL
+// among them), at most maxErrorLen bytes.
 func errText(err error) *string {
-	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
-	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	s := executors.Printable(err.Error())
 	if len(s) > maxErrorLen {
 		cut := maxErrorLen
 		for cut > 0 && !utf8.RuneStart(s[cut]) {
@@ -301,18 +311,18 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners) bool {
 	}
 	var given []*running
 	c.mu.Lock()
-	for _, r := range c.inflight {
+	for r := range c.inflight {
 		if !r.reported {
 			given = append(given, r)
 		}
 	}
 	c.mu.Unlock()
-	msg := "interrupted by worker shutdown: the executor did not return after cancellation"
 	for _, r := range given {
-		o := outcome{id: r.job.ID, attempt: r.attempt, status: "pending", err: &msg, release: true}
+		err := errors.New("the executor did not return after cancellation")
+		o := c.classify(c.jobLogger(r.job), r, err, true, r.ran())
 		if c.report(r, o) {
 			c.observe(r.job, o, 0)
-			c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", r.job.ID), zap.Int("attempt", r.attempt))
+			c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", r.job.ID), zap.Int("attempt", r.job.Attempt))
 		}
 	}
 	return false

@@ -208,10 +208,6 @@ var (
 		"Claim statements run, by queue.", []string{"queue"}, nil)
 	descInFlight = prometheus.NewDesc(namespace+"_jobs_in_flight",
 		"Jobs running now, by queue.", []string{"queue"}, nil)
-	descHeld = prometheus.NewDesc(namespace+"_held_claims_total",
-		"Claims that held their jobs under their own transaction (CLAIM_HOLD), by queue.", []string{"queue"}, nil)
-	descHeldLeased = prometheus.NewDesc(namespace+"_held_jobs_leased_total",
-		"Held jobs still running when CLAIM_HOLD ended, leased then, by queue.", []string{"queue"}, nil)
 	descTicks = prometheus.NewDesc(namespace+"_fallback_ticks_total",
 		"Fallback ticks, by queue.", []string{"queue"}, nil)
 	descTickHits = prometheus.NewDesc(namespace+"_fallback_ticks_found_work_total",
@@ -242,7 +238,7 @@ type workerCollector struct{ m *Metrics }
 
 func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		descClaimed, descClaims, descHeld, descHeldLeased, descInFlight, descTicks, descTickHits, descSleeps,
+		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps,
 		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp,
 		descNotifyUsage, descInserts,
 	} {
@@ -259,8 +255,6 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		s := cl.Stats()
 		ch <- prometheus.MustNewConstMetric(descClaimed, prometheus.CounterValue, float64(s.Claimed), q)
 		ch <- prometheus.MustNewConstMetric(descClaims, prometheus.CounterValue, float64(s.Claims), q)
-		ch <- prometheus.MustNewConstMetric(descHeld, prometheus.CounterValue, float64(s.Held), q)
-		ch <- prometheus.MustNewConstMetric(descHeldLeased, prometheus.CounterValue, float64(s.Leased), q)
 		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(cl.Running()), q)
 		ch <- prometheus.MustNewConstMetric(descTicks, prometheus.CounterValue, float64(s.Ticks), q)
 		ch <- prometheus.MustNewConstMetric(descTickHits, prometheus.CounterValue, float64(s.TickHits), q)

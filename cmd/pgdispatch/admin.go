@@ -46,26 +46,17 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return printJSON(stdout, stats)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "QUEUE\tKIND\tPENDING\tDUE\tHELD\tRUNNING\tDONE\tDEAD\tCANCELLED\tOLDEST DUE\tDONE/MIN\tDEAD/MIN\t")
+		fmt.Fprintln(tw, "QUEUE\tKIND\tPENDING\tDUE\tRUNNING\tDONE\tDEAD\tCANCELLED\tOLDEST DUE\tDONE/MIN\tDEAD/MIN\t")
 		for _, s := range stats {
 			oldest := "-"
 			if s.OldestDueSeconds != nil {
 				oldest = time.Duration(*s.OldestDueSeconds * float64(time.Second)).Round(time.Millisecond).String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", s.Queue, s.Kind, s.Pending, s.Due, s.Held, s.Running,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", s.Queue, s.Kind, s.Pending, s.Due, s.Running,
 				count(s.Done), count(s.Dead), count(s.Cancelled), oldest, s.DoneLastMinute, s.DeadLastMinute)
 		}
 		return tw.Flush()
 	})
-}
-
-// jobStatus is a job's status, and whether a held claim runs it (an open
-// transaction holds its row).
-func jobStatus(j admin.Job) string {
-	if j.Held {
-		return j.Status + " (held)"
-	}
-	return j.Status
 }
 
 // count prints a count that may be left out.
@@ -126,7 +117,7 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tQUEUE\tKIND\tSTATUS\tATTEMPTS\tRUN AT\tLAST ERROR")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Queue, j.Kind, jobStatus(j), attempts(j),
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Queue, j.Kind, j.Status, attempts(j),
 				j.RunAt.UTC().Format(time.RFC3339), oneLine(j.LastError, 80))
 		}
 		return tw.Flush()
@@ -194,7 +185,7 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			{"id", strconv.FormatInt(j.ID, 10)},
 			{"queue", j.Queue},
 			{"kind", j.Kind},
-			{"status", jobStatus(j)},
+			{"status", j.Status},
 			{"attempts", attempts(j)},
 			{"priority", strconv.Itoa(int(j.Priority))},
 			{"run_at", ts(&j.RunAt)},

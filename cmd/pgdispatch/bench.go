@@ -486,7 +486,6 @@ func (b *bench) drain(ctx context.Context) ([]*benchResult, error) {
 		r.set("jobs_per_s_recorded", float64(b.opts.drainJobs)/recorded.Seconds())
 		r.set("seconds", executed.Seconds())
 		r.set("jobs_per_claim", float64(stats.Claimed)/float64(max(stats.Claims, 1)))
-		r.set("held_claims_share", float64(stats.Held)/float64(max(stats.Claims, 1)))
 		r.set("not_done_after", float64(left))
 		out = append(out, r)
 	}
@@ -636,7 +635,7 @@ func (b *bench) sustained(ctx context.Context) ([]*benchResult, error) {
 		if err := b.recordLatencies("sustained", k, p, committed); err != nil {
 			return nil, err
 		}
-		r := &benchResult{Scenario: "sustained", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, CONCURRENCY=%d, LINGER=%s", k, b.opts.duration, b.opts.concurrency, b.lingerSetting())}
+		r := &benchResult{Scenario: "sustained", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, CONCURRENCY=%d", k, b.opts.duration, b.opts.concurrency)}
 		r.set("inserts_per_s", float64(len(committed))/b.opts.duration.Seconds())
 		r.set("completed_per_s", float64(completedInWindow)/b.opts.duration.Seconds())
 		r.set("notified_share", float64(heard)/float64(max(len(committed), 1)))
@@ -660,12 +659,13 @@ func (b *bench) writers(ctx context.Context) ([]*benchResult, error) {
 	turns := []bool{true, false, false, true, false, true, true, false}
 	turn := b.opts.duration / time.Duration(len(turns)/2)
 	for _, k := range b.opts.writers {
-		r := &benchResult{Scenario: "writers", Conditions: fmt.Sprintf("%d writers, %s with the trigger and %s without, in %d turns each, worker running, LINGER=%s",
-			k, b.opts.duration, b.opts.duration, len(turns)/2, b.lingerSetting())}
+		r := &benchResult{Scenario: "writers", Conditions: fmt.Sprintf("%d writers, %s with the trigger and %s without (the worker then claims every 1 ms), in %d turns each",
+			k, b.opts.duration, b.opts.duration, len(turns)/2)}
 		inserts := map[bool]int{}
 		var heardAll int64
 		for _, trigger := range turns {
-			tune := func(c *pgdispatch.Config) { c.Linger = time.Hour }
+			// Without the trigger, the worker finds the jobs by its tick.
+			tune := func(c *pgdispatch.Config) { c.PollInterval = time.Millisecond }
 			if trigger {
 				tune = nil
 			}
@@ -720,16 +720,6 @@ func (b *bench) queueUsage(ctx context.Context) float64 {
 	var u float64
 	_ = b.pool.QueryRow(ctx, "SELECT pg_notification_queue_usage()").Scan(&u)
 	return u
-}
-
-func (b *bench) lingerSetting() string {
-	switch {
-	case b.base.Linger < 0:
-		return "0"
-	case b.base.Linger == 0:
-		return "2ms"
-	}
-	return b.base.Linger.String()
 }
 
 // idle: transactions the database commits while a worker has nothing to do.

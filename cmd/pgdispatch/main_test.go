@@ -497,24 +497,6 @@ func TestRetainDoneZeroDeletesAtOnce(t *testing.T) {
 	}
 }
 
-// CLAIM_HOLD is the claimer's Hold; 0 turns held claims off (a negative
-// Hold), where the library's zero would mean its default.
-func TestClaimHoldZeroLeasesAtClaim(t *testing.T) {
-	t.Parallel()
-	for hold, want := range map[string]time.Duration{"": 50 * time.Millisecond, "0": -1, "20ms": 20 * time.Millisecond} {
-		fs := newFlagSet("run", "", io.Discard)
-		v := newValues(fs, connSettings, workerSettings)
-		var args []string
-		if hold != "" {
-			args = []string{"--claim-hold", hold}
-		}
-		require.NoError(t, fs.Parse(args))
-		cfg, err := workerConfig(v, &conn{pool: pgtest.Pool(t), schema: "s", timeout: time.Second, logger: zap.NewNop()})
-		require.NoError(t, err)
-		require.Equal(t, want, cfg.Hold, "CLAIM_HOLD=%q", hold)
-	}
-}
-
 // A pool's size is pgdispatch's default unless the URL sets pool_max_conns.
 func TestPoolSize(t *testing.T) {
 	t.Parallel()
@@ -596,9 +578,9 @@ func TestAdminCommands(t *testing.T) {
 		return p.stdout.String()
 	}
 	out := run("stats")
-	require.Regexp(t, `(?m)^\s*default\s+email\s+1\s+0\s+0\s+0\s+0\s+0\s+0\s+-\s+0\s+0\s*$`, out)
-	require.Regexp(t, `(?m)^\s*default\s+noop\s+0\s+0\s+0\s+0\s+0\s+1\s+0\s+-\s+0\s+1\s*$`, out)
-	require.Regexp(t, `(?m)^\s*other\s+noop\s+0\s+0\s+0\s+0\s+0\s+3\s+0\s+-\s+0\s+3\s*$`, out)
+	require.Regexp(t, `(?m)^\s*default\s+email\s+1\s+0\s+0\s+0\s+0\s+0\s+-\s+0\s+0\s*$`, out)
+	require.Regexp(t, `(?m)^\s*default\s+noop\s+0\s+0\s+0\s+0\s+1\s+0\s+-\s+0\s+1\s*$`, out)
+	require.Regexp(t, `(?m)^\s*other\s+noop\s+0\s+0\s+0\s+0\s+3\s+0\s+-\s+0\s+3\s*$`, out)
 	var stats []map[string]any
 	require.NoError(t, json.Unmarshal([]byte(run("stats", "--json")), &stats))
 	require.Len(t, stats, 3)
@@ -610,20 +592,6 @@ func TestAdminCommands(t *testing.T) {
 	out = run("jobs", "show", strconv.FormatInt(dead, 10))
 	require.Contains(t, out, `"sleep": "1ms"`)
 	require.Regexp(t, `(?m)^status\s+dead$`, out)
-
-	// A row an open transaction has locked, as a held claim does, shows as
-	// held, and not as pending.
-	tx, err := pgtest.Pool(t).Begin(context.Background())
-	require.NoError(t, err)
-	_, err = tx.Exec(context.Background(), "SELECT id FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE id = $1 FOR UPDATE", scheduled)
-	require.NoError(t, err)
-	out = run("stats")
-	require.Regexp(t, `(?m)^\s*default\s+email\s+0\s+0\s+1\s+0\s+0\s+0\s+0\s+-\s+0\s+0\s*$`, out)
-	out = run("jobs", "show", strconv.FormatInt(scheduled, 10))
-	require.Regexp(t, `(?m)^status\s+pending \(held\)$`, out)
-	require.NoError(t, tx.Rollback(context.Background()))
-	out = run("jobs", "list", "--status", "pending")
-	require.NotContains(t, out, "(held)", "the lock is gone")
 
 	out = run("jobs", "cancel", strconv.FormatInt(scheduled, 10), strconv.FormatInt(dead, 10), "999999")
 	require.Contains(t, out, fmt.Sprintf("job %d: cancelled (was pending)", scheduled))

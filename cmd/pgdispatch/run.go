@@ -76,11 +76,10 @@ func newPool(ctx context.Context, dbURL string, timeout time.Duration, extra map
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
 	}
-	// A claimer keeps up to seven held batches open, each on a connection of
-	// its own, and a worker's claimers together the pool less one and two
-	// per queue (claimer.HeldLimitFor): pgxpool's default (the larger of 4
-	// and the CPUs) would allow one.
-	// Connections open as they are needed.
+	// Each queue's claims, outcome writes and heartbeats run beside one
+	// another, and the sweeper and the metrics beside them: pgxpool's
+	// default (the larger of 4 and the CPUs) would make a busy worker of
+	// two queues wait for connections. Connections open as they are needed.
 	if !strings.Contains(dbURL, "pool_max_conns") {
 		cfg.MaxConns = max(cfg.MaxConns, defaultMaxConns)
 	}
@@ -130,12 +129,11 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 		Queues:           queues,
 		Concurrency:      v.positiveInt("CONCURRENCY", &errs),
 		PollInterval:     v.positiveDuration("POLL_INTERVAL", &errs),
-		Linger:           v.duration("LINGER", &errs),
-		Hold:             v.duration("CLAIM_HOLD", &errs),
 		Lease:            v.positiveDuration("LEASE", &errs),
 		SweepInterval:    v.positiveDuration("SWEEP_INTERVAL", &errs),
 		MaxAttempts:      v.positiveInt("MAX_ATTEMPTS", &errs),
 		JobTimeout:       v.positiveDuration("JOB_TIMEOUT", &errs),
+		MaxJobTimeout:    v.positiveDuration("MAX_JOB_TIMEOUT", &errs),
 		RetryBackoff:     claimer.ExponentialBackoff(v.positiveDuration("RETRY_BACKOFF", &errs)),
 		RetainDone:       v.duration("RETAIN_DONE", &errs),
 		RetainDead:       v.positiveDuration("RETAIN_DEAD", &errs),
@@ -153,11 +151,8 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 	if cfg.RetainDone == 0 && errors.Join(errs...) == nil { // errs holds nils
 		cfg.DeleteDone = true
 	}
-	if cfg.Linger == 0 {
-		cfg.Linger = -1 // LINGER=0: sleep at the first empty claim
-	}
-	if cfg.Hold == 0 {
-		cfg.Hold = -1 // CLAIM_HOLD=0: lease every job at its claim
+	if cfg.JobTimeout > cfg.MaxJobTimeout && cfg.MaxJobTimeout > 0 {
+		errs = append(errs, fmt.Errorf("JOB_TIMEOUT (%s) must not exceed MAX_JOB_TIMEOUT (%s)", cfg.JobTimeout, cfg.MaxJobTimeout))
 	}
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = time.Nanosecond // give jobs back at once

@@ -37,7 +37,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"go.uber.org/zap"
@@ -367,23 +366,11 @@ func unwrapURLError(err error) error {
 	return err
 }
 
-// printable makes text a receiver sent safe to store and show: invalid
-// UTF-8 becomes U+FFFD, tabs and line breaks become spaces, and other
-// control and format characters (ESC, BEL, DEL, C1, bidirectional
-// overrides) are written as Go escapes such as \x1b or \u202e.
+// printable makes text a receiver sent safe to store and show on one line:
+// tabs and line breaks become spaces, and executors.Printable escapes the
+// rest.
 func printable(s string) string {
-	var b strings.Builder
-	for _, r := range strings.ToValidUTF8(s, "\uFFFD") {
-		switch {
-		case r == '\t' || r == '\n' || r == '\r':
-			b.WriteByte(' ')
-		case unicode.IsPrint(r):
-			b.WriteRune(r)
-		case r < 0x100:
-			fmt.Fprintf(&b, "\\x%02x", r)
-		default:
-			fmt.Fprintf(&b, "\\u%04x", r)
-		}
-	}
-	return b.String()
+	return executors.Printable(lineBreaks.Replace(s))
 }
+
+var lineBreaks = strings.NewReplacer("\t", " ", "\n", " ", "\r", " ")

@@ -149,3 +149,10 @@ func (w *Watcher) History(id int64) []JobState {
 	defer w.mu.Unlock()
 	return append([]JobState(nil), w.history[id]...)
 }
+
+// UntilHistory waits until cond holds over every state job id went through,
+// oldest first, failing the test after timeout.
+func (w *Watcher) UntilHistory(t testing.TB, id int64, timeout time.Duration, what string, cond func([]JobState) bool) {
+	t.Helper()
+	w.Until(t, timeout, what, func(map[int64]JobState) bool { return cond(w.history[id]) })
+}

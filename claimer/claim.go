@@ -1,0 +1,206 @@
+package claimer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/retry"
+)
+
+// claim takes up to limit due jobs, leases them, and starts them on jobs.
+func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) claimResult {
+	r := claimResult{limit: limit}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
+	defer cancel()
+	c.claims.Add(1)
+	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL,
+		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes)
+	claimed, err := c.readClaim(results, &r)
+	// Close reads the end of the transaction: only a committed claim runs.
+	if closeErr := results.Close(); err == nil && closeErr != nil {
+		err = fmt.Errorf("claim jobs: %w", closeErr)
+	}
+	if err != nil {
+		return claimResult{limit: limit, err: err}
+	}
+	r.claimed = len(claimed)
+	if r.claimed == 0 {
+		return r
+	}
+	c.claimed.Add(int64(r.claimed))
+	runs := make([]*running, len(claimed))
+	c.mu.Lock()
+	c.running += len(claimed)
+	for i, j := range claimed {
+		runs[i] = &running{job: j}
+		c.inflight[runs[i]] = struct{}{}
+	}
+	c.mu.Unlock()
+	c.logger.Debug("claimed jobs", zap.Int("num_claimed", r.claimed))
+	for _, run := range runs {
+		jobs.start(run)
+	}
+	return r
+}
+
+// sendPinned sends settings (planSQL or claimPlanSQL) and then sql, in one
+// round trip and one transaction. Read the settings' result first.
+func (c *Claimer) sendPinned(ctx context.Context, settings, sql string, args ...any) pgx.BatchResults {
+	batch := &pgx.Batch{}
+	batch.Queue(settings)
+	batch.Queue(sql, args...)
+	return c.cfg.Pool.SendBatch(ctx, batch)
+}
+
+// execPinned runs sql after planSQL, as sendPinned, and returns its tag once
+// the transaction has committed.
+func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	results := c.sendPinned(ctx, planSQL, sql, args...)
+	_, err := results.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = results.Exec()
+	}
+	if closeErr := results.Close(); err == nil {
+		err = closeErr
+	}
+	return tag, err
+}
+
+// readClaim reads a claim's results: the settings', then the claimed jobs,
+// and into r the wait until the next run_at and whether due rows were
+// skipped.
+func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*executors.Job, error) {
+	if _, err := results.Exec(); err != nil {
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	rows, err := results.Query()
+	if err != nil {
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	defer rows.Close()
+	var claimed []*executors.Job
+	// Value types, not pointers: a pointer per column and row was a tenth
+	// of the worker's CPU in a drain (pprof). Only the row of a claim that
+	// found nothing has NULLs.
+	var (
+		id                   pgtype.Int8
+		kind                 pgtype.Text
+		priority             pgtype.Int2
+		attempt, maxAttempts pgtype.Int4
+		runAt, createdAt     pgtype.Timestamptz
+		nextIn               pgtype.Float8
+		stranded             pgtype.Bool
+		payload              []byte
+	)
+	for rows.Next() {
+		payload = nil // a new slice per row: the scan would reuse the last one
+		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
+			&nextIn, &stranded); err != nil {
+			return nil, fmt.Errorf("claim jobs: scan: %w", err)
+		}
+		if nextIn.Valid {
+			d := scheduleWait(nextIn.Float64)
+			r.next = &d
+		}
+		r.stranded = stranded.Valid && stranded.Bool
+		if !id.Valid {
+			continue // the one row of a claim that found nothing
+		}
+		claimed = append(claimed, &executors.Job{
+			ID: id.Int64, Queue: c.cfg.Queue, Kind: kind.String, Payload: payload, Priority: priority.Int16,
+			Attempt: int(attempt.Int32), MaxAttempts: int(maxAttempts.Int32), RunAt: runAt.Time, CreatedAt: createdAt.Time,
+		})
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim jobs: %w", err)
+	}
+	return claimed, nil
+}
+
+// scheduleWait turns the seconds until the earliest future run_at into a
+// wait, capped at maxScheduleWait: a job due in the year 9999 is further
+// away than a time.Duration reaches, and the conversion would overflow to a
+// negative wait, a claim every millisecond. The fallback tick comes sooner
+// than the cap anyway.
+func scheduleWait(seconds float64) time.Duration {
+	if !(seconds < maxScheduleWait.Seconds()) { // also NaN
+		return maxScheduleWait
+	}
+	return time.Duration(seconds * float64(time.Second))
+}
+
+// runHeartbeat renews the leases of this claimer's jobs every Lease/3.
+func (c *Claimer) runHeartbeat(ctx context.Context, onBeat func(renewed int64)) {
+	t := time.NewTicker(max(c.cfg.Lease/3, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ids := c.inflightIDs()
+		if len(ids) == 0 {
+			continue
+		}
+		if n := c.renewLeases(ctx, ids); onBeat != nil {
+			onBeat(n)
+		}
+	}
+}
+
+// renewLeases runs one heartbeat and returns how many leases it renewed. A
+// heartbeat that meets a dead connection is tried again at once, as a claim
+// is (retry.Backoff): while every slot is busy with long jobs, nothing else
+// uses the pool, and after a restart or a mass termination each of its idle
+// connections is dead. One dead connection per tick would let the leases
+// lapse after three (Lease/3 apart), and the sweeper would hand the running
+// jobs to another worker. Any other failure waits for the next tick, within
+// the lease.
+func (c *Claimer) renewLeases(ctx context.Context, ids []int64) int64 {
+	backoff := retry.New(c.poolSize)
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
+		tag, err := c.execPinned(callCtx, c.heartbeatSQL, ids, c.cfg.WorkerID, c.cfg.Lease.Seconds())
+		cancel()
+		if err == nil {
+			if n := tag.RowsAffected(); n < int64(len(ids)) {
+				c.logger.Debug("heartbeat renewed fewer leases than jobs held",
+					zap.Int64("renewed", n), zap.Int("num_jobs", len(ids)))
+			}
+			return tag.RowsAffected()
+		}
+		if ctx.Err() != nil {
+			return 0
+		}
+		again := backoff.Next(err) == 0
+		c.logger.Warn("heartbeat failed", zap.Error(err), zap.Int("num_jobs", len(ids)),
+			zap.Int("failures", backoff.Failures()), zap.Bool("retry_now", again))
+		if !again {
+			return 0
+		}
+	}
+}
+
+// inflightIDs are the ids of the jobs this claimer runs, each once, in
+// order: the heartbeat locks their rows in id order anyway, and a job may
+// run twice at once here, when its lease was lost and it was claimed again.
+func (c *Claimer) inflightIDs() []int64 {
+	c.mu.Lock()
+	ids := make([]int64, 0, len(c.inflight))
+	for r := range c.inflight {
+		ids = append(ids, r.job.ID)
+	}
+	c.mu.Unlock()
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}

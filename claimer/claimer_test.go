@@ -1,0 +1,479 @@
+package claimer
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+// newTestClaimer is a claimer of the default queue of a schema of the test's
+// own, on a pool of the test's own; cfg sets its options. It returns the
+// claimer, its pool and the quoted jobs table.
+func newTestClaimer(ctx context.Context, t *testing.T, cfg Config) (*Claimer, *pgxpool.Pool, string) {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	pool := newSizedPool(ctx, t, 10)
+	cfg.Pool, cfg.Schema, cfg.SleepConnConfig = pool, schema, pool.Config().ConnConfig
+	cfg.Queue, cfg.WorkerID = "default", "w"
+	if cfg.Registry == nil {
+		cfg.Registry = executors.NewRegistry()
+	}
+	c, err := New(cfg)
+	require.NoError(t, err)
+	return c, pool, pgx.Identifier{schema, "jobs"}.Sanitize()
+}
+
+// newSizedPool is a pool of the test's own, of maxConns connections at most,
+// closed when the test ends.
+func newSizedPool(ctx context.Context, t *testing.T, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func insertJobs(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string, n int) []int64 {
+	t.Helper()
+	rows, err := pool.Query(ctx, "INSERT INTO "+jobs+" (kind) SELECT 'noop' FROM generate_series(1, $1) RETURNING id", n)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return ids
+}
+
+// runClaimer runs c until the returned stop is called, or the test ends;
+// stop returns Run's error.
+func runClaimer(ctx context.Context, t *testing.T, c *Claimer) (stop func() error) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	exited := make(chan error, 1)
+	go func() { exited <- c.Run(runCtx) }()
+	var (
+		once sync.Once
+		err  error
+	)
+	stop = func() error {
+		once.Do(func() { cancel(); err = <-exited })
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// claimNow claims up to limit jobs and returns the runs, without starting
+// them: the runners are closed at once.
+func claimNow(ctx context.Context, t *testing.T, c *Claimer, limit int) ([]*running, claimResult) {
+	t.Helper()
+	var (
+		mu   sync.Mutex
+		runs []*running
+	)
+	jobs := newRunners(func(r *running) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
+	r := c.claim(ctx, limit, jobs)
+	<-jobs.wait()
+	jobs.close(true)
+	require.NoError(t, r.err)
+	return runs, r
+}
+
+// The claim asks for its generic plan with a transaction-local setting: it
+// must claim as before, and the setting must not outlive the claim on the
+// pooled connection, which other code shares.
+func TestClaimKeepsPlanSettingToItself(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, jobs := newTestClaimer(ctx, t, Config{})
+	pool := newSizedPool(ctx, t, 1) // every statement below runs on the claim's connection
+	c.cfg.Pool = pool
+	insertJobs(ctx, t, pool, jobs, 3)
+
+	runs, r := claimNow(ctx, t, c, 2)
+	require.Len(t, runs, 2)
+	require.Equal(t, 2, r.claimed)
+	var running int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status = 'running' AND locked_by = 'w'").Scan(&running))
+	require.Equal(t, 2, running)
+
+	var mode string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('plan_cache_mode')").Scan(&mode))
+	require.Equal(t, "auto", mode)
+}
+
+// Each claimed job keeps its own payload: the rows are scanned into reused
+// values, never a reused buffer.
+func TestClaimedPayloadsAreTheirOwn(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, payload) SELECT 'noop', jsonb_build_object('n', g) FROM generate_series(1, 6) g")
+	require.NoError(t, err)
+	runs, _ := claimNow(ctx, t, c, 6)
+	require.Len(t, runs, 6)
+	seen := map[string]bool{}
+	for _, r := range runs {
+		seen[string(r.job.Payload)] = true
+	}
+	for i := 1; i <= 6; i++ {
+		require.True(t, seen[fmt.Sprintf(`{"n": %d}`, i)], "payload of job %d", i)
+	}
+}
+
+// A claim that comes up short says when the next job is due, and whether it
+// skipped due rows that another transaction held locked.
+func TestClaimReportsNextAndStranded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	ids := insertJobs(ctx, t, pool, jobs, 2)
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() + interval '1 hour')")
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", ids[0])
+	require.NoError(t, err)
+
+	runs, r := claimNow(ctx, t, c, 5)
+	require.Len(t, runs, 1)
+	require.Equal(t, ids[1], runs[0].job.ID)
+	require.True(t, r.stranded, "the locked job was skipped")
+	require.NotNil(t, r.next)
+	require.InDelta(t, time.Hour.Seconds(), r.next.Seconds(), 5)
+
+	require.NoError(t, tx.Rollback(ctx))
+	runs, r = claimNow(ctx, t, c, 5)
+	require.Len(t, runs, 1)
+	require.Equal(t, ids[0], runs[0].job.ID)
+	require.False(t, r.stranded)
+
+	// A full claim reports neither.
+	insertJobs(ctx, t, pool, jobs, 3)
+	_, r = claimNow(ctx, t, c, 2)
+	require.Equal(t, 2, r.claimed)
+	require.Nil(t, r.next)
+	require.False(t, r.stranded)
+}
+
+// A claim stops adding jobs once their payloads pass ClaimBytes, and takes
+// one at least, however large.
+func TestClaimBytesBoundAClaim(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{ClaimBytes: 250_000})
+	// 100 kB payloads of random hex: they do not compress.
+	_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, payload)
+		SELECT 'noop', jsonb_build_object('pad', string_agg(md5(random()::text), ''))
+		FROM generate_series(1, 5) j, generate_series(1, 3125) g GROUP BY j`)
+	require.NoError(t, err)
+	runs, r := claimNow(ctx, t, c, 100)
+	require.Len(t, runs, 3, "100 kB, 200 kB, then past 250 kB")
+	require.True(t, r.stranded, "the rest are due: the claimer looks again soon")
+
+	c.cfg.ClaimBytes = 1
+	runs, _ = claimNow(ctx, t, c, 100)
+	require.Len(t, runs, 1)
+}
+
+// No row the table accepts can make the claim fail: attempts stops at the
+// constraint's bound.
+func TestClaimSurvivesAttemptsAtTheBound(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, attempts, max_attempts) VALUES ('noop', 1000000, 1000000), ('noop', 0, NULL)")
+	require.NoError(t, err)
+	runs, _ := claimNow(ctx, t, c, 10)
+	require.Len(t, runs, 2)
+	require.Equal(t, 1000000, runs[0].job.Attempt)
+	require.Equal(t, 1, runs[1].job.Attempt)
+}
+
+// While a job runs, its row says so: running, locked by this worker, its
+// attempt counted, under a lease. Checked by every tenth job of a drain
+// from inside its executor, and from outside by a reader that samples every
+// row again and again while the drain goes on.
+func TestRowTellsTheTruthDuringADrain(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const n = 3000
+	var (
+		seen    atomic.Int64
+		checked atomic.Int64
+		failure atomic.Value
+		all     = make(chan struct{})
+	)
+	registry := executors.NewRegistry()
+	var jobs string
+	registry.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		if job.ID%10 == 0 {
+			var (
+				status, lockedBy string
+				attempts         int
+				leased           bool
+			)
+			err := pgtest.Pool(t).QueryRow(ctx, "SELECT status, locked_by, attempts, locked_until > now() FROM "+jobs+" WHERE id = $1",
+				job.ID).Scan(&status, &lockedBy, &attempts, &leased)
+			if err != nil || status != "running" || lockedBy != "w" || attempts != job.Attempt || !leased {
+				failure.CompareAndSwap(nil, fmt.Sprintf("job %d while it ran: %s %q attempts %d leased %v (err %v)",
+					job.ID, status, lockedBy, attempts, leased, err))
+			}
+			checked.Add(1)
+		}
+		if seen.Add(1) == n {
+			close(all)
+		}
+		return nil
+	}))
+	c, pool, table := newTestClaimer(ctx, t, Config{Registry: registry, Concurrency: 50})
+	jobs = table
+	insertJobs(ctx, t, pool, jobs, n)
+
+	samples := 0
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for ctx.Err() == nil {
+			select {
+			case <-all:
+				return
+			default:
+			}
+			var bad int
+			err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM `+jobs+` WHERE NOT (
+				(status = 'pending' AND attempts = 0 AND locked_by IS NULL) OR
+				(status = 'running' AND attempts = 1 AND locked_by = 'w' AND locked_until IS NOT NULL) OR
+				(status = 'done' AND attempts = 1 AND locked_by IS NULL AND finished_at IS NOT NULL))`).Scan(&bad)
+			if err != nil || bad > 0 {
+				failure.CompareAndSwap(nil, fmt.Sprintf("sample %d: %d rows out of line (err %v)", samples, bad, err))
+			}
+			samples++
+		}
+	}()
+	stop := runClaimer(ctx, t, c)
+	select {
+	case <-all:
+	case <-ctx.Done():
+		t.Fatal("the drain did not finish")
+	}
+	<-sampled
+	require.NoError(t, stop())
+	require.Nil(t, failure.Load())
+	require.Equal(t, int64(n/10), checked.Load())
+	require.Greater(t, samples, 3, "the reader sampled the table while the jobs ran")
+	var done int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status = 'done' AND attempts = 1").Scan(&done))
+	require.Equal(t, n, done)
+	t.Logf("%d samples of the whole table during the drain", samples)
+}
+
+// After every connection of its pool was terminated (a failover, a proxy
+// restarted), the claimer and the completer go through the dead connections
+// the pool still holds without backing off: a claim or a write that fails
+// on one is tried again at once, on the next.
+func TestDeadConnectionsAreSkippedAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	const poolSize = 6
+	pool, app := pgtest.UnpingedPool(ctx, t, poolSize)
+
+	ran := make(chan int64, 1)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error {
+		ran <- job.ID
+		return nil
+	}))
+	core, logs := observer.New(zap.WarnLevel)
+	c, err := New(Config{
+		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default", WorkerID: "w",
+		Registry: registry, Logger: zap.New(core),
+	})
+	require.NoError(t, err)
+	stop := runClaimer(ctx, t, c)
+
+	pgtest.FillPool(ctx, t, pool)
+	require.Equal(t, poolSize, pgtest.TerminateApp(ctx, t, app))
+
+	ids := insertJobs(ctx, t, pgtest.Pool(t), pgx.Identifier{schema, "jobs"}.Sanitize(), 1)
+	c.Wake()
+	select {
+	case id := <-ran:
+		require.Equal(t, ids[0], id)
+	case <-ctx.Done():
+		t.Fatal("the job never ran")
+	}
+	require.NoError(t, stop())
+
+	failed := logs.FilterMessage("claim failed").All()
+	require.NotEmpty(t, failed, "no claim met a dead connection: the test did not exercise it")
+	for _, e := range append(failed, logs.FilterMessage("writing outcomes failed").All()...) {
+		require.Equal(t, time.Duration(0), e.ContextMap()["retry_in"], "%s: %v", e.Message, e.ContextMap())
+	}
+	var status string
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE id = $1", ids[0]).Scan(&status))
+	require.Equal(t, "done", status)
+}
+
+// While every slot is busy with a long job, the heartbeat is the only user
+// of the pool. After every connection was terminated, it goes through the
+// dead ones at its next tick and renews the leases before they lapse.
+func TestHeartbeatSkipsDeadConnections(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	const poolSize = 6
+	pool, app := pgtest.UnpingedPool(ctx, t, poolSize)
+
+	started := make(chan int64, 1)
+	release := make(chan struct{})
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		started <- job.ID
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}))
+	core, logs := observer.New(zap.WarnLevel)
+	// A heartbeat every 2 s; a renewal that connects anew on a loaded
+	// machine can take a second or two, and the lease leaves it room.
+	const lease = 6 * time.Second
+	c, err := New(Config{
+		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default", WorkerID: "w",
+		Registry: registry, Logger: zap.New(core), Concurrency: 1, Lease: lease,
+	})
+	require.NoError(t, err)
+	stop := runClaimer(ctx, t, c)
+
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	ids := insertJobs(ctx, t, pgtest.Pool(t), jobs, 1)
+	c.Wake()
+	select {
+	case id := <-started:
+		require.Equal(t, ids[0], id)
+	case <-ctx.Done():
+		t.Fatal("the job never started")
+	}
+	pgtest.FillPool(ctx, t, pool)
+	lockedUntil := func() time.Time {
+		var until time.Time
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT locked_until FROM "+jobs+" WHERE id = $1", ids[0]).Scan(&until))
+		return until
+	}
+	require.Equal(t, poolSize, pgtest.TerminateApp(ctx, t, app))
+	// Read after the termination: a heartbeat that ran between the two
+	// would otherwise pass for one that got through the dead connections.
+	until := lockedUntil()
+
+	var renewed time.Time
+	require.Eventually(t, func() bool {
+		renewed = lockedUntil()
+		return renewed.After(until)
+	}, 20*time.Second, 20*time.Millisecond, "no heartbeat renewed the lease")
+	require.True(t, renewed.Add(-lease).Before(until),
+		"the lease lapsed at %s, before the heartbeat renewed it at %s", until, renewed.Add(-lease))
+	failed := logs.FilterMessage("heartbeat failed").All()
+	require.NotEmpty(t, failed, "no heartbeat met a dead connection: the test did not exercise it")
+	for _, e := range failed {
+		require.Equal(t, true, e.ContextMap()["retry_now"], "%v", e.ContextMap())
+	}
+
+	close(release)
+	require.NoError(t, stop())
+	var status string
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", ids[0]).Scan(&status))
+	require.Equal(t, "done", status)
+}
+
+// A payload that asks for a timeout past MaxJobTimeout is dead at once, with
+// an error that names the setting.
+func TestPayloadTimeoutIsCapped(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ran := make(chan struct{}, 1)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(context.Context, *executors.Job) error { ran <- struct{}{}; return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: registry, JobTimeout: time.Second, MaxJobTimeout: time.Minute})
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+jobs+` (kind, payload) VALUES ('noop', '{"timeout": "100000h"}') RETURNING id`).Scan(&id))
+	stop := runClaimer(ctx, t, c)
+	var (
+		status  string
+		lastErr *string
+	)
+	require.Eventually(t, func() bool {
+		require.NoError(t, pool.QueryRow(ctx, "SELECT status, last_error FROM "+jobs+" WHERE id = $1", id).Scan(&status, &lastErr))
+		return status == "dead"
+	}, 20*time.Second, 10*time.Millisecond)
+	require.NoError(t, stop())
+	require.Contains(t, *lastErr, "MAX_JOB_TIMEOUT")
+	require.Empty(t, ran, "the executor never ran")
+}
+
+// At shutdown, an attempt that ran for less than JobTimeout is given back
+// uncounted; one that ran longer counts, so that a job that hangs at every
+// restart still uses up its attempts.
+func TestShutdownCountsLongAttempts(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	started := make(chan int64, 2)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		started <- job.ID
+		<-ctx.Done()
+		return ctx.Err()
+	}))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{
+		Registry: registry, JobTimeout: 300 * time.Millisecond, ShutdownTimeout: time.Nanosecond,
+	})
+	var long, short int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+jobs+` (kind, payload) VALUES ('noop', '{"timeout": "1h"}') RETURNING id`).Scan(&long))
+	stop := runClaimer(ctx, t, c)
+	require.Equal(t, long, <-started)
+	<-time.After(400 * time.Millisecond) // the scenario: the long job runs past JobTimeout
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+jobs+` (kind, payload) VALUES ('noop', '{"timeout": "1h"}') RETURNING id`).Scan(&short))
+	c.Wake()
+	require.Equal(t, short, <-started)
+	require.NoError(t, stop())
+
+	row := func(id int64) (status string, attempts int, lastErr string) {
+		require.NoError(t, pool.QueryRow(ctx, "SELECT status, attempts, last_error FROM "+jobs+" WHERE id = $1", id).Scan(&status, &attempts, &lastErr))
+		return
+	}
+	status, attempts, lastErr := row(long)
+	require.Equal(t, "pending", status)
+	require.Equal(t, 1, attempts, "the long attempt counts")
+	require.True(t, strings.Contains(lastErr, "longer than JOB_TIMEOUT"), lastErr)
+	status, attempts, lastErr = row(short)
+	require.Equal(t, "pending", status)
+	require.Equal(t, 0, attempts, "the short attempt is given back")
+	require.Contains(t, lastErr, "interrupted by worker shutdown")
+}

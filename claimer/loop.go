@@ -1,0 +1,279 @@
+package claimer
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/internal/retry"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
+)
+
+// state is where the claim loop stands. The package doc draws the
+// transitions; machine makes them.
+type state uint8
+
+const (
+	// awake: the queue may hold due jobs. The loop starts here, and claims at once.
+	awake state = iota
+	// saturated: the last claim took every free slot, or no slot is free.
+	// The next claim waits for slots to free: all of them, or gatherWait
+	// after the first, so that it takes a full batch.
+	saturated
+	// lingering: the last claim came up short. The loop looks again after
+	// growing pauses, for linger in all; under a steady stream of jobs it
+	// never goes to sleep, and writers never notify.
+	lingering
+	// drowsy: the loop has asked for the queue's sleep key and waits for it.
+	// Once granted, it looks once more.
+	drowsy
+	// asleep: it holds the sleep key and the look after taking it found
+	// nothing due. Writers notify; the loop waits for a notification, the
+	// earliest future run_at, a look for rows that were locked, or the
+	// fallback tick.
+	asleep
+	// backoff: the last claim failed; the loop tries again after a delay.
+	backoff
+	// stopping: Run's context ended; the loop claims no more.
+	stopping
+)
+
+var stateNames = [...]string{"awake", "saturated", "lingering", "drowsy", "asleep", "backoff", "stopping"}
+
+func (s state) String() string { return stateNames[s] }
+
+// holdsKey reports whether the loop wants the sleep key in state s.
+func (s state) holdsKey() bool { return s == drowsy || s == asleep }
+
+// event is what woke the claim loop.
+type event uint8
+
+const (
+	evWake       event = iota // a notification, or Wake
+	evTimer                   // the loop's one timer; what it means depends on the state
+	evTick                    // the fallback tick
+	evSlotFreed               // a job's outcome freed its slot
+	evKeyGranted              // the sleep key was granted
+	evKeyLost                 // the sleep key was lost, or a wait for it ended without it
+)
+
+const (
+	// linger is how long the loop keeps looking at a queue that came up
+	// short before it goes to sleep, at pauses from lookMin to lookMax.
+	linger  = 2 * time.Millisecond
+	lookMin = 500 * time.Microsecond
+	lookMax = 4 * time.Millisecond
+	// gatherWait bounds the wait for more slots to free in saturated.
+	gatherWait = 4 * time.Millisecond
+	// strandedMin and strandedMax bound the pauses between looks while a
+	// claim skips due rows that another transaction has locked: when that
+	// transaction ends without changing status, run_at or queue, no trigger
+	// notifies, so the loop must look again by itself.
+	strandedMin = 10 * time.Millisecond
+	strandedMax = time.Second
+	// minScheduleWait and maxScheduleWait bound the wait for a future run_at.
+	minScheduleWait = time.Millisecond
+	maxScheduleWait = 24 * time.Hour
+	// noTimer stops the loop's timer.
+	noTimer time.Duration = -1
+)
+
+// claimResult is what a claim tells the machine.
+type claimResult struct {
+	claimed, limit int
+	// next is the wait until the queue's earliest future run_at, when the
+	// claim came up short and there is one.
+	next *time.Duration
+	// stranded: the claim came up short, yet skipped due rows that another
+	// transaction held locked.
+	stranded bool
+	err      error
+	delay    time.Duration // before the next try, after err
+}
+
+// machine decides, for each event, whether the loop claims, and after each
+// claim, which state it is in and when its timer fires. It does no I/O, so
+// each transition can be tested alone (loop_test.go).
+type machine struct {
+	state    state
+	timer    time.Duration // when the loop's timer fires from now; noTimer: stopped
+	looks    int           // empty looks in a row while lingering
+	gather   bool          // saturated: the gather timer runs
+	stranded int           // claims in a row that skipped locked due rows
+}
+
+func newMachine() *machine { return &machine{state: awake, timer: 0} }
+
+// event reports whether ev makes the loop claim now, with free of
+// concurrency slots free. It may change the state and the timer.
+func (m *machine) event(ev event, free, concurrency int) bool {
+	if free == 0 {
+		m.state, m.gather, m.timer = saturated, false, noTimer
+		return false
+	}
+	switch m.state {
+	case saturated:
+		if ev != evSlotFreed || free == concurrency {
+			return true
+		}
+		if !m.gather {
+			m.gather, m.timer = true, gatherWait
+		}
+		return false
+	case backoff:
+		return ev == evTimer || ev == evTick
+	case asleep:
+		if ev == evKeyLost {
+			m.state = drowsy // the sleep lock takes the key again by itself
+		}
+		return ev != evSlotFreed && ev != evKeyGranted
+	default:
+		return ev != evSlotFreed
+	}
+}
+
+// claimed moves the machine on after a claim that ev started.
+func (m *machine) claimed(ev event, r claimResult) {
+	m.gather = false
+	switch {
+	case r.err != nil:
+		m.state, m.timer = backoff, r.delay
+		return
+	case r.claimed == r.limit:
+		m.state, m.timer, m.looks, m.stranded = saturated, noTimer, 0, 0
+		return
+	case r.claimed > 0:
+		m.state, m.looks = lingering, 0
+		m.timer = lookWait(0)
+	case m.state == asleep:
+		m.timer = noTimer
+	case m.state == drowsy:
+		if ev == evKeyGranted {
+			m.state = asleep
+		}
+		m.timer = noTimer
+	default:
+		m.looks++
+		if spent(m.looks) > linger {
+			m.state, m.timer = drowsy, noTimer
+		} else {
+			m.state, m.timer = lingering, lookWait(m.looks-1)
+		}
+	}
+	if r.next != nil {
+		m.soon(max(*r.next, minScheduleWait))
+	}
+	if !r.stranded {
+		m.stranded = 0
+		return
+	}
+	m.soon(min(strandedMin<<min(m.stranded, 10), strandedMax))
+	m.stranded++
+}
+
+// soon makes the timer fire within d.
+func (m *machine) soon(d time.Duration) {
+	if m.timer == noTimer || d < m.timer {
+		m.timer = d
+	}
+}
+
+// lookWait is the pause after the (looks+1)th look in a row that found
+// nothing: 0.5ms, 1ms, 2ms, then 4ms each.
+func lookWait(looks int) time.Duration { return min(lookMin<<min(looks, 8), lookMax) }
+
+// spent is the time the first looks pauses add up to.
+func spent(looks int) time.Duration {
+	var d time.Duration
+	for i := range looks {
+		d += lookWait(i)
+	}
+	return d
+}
+
+// claimLoop runs the machine until ctx ends: it waits for an event, claims
+// when the machine says so, starts the claimed jobs, and carries out each
+// change of state (the sleep key, the timer).
+func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
+	c.logger.Info("claimer started", zap.Int("concurrency", c.cfg.Concurrency),
+		zap.Duration("poll_interval", c.cfg.PollInterval))
+	hooks := testhook.From(ctx)
+	tick := time.NewTicker(c.cfg.PollInterval)
+	defer tick.Stop()
+	m := newMachine()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	failures := retry.New(c.poolSize)
+	for {
+		var ev event
+		select {
+		case <-ctx.Done():
+			c.enter(m.state, stopping, hooks)
+			return
+		case <-c.wake:
+			ev = evWake
+		case <-c.sleep.recheck:
+			ev = evKeyLost
+			if c.sleep.holding.Load() {
+				ev = evKeyGranted
+			}
+		case <-timer.C:
+			ev = evTimer
+		case <-tick.C:
+			ev = evTick
+			c.ticks.Add(1)
+		case <-c.slotFreed:
+			ev = evSlotFreed
+		}
+		from := m.state
+		free := c.freeSlots()
+		if m.event(ev, free, c.cfg.Concurrency) {
+			r := c.claim(ctx, free, jobs)
+			if r.err != nil {
+				if ctx.Err() != nil {
+					c.enter(from, stopping, hooks)
+					return
+				}
+				r.delay = failures.Next(r.err)
+				c.logger.Warn("claim failed", zap.Error(r.err), zap.Int("failures", failures.Failures()),
+					zap.Duration("retry_in", r.delay))
+			} else {
+				failures = retry.New(c.poolSize)
+			}
+			if ev == evTick && r.claimed > 0 {
+				c.tickHits.Add(1)
+				c.logger.Info("fallback tick found due jobs: a notification was missed",
+					zap.Int("num_claimed", r.claimed), zap.Int64("tick_hits", c.tickHits.Load()))
+			}
+			m.claimed(ev, r)
+		}
+		c.enter(from, m.state, hooks)
+		if m.timer == noTimer {
+			timer.Stop()
+		} else {
+			timer.Reset(m.timer)
+		}
+	}
+}
+
+// enter carries out a move from one state to another: it asks for the
+// sleep key or gives it back, and counts the sleeps.
+func (c *Claimer) enter(from, to state, hooks *testhook.Hooks) {
+	if from == to {
+		return
+	}
+	switch {
+	case to.holdsKey() && !from.holdsKey():
+		c.sleep.sleep()
+	case !to.holdsKey() && from.holdsKey():
+		c.sleep.wake()
+	}
+	if to == asleep {
+		c.sleeps.Add(1)
+	}
+	c.logger.Debug("claimer state", zap.Stringer("from", from), zap.Stringer("to", to))
+	if hooks.ClaimerState != nil {
+		hooks.ClaimerState(c.cfg.Queue, from.String(), to.String())
+	}
+}

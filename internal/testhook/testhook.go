@@ -1,0 +1,34 @@
+// Package testhook lets tests watch the insides of a running worker without
+// any exported API: a test puts Hooks in the context it runs the worker
+// with, and the parts that know of a hook call it. Outside tests the
+// context holds none and nothing is called.
+package testhook
+
+import "context"
+
+// Hooks are the events a test can watch. Each must return quickly and must
+// not block: it runs on the goroutine that made the event.
+type Hooks struct {
+	// ClaimerState is called each time the claimer of queue moves from one
+	// state to another (claimer's state names: "awake", "saturated",
+	// "lingering", "drowsy", "asleep", "backoff", "stopping").
+	ClaimerState func(queue, from, to string)
+	// Heartbeat is called after each heartbeat of the claimer of queue, with
+	// how many leases it renewed.
+	Heartbeat func(queue string, renewed int64)
+}
+
+type key struct{}
+
+// With returns ctx carrying h.
+func With(ctx context.Context, h *Hooks) context.Context {
+	return context.WithValue(ctx, key{}, h)
+}
+
+// From returns the hooks ctx carries, or empty ones.
+func From(ctx context.Context) *Hooks {
+	if h, ok := ctx.Value(key{}).(*Hooks); ok && h != nil {
+		return h
+	}
+	return &Hooks{}
+}
