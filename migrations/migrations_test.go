@@ -478,3 +478,42 @@ func TestLongQueueRefusedByItsConstraint(t *testing.T) {
 	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+jobs+" (kind, queue) VALUES ('noop', $1)", queue)
 	require.Equal(t, "jobs_queue_check", pgErrorOf(t, err).ConstraintName, "%v", err)
 }
+
+// enqueue() runs with its owner's rights from migration 8 on, so EXECUTE
+// is no longer everyone's: it goes to each role that could insert into the
+// table when the migration ran (by a grant on the table or on its columns),
+// so that existing writers keep calling it, and to no other.
+func TestEnqueueExecuteFollowsInsert(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.EmptySchemaName(t)
+	_, _, err := migrations.MigrateTo(ctx, pgtest.Pool(t), migrations.Config{Schema: schema}, 7)
+	require.NoError(t, err)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	suffix := strings.TrimPrefix(schema, "pgdt_")
+	table, columns, none := "pgdt_t_"+suffix, "pgdt_c_"+suffix, "pgdt_n_"+suffix
+	for _, role := range []string{table, columns, none} {
+		id := pgx.Identifier{role}.Sanitize()
+		_, err := pgtest.Pool(t).Exec(ctx, "CREATE ROLE "+id+" NOLOGIN")
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, err := pgtest.Pool(t).Exec(context.Background(), "DROP OWNED BY "+id+"; DROP ROLE "+id)
+			require.NoError(t, err)
+		})
+	}
+	_, err = pgtest.Pool(t).Exec(ctx, "GRANT INSERT ON "+jobs+" TO "+pgx.Identifier{table}.Sanitize()+"; "+
+		"GRANT INSERT (kind, payload) ON "+jobs+" TO "+pgx.Identifier{columns}.Sanitize())
+	require.NoError(t, err)
+	_, _, err = migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema})
+	require.NoError(t, err)
+
+	for role, want := range map[string]bool{table: true, columns: true, none: false, "public": false} {
+		for _, fn := range []string{"enqueue", "enqueue_checked"} {
+			var can bool
+			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT has_function_privilege($1, $2, 'EXECUTE')", role,
+				pgx.Identifier{schema, fn}.Sanitize()+"(text, jsonb, text, timestamptz, smallint, text, integer)").Scan(&can))
+			require.Equal(t, want, can, "%s on %s", role, fn)
+		}
+	}
+}
