@@ -9,11 +9,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // setting is one configuration value: an environment variable and the flag
@@ -43,7 +45,7 @@ var workerSettings = []setting{
 	{"CLAIM_HOLD", "claim-hold", "50ms", "how long a claim that follows a busy one keeps its jobs under its own transaction before leasing them; jobs done within it are written once (0: lease every job at its claim; at most 10s)"},
 	{"LEASE", "lease", "30s", "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)"},
 	{"SWEEP_INTERVAL", "sweep-interval", "30s", "how often expired leases are given back and old jobs purged"},
-	{"MAX_ATTEMPTS", "max-attempts", "5", "attempts for jobs whose max_attempts is NULL"},
+	{"MAX_ATTEMPTS", "max-attempts", "5", "attempts for jobs whose max_attempts is NULL (at most 1000000)"},
 	{"JOB_TIMEOUT", "job-timeout", "5m", "bound on one attempt unless the payload's \"timeout\" says otherwise"},
 	{"RETRY_BACKOFF", "retry-backoff", "30s", "delay before the first retry; each later one waits 4x longer (capped at 24h), plus up to 10% jitter"},
 	{"RETAIN_DONE", "retain-done", "24h", "how long done jobs are kept; 0 deletes a job as soon as it is done"},
@@ -191,6 +193,9 @@ func parseQueues(s string) ([]pgdispatch.Queue, error) {
 		q := pgdispatch.Queue{Name: strings.TrimSpace(name)}
 		if q.Name == "" {
 			return nil, fmt.Errorf("invalid QUEUES %q: a queue has no name", s)
+		}
+		if utf8.RuneCountInString(q.Name) > migrations.NameLimit {
+			return nil, fmt.Errorf("invalid QUEUES: a queue's name has at most %d characters, as the jobs table allows", migrations.NameLimit)
 		}
 		if seen[q.Name] {
 			return nil, fmt.Errorf("invalid QUEUES %q: %q is listed twice", s, q.Name)

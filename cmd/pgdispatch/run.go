@@ -143,6 +143,9 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 		StatementTimeout: c.timeout,
 		Logger:           c.logger,
 	}
+	if cfg.MaxAttempts > migrations.AttemptsLimit {
+		errs = append(errs, fmt.Errorf("invalid MAX_ATTEMPTS %d: at most %d, as the jobs table allows", cfg.MaxAttempts, migrations.AttemptsLimit))
+	}
 	if cfg.WorkerID == "" {
 		host, err := os.Hostname()
 		if err != nil {
