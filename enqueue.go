@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // DB is what Enqueue needs of a database handle: a *pgxpool.Pool, a *pgx.Conn
@@ -32,7 +34,8 @@ type Job struct {
 	// DedupKey makes the enqueue idempotent: while a job with the same key
 	// exists, Enqueue returns its id and inserts nothing.
 	DedupKey string
-	// MaxAttempts defaults to the worker's MAX_ATTEMPTS.
+	// MaxAttempts defaults to the worker's MAX_ATTEMPTS; at most
+	// migrations.AttemptsLimit.
 	MaxAttempts int
 }
 
@@ -45,36 +48,71 @@ func Enqueue(ctx context.Context, db DB, job Job) (int64, error) {
 	return Schema(DefaultSchema).Enqueue(ctx, db, job)
 }
 
+// EnqueueChecked is Enqueue that also says whether the job was created, and
+// whether a job holding job.DedupKey is the one asked for.
+func EnqueueChecked(ctx context.Context, db DB, job Job) (Enqueued, error) {
+	return Schema(DefaultSchema).EnqueueChecked(ctx, db, job)
+}
+
+// Enqueued is what EnqueueChecked did.
+type Enqueued struct {
+	// ID is the job created, or the one that holds the dedup key.
+	ID int64
+	// Created is false when a job already held the dedup key.
+	Created bool
+	// Conflict is true when the job that holds the dedup key is not the one
+	// asked for: it has another kind, queue, payload or priority, another
+	// max_attempts (when MaxAttempts is set), or it has not run yet and is
+	// due later than asked. Another writer of the table may have taken the
+	// key first, so that this job is never created (docs/security.md).
+	Conflict bool
+}
+
 // Schema names a pgdispatch installation by its schema, for programs that use
 // one other than DefaultSchema.
 type Schema string
 
 // Enqueue inserts job into schema s; see the package-level Enqueue.
 func (s Schema) Enqueue(ctx context.Context, db DB, job Job) (int64, error) {
+	var id int64
+	err := s.call(ctx, db, "enqueue", job, &id)
+	return id, err
+}
+
+// EnqueueChecked inserts job into schema s; see the package-level
+// EnqueueChecked.
+func (s Schema) EnqueueChecked(ctx context.Context, db DB, job Job) (Enqueued, error) {
+	var e Enqueued
+	err := s.call(ctx, db, "enqueue_checked", job, &e.ID, &e.Created, &e.Conflict)
+	return e, err
+}
+
+// call runs the SQL function fn of schema s (enqueue or enqueue_checked)
+// for job, and scans its result into dest.
+func (s Schema) call(ctx context.Context, db DB, fn string, job Job, dest ...any) error {
 	if job.Kind == "" {
-		return 0, errors.New("enqueue: Kind is required")
+		return errors.New("enqueue: Kind is required")
 	}
-	if job.MaxAttempts < 0 {
-		return 0, errors.New("enqueue: MaxAttempts must not be negative")
+	if job.MaxAttempts < 0 || job.MaxAttempts > migrations.AttemptsLimit {
+		return fmt.Errorf("enqueue: MaxAttempts %d: must be from 0 (the worker's MAX_ATTEMPTS) to %d", job.MaxAttempts, migrations.AttemptsLimit)
 	}
 	payload, err := encodePayload(job.Payload)
 	if err != nil {
-		return 0, fmt.Errorf("enqueue: payload: %w", err)
+		return fmt.Errorf("enqueue: payload: %w", err)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, defaultCallTimeout)
 		defer cancel()
 	}
-	sql := "SELECT " + pgx.Identifier{string(s), "enqueue"}.Sanitize() +
+	sql := "SELECT * FROM " + pgx.Identifier{string(s), fn}.Sanitize() +
 		"(kind => $1, payload => $2, queue => $3, run_at => $4, priority => $5, dedup_key => $6, max_attempts => $7)"
-	var id int64
 	err = db.QueryRow(ctx, sql, job.Kind, payload, nilIfZero(job.Queue), nilIfZero(job.RunAt),
-		job.Priority, nilIfZero(job.DedupKey), nilIfZero(int32(job.MaxAttempts))).Scan(&id)
+		job.Priority, nilIfZero(job.DedupKey), nilIfZero(int32(job.MaxAttempts))).Scan(dest...) //nolint:gosec // checked above
 	if err != nil {
-		return 0, fmt.Errorf("enqueue %s job: %w", job.Kind, err)
+		return fmt.Errorf("enqueue %s job: %w", job.Kind, err)
 	}
-	return id, nil
+	return nil
 }
 
 func encodePayload(p any) ([]byte, error) {

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 const (
@@ -292,11 +294,12 @@ type Change struct {
 }
 
 // retrySet makes a job pending and due now. A job whose attempts are used
-// up gets one more.
-const retrySet = `status = 'pending',
+// up gets one more, within the table's bound (migrations.AttemptsLimit): at
+// the bound a claim counts no further, so the job keeps its one more.
+var retrySet = `status = 'pending',
     run_at = now(),
     max_attempts = CASE WHEN j.max_attempts IS NOT NULL AND j.attempts >= j.max_attempts
-                        THEN j.attempts + 1 ELSE j.max_attempts END,
+                        THEN least(j.attempts + 1, ` + strconv.Itoa(migrations.AttemptsLimit) + `) ELSE j.max_attempts END,
     finished_at = NULL,
     locked_by = NULL,
     locked_until = NULL,
@@ -385,7 +388,7 @@ func (a *Admin) changeBatch(ctx context.Context, ids []int64, what, stmt string)
 func (a *Admin) RetryDead(ctx context.Context, queue, kind string) (int64, error) {
 	stmt := a.sql(`WITH l AS (
 	    SELECT id FROM {jobs}
-	    WHERE status = 'dead' AND id > $1 AND ($2 = '' OR queue = $2) AND ($3 = '' OR kind = $3)
+	    WHERE status = 'dead' AND ($1::bigint IS NULL OR id > $1) AND ($2 = '' OR queue = $2) AND ($3 = '' OR kind = $3)
 	    ORDER BY id
 	    LIMIT $4
 	    FOR UPDATE SKIP LOCKED
@@ -395,7 +398,7 @@ func (a *Admin) RetryDead(ctx context.Context, queue, kind string) (int64, error
 	RETURNING j.id`)
 	var (
 		total int64
-		after int64
+		after *int64 // the last id of the batch before; nil at first (ids may be negative)
 	)
 	for {
 		n, last, err := a.retryDeadBatch(ctx, stmt, after, queue, kind)
@@ -406,11 +409,11 @@ func (a *Admin) RetryDead(ctx context.Context, queue, kind string) (int64, error
 		if n < BatchSize {
 			return total, nil
 		}
-		after = last
+		after = &last
 	}
 }
 
-func (a *Admin) retryDeadBatch(ctx context.Context, stmt string, after int64, queue, kind string) (n, last int64, err error) {
+func (a *Admin) retryDeadBatch(ctx context.Context, stmt string, after *int64, queue, kind string) (n, last int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
 	rows, err := a.pool.Query(ctx, stmt, after, queue, kind, BatchSize)
@@ -419,8 +422,10 @@ func (a *Admin) retryDeadBatch(ctx context.Context, stmt string, after int64, qu
 	}
 	var id int64
 	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
+		if n == 0 || id > last {
+			last = id
+		}
 		n++
-		last = max(last, id)
 		return nil
 	})
 	if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
@@ -256,4 +257,50 @@ func TestRetryLeavesOtherJobsUnlocked(t *testing.T) {
 	changes, err := a.Retry(ctx, []int64{pendingID, deadID})
 	require.NoError(t, err)
 	require.Equal(t, []admin.Change{{ID: pendingID, Status: "pending"}, {ID: deadID, Status: "dead", Changed: true}}, changes)
+}
+
+// A retry gives a job whose attempts are used up one more, within the
+// table's bound on max_attempts: at the bound the job keeps it, since a
+// claim never counts past it (migrations.AttemptsLimit). A retry that
+// raised it past the bound failed the whole batch, and retried nothing.
+func TestRetryAtTheAttemptsLimit(t *testing.T) {
+	t.Parallel()
+	a, _, exec := setup(t)
+	ctx := context.Background()
+	limit := int32(migrations.AttemptsLimit)
+	exec(`INSERT INTO {jobs} (kind, status, attempts, max_attempts, finished_at) VALUES
+		('at', 'dead', $1, $1, now()), ('below', 'dead', $1 - 1, $1 - 1, now()), ('few', 'dead', 5, 5, now()),
+		('unset', 'dead', 5, NULL, now()), ('cancelled', 'cancelled', $1, $1, now())`, limit)
+
+	n, err := a.RetryDead(ctx, "", "")
+	require.NoError(t, err)
+	require.Equal(t, int64(4), n)
+	jobs, err := a.List(ctx, admin.Filter{})
+	require.NoError(t, err)
+	changes, err := a.Retry(ctx, []int64{jobs[0].ID})
+	require.NoError(t, err)
+	require.True(t, changes[0].Changed)
+
+	jobs, err = a.List(ctx, admin.Filter{})
+	require.NoError(t, err)
+	got := map[string]*int32{}
+	for _, j := range jobs {
+		require.Equal(t, "pending", j.Status, j.Kind)
+		got[j.Kind] = j.MaxAttempts
+	}
+	six := int32(6)
+	require.Equal(t, map[string]*int32{"at": &limit, "below": &limit, "few": &six, "unset": nil, "cancelled": &limit}, got)
+}
+
+// A bulk retry finds every dead job, whatever its id: a writer may choose
+// ids (OVERRIDING SYSTEM VALUE), zero and negative ones included.
+func TestRetryDeadFindsEveryID(t *testing.T) {
+	t.Parallel()
+	a, _, exec := setup(t)
+	exec(`INSERT INTO {jobs} (id, kind, status, finished_at) OVERRIDING SYSTEM VALUE VALUES
+		(-9223372036854775808, 'noop', 'dead', now()), (-7, 'noop', 'dead', now()), (0, 'noop', 'dead', now())`)
+	exec(`INSERT INTO {jobs} (kind, status, finished_at) VALUES ('noop', 'dead', now())`)
+	n, err := a.RetryDead(context.Background(), "", "")
+	require.NoError(t, err)
+	require.Equal(t, int64(4), n)
 }

@@ -42,6 +42,29 @@ func SleepKey(schema string) int32 {
 	return int32(h.Sum32()) //nolint:gosec // a hash: wrapping to negative is fine
 }
 
+// The limits of a job's row, which the jobs table's constraints enforce at
+// INSERT and UPDATE (migration 008). Code that writes rows keeps within them:
+// the claim counts attempts up to AttemptsLimit and no further.
+const (
+	// AttemptsLimit bounds attempts and max_attempts.
+	AttemptsLimit = 1_000_000
+	// PayloadLimit bounds a payload's size in bytes, as pg_column_size
+	// measures the jsonb value uncompressed.
+	PayloadLimit = 1 << 20
+	// NameLimit bounds the characters of a queue's and a kind's name.
+	NameLimit = 128
+	// DedupKeyLimit bounds the characters of a dedup_key.
+	DedupKeyLimit = 512
+)
+
+// RunAtMin is the earliest run_at allowed, Go's zero time, and RunAtEnd
+// the first one refused: Go's JSON and Python's datetime cannot write the
+// year 10000, and RunAtEnd keeps a year of margin from it for every time zone.
+var (
+	RunAtMin = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+	RunAtEnd = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+)
+
 const (
 	versionTable        = "schema_version"
 	defaultLockTimeout  = 5 * time.Second
@@ -96,6 +119,12 @@ func sqlFS() fs.FS {
 // Migrate brings cfg.Schema up to Latest on a connection from pool. It returns
 // the version it found and the version it left.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) (from, to int32, err error) {
+	return migrateTo(ctx, pool, cfg, -1)
+}
+
+// migrateTo brings cfg.Schema to version target, or to Latest when target
+// is negative.
+func migrateTo(ctx context.Context, pool *pgxpool.Pool, cfg Config, target int32) (from, to int32, err error) {
 	cfg = cfg.withDefaults()
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
@@ -108,10 +137,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, cfg Config) (from, to int3
 	conn := pooled.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // closing a private connection
 
-	return migrateConn(ctx, conn, cfg)
+	return migrateConn(ctx, conn, cfg, target)
 }
 
-func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int32, err error) {
+func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config, target int32) (from, to int32, err error) {
 	// The functions' bodies are quoted with $$, and the schema's name is
 	// written into them: a name holding $$ would end a body early.
 	if strings.Contains(cfg.Schema, "$$") {
@@ -151,7 +180,12 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config) (from, to int3
 	if err != nil {
 		return 0, 0, fmt.Errorf("migrate: read version: %w", err)
 	}
-	if err := m.Migrate(ctx); err != nil {
+	if target < 0 {
+		err = m.Migrate(ctx)
+	} else {
+		err = m.MigrateTo(ctx, target)
+	}
+	if err != nil {
 		return from, 0, fmt.Errorf("migrate: %w", describe(err))
 	}
 	to, err = m.GetCurrentVersion(ctx)

@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -254,4 +255,265 @@ func TestTriggersNotifyOnlySleepers(t *testing.T) {
 func TestSleepKeyIsStable(t *testing.T) {
 	require.Equal(t, int32(1922186763), migrations.SleepKey("pgdispatch"))
 	require.NotEqual(t, migrations.SleepKey("pgdispatch"), migrations.SleepKey("pgdispatch2"))
+}
+
+// pgErrorOf returns the *pgconn.PgError in err, failing the test without one.
+func pgErrorOf(t *testing.T, err error, msgAndArgs ...any) *pgconn.PgError {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, msgAndArgs...)
+	return pgErr
+}
+
+// Migration 8 refuses at INSERT, by a constraint that names the column,
+// each value a claim, the sweeper or an admin command cannot handle.
+func TestLimitsRefuseHostileRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	for _, tc := range []struct {
+		columns, values, constraint string
+	}{
+		{"kind, attempts", "'noop', 2147483647", "jobs_attempts_check"},
+		{"kind, attempts", "'noop', 1000001", "jobs_attempts_check"},
+		{"kind, attempts", "'noop', -1", "jobs_attempts_check"},
+		{"kind, max_attempts", "'noop', 2147483647", "jobs_max_attempts_check"},
+		{"kind, max_attempts", "'noop', 0", "jobs_max_attempts_check"},
+		{"kind", "repeat('k', 129)", "jobs_kind_check"},
+		{"kind, queue", "'noop', repeat('q', 129)", "jobs_queue_check"},
+		{"kind, queue", "'noop', repeat('q', 10000)", "jobs_queue_check"},
+		{"kind, run_at", "'noop', '9999-01-01 00:00:00+00'", "jobs_run_at_check"},
+		{"kind, run_at", "'noop', '294276-12-31 00:00:00+00'", "jobs_run_at_check"},
+		{"kind, run_at", "'noop', '0001-12-31 23:59:59+00 BC'", "jobs_run_at_check"},
+		{"kind, run_at", "'noop', '4713-01-01 00:00:00+00 BC'", "jobs_run_at_check"},
+		{"kind, run_at", "'noop', 'infinity'", "jobs_run_at_check"},
+		{"kind, dedup_key", "'noop', repeat('d', 513)", "jobs_dedup_key_check"},
+		{"kind, payload", "'noop', jsonb_build_object('a', repeat('a', 1048576))", "jobs_payload_size_check"},
+	} {
+		sql := "INSERT INTO " + jobs + " (" + tc.columns + ") VALUES (" + tc.values + ")"
+		_, err := pgtest.Pool(t).Exec(ctx, sql)
+		pgErr := pgErrorOf(t, err, sql)
+		require.Equal(t, "23514", pgErr.Code, sql) // check_violation
+		require.Equal(t, tc.constraint, pgErr.ConstraintName, sql)
+	}
+}
+
+// The limits are the package's constants: a row at each of them is
+// accepted, one past it refused. Names and keys count characters, and a
+// key of DedupKeyLimit four-byte characters still fits its index.
+func TestLimitsAreTheConstants(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	pool := pgtest.Pool(t)
+	// The size of {"a": ""}, so that {"a": repeat('x', n)} is n bytes more.
+	var overhead int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_column_size('{"a": ""}'::jsonb)`).Scan(&overhead))
+	payload := func(size int) string { return `{"a": "` + strings.Repeat("x", size-overhead) + `"}` }
+	wide := func(n int) string { return strings.Repeat("é😀", n/2) } // 2 and 4 bytes a character
+
+	for _, tc := range []struct {
+		column     string
+		at, past   any
+		constraint string
+	}{
+		{"attempts", migrations.AttemptsLimit, migrations.AttemptsLimit + 1, "jobs_attempts_check"},
+		{"max_attempts", migrations.AttemptsLimit, migrations.AttemptsLimit + 1, "jobs_max_attempts_check"},
+		{"queue", wide(migrations.NameLimit), wide(migrations.NameLimit) + "q", "jobs_queue_check"},
+		{"dedup_key", wide(migrations.DedupKeyLimit), wide(migrations.DedupKeyLimit) + "d", "jobs_dedup_key_check"},
+		{"run_at", migrations.RunAtEnd.Add(-time.Microsecond), migrations.RunAtEnd, "jobs_run_at_check"},
+		{"run_at", migrations.RunAtMin, migrations.RunAtMin.Add(-time.Microsecond), "jobs_run_at_check"},
+		{"payload", payload(migrations.PayloadLimit), payload(migrations.PayloadLimit + 1), "jobs_payload_size_check"},
+	} {
+		sql := "INSERT INTO " + jobs + " (kind, " + tc.column + ") VALUES ('noop', $1)"
+		_, err := pool.Exec(ctx, sql, tc.at)
+		require.NoError(t, err, "%s at its limit", tc.column)
+		_, err = pool.Exec(ctx, sql, tc.past)
+		require.Equal(t, tc.constraint, pgErrorOf(t, err, tc.column).ConstraintName)
+	}
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) VALUES ($1)", wide(migrations.NameLimit))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) VALUES ($1)", wide(migrations.NameLimit)+"k")
+	require.Equal(t, "jobs_kind_check", pgErrorOf(t, err).ConstraintName)
+}
+
+// The payload limit holds for values that arrive compressed, as a value
+// read from a table does (here a temporary table of the writer's own):
+// pg_column_size of 40 MB of one letter, so stored, is under 1 MiB. And an
+// UPDATE of another column of a row whose payload is stored compressed
+// passes, as every claim and completion is such an UPDATE.
+func TestPayloadLimitSeesCompressedValues(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	conn := pgtest.Conn(t)
+
+	// Built by the INSERT, uncompressed: the CHECK refuses it.
+	_, err := conn.Exec(ctx, "INSERT INTO "+jobs+" (kind, payload) VALUES ('noop', jsonb_build_object('a', repeat('a', 40000000)))")
+	require.Equal(t, "jobs_payload_size_check", pgErrorOf(t, err).ConstraintName)
+
+	_, err = conn.Exec(ctx, `CREATE TEMP TABLE src (name text, p jsonb);
+		INSERT INTO src VALUES ('huge', jsonb_build_object('a', repeat('a', 40000000))),
+		                       ('fine', jsonb_build_object('a', repeat('b', 800000)))`)
+	require.NoError(t, err)
+	var stored, raw int
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_column_size(p), octet_length(p::text) FROM src WHERE name = 'huge'").Scan(&stored, &raw))
+	require.Less(t, stored, migrations.PayloadLimit, "stored compressed")
+	require.Greater(t, raw, 40000000)
+
+	_, err = conn.Exec(ctx, "INSERT INTO "+jobs+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'huge'")
+	pgErr := pgErrorOf(t, err)
+	require.Equal(t, "23514", pgErr.Code)
+	require.Equal(t, "jobs_payload_size_check", pgErr.ConstraintName)
+	require.Contains(t, pgErr.Detail, "40000017 bytes decompressed")
+
+	var id int64
+	require.NoError(t, conn.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'fine' RETURNING id").Scan(&id))
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_column_size(payload) FROM "+jobs+" WHERE id = $1", id).Scan(&stored))
+	require.Less(t, stored, 100000, "the payload is stored compressed")
+	for _, sql := range []string{
+		"UPDATE " + jobs + " SET status = 'running', attempts = attempts + 1 WHERE id = $1",
+		"UPDATE " + jobs + " SET status = 'pending', payload = payload WHERE id = $1",
+	} {
+		tag, err := conn.Exec(ctx, sql, id)
+		require.NoError(t, err, sql)
+		require.Equal(t, int64(1), tag.RowsAffected())
+	}
+}
+
+// A schema of version 7 that holds rows the limits refuse migrates: each
+// row is repaired so that every constraint holds (and is validated), and a
+// pending job that could never run as it was is dead with the reason.
+func TestHardeningRepairsOldRows(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.EmptySchemaName(t)
+	_, to, err := migrations.MigrateTo(ctx, pgtest.Pool(t), migrations.Config{Schema: schema}, 7)
+	require.NoError(t, err)
+	require.Equal(t, int32(7), to)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+jobs+` (kind, status, attempts, max_attempts, queue, run_at, dedup_key, payload) VALUES
+		('huge_attempts', 'pending', 2147483647, 2147483647, 'default', now(), NULL, '{}'),
+		('forever', 'pending', 0, 2147483647, 'default', now(), NULL, '{}'),
+		('far', 'pending', 0, NULL, 'default', '294276-01-01', NULL, '{}'),
+		('past', 'pending', 0, NULL, 'default', '4713-01-01 BC', NULL, '{}'),
+		('long_queue', 'pending', 0, NULL, repeat('q', 9000), now(), NULL, '{}'),
+		('long_key', 'pending', 0, NULL, 'default', now(), repeat('k', 600), '{}'),
+		('big', 'pending', 0, NULL, 'default', now(), NULL, jsonb_build_object('a', repeat('a', 40000000))),
+		('big_done', 'done', 0, NULL, 'default', now(), NULL, jsonb_build_object('a', repeat('a', 40000000))),
+		('fine', 'pending', 3, 10, 'default', now(), 'kept', '{"a": 1}')`)
+	require.NoError(t, err)
+
+	from, to, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema})
+	require.NoError(t, err)
+	require.Equal(t, int32(7), from)
+	require.Equal(t, migrations.Latest(), to)
+
+	type row struct {
+		Status       string
+		Attempts     int32
+		MaxAttempts  *int32
+		QueueLen     int
+		RunAtMoved   bool
+		DedupKey     *string
+		PayloadBytes int
+		LastError    string
+	}
+	rows, err := pgtest.Pool(t).Query(ctx, `SELECT kind, status, attempts, max_attempts, char_length(queue),
+		run_at > now() - interval '1 minute' AND run_at < now() + interval '1 minute' AND kind IN ('far', 'past'),
+		dedup_key, octet_length(payload::text), coalesce(last_error, '') FROM `+jobs)
+	require.NoError(t, err)
+	got := map[string]row{}
+	var kind string
+	var r row
+	_, err = pgx.ForEachRow(rows, []any{&kind, &r.Status, &r.Attempts, &r.MaxAttempts, &r.QueueLen, &r.RunAtMoved, &r.DedupKey, &r.PayloadBytes, &r.LastError}, func() error {
+		got[kind] = r
+		return nil
+	})
+	require.NoError(t, err)
+	million := int32(migrations.AttemptsLimit)
+	removed := len(`{"pgdispatch_payload_removed": "the payload was over the limit of 1 MiB (migration 008)"}`)
+	refused := "; pgdispatch refuses such a job at INSERT since migration 008"
+	require.Equal(t, map[string]row{
+		"huge_attempts": {"dead", million, &million, 7, false, nil, 2, "attempts was 2147483647" + refused},
+		"forever":       {"pending", 0, &million, 7, false, nil, 2, ""},
+		"far":           {"dead", 0, nil, 7, true, nil, 2, "run_at was 294276-01-01 00:00:00+00, a time that never comes" + refused},
+		"past":          {"pending", 0, nil, 7, true, nil, 2, ""},
+		"long_queue":    {"dead", 0, nil, 128, false, nil, 2, "queue was 9000 characters long" + refused},
+		"long_key":      {"pending", 0, nil, 7, false, nil, 2, ""},
+		"big":           {"dead", 0, nil, 7, false, nil, removed, "payload was 40000017 bytes" + refused},
+		"big_done":      {"done", 0, nil, 7, false, nil, 40000009, ""}, // finished: a claim never loads it
+		"fine":          {"pending", 3, ptr(int32(10)), 7, false, ptr("kept"), 8, ""},
+	}, got)
+
+	var invalid []string
+	rows, err = pgtest.Pool(t).Query(ctx, "SELECT conname FROM pg_constraint WHERE conrelid = $1::regclass AND NOT convalidated", jobs)
+	require.NoError(t, err)
+	invalid, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Empty(t, invalid, "every constraint is validated")
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// A queue name too long for a NOTIFY payload is refused by its constraint,
+// even while a worker sleeps on a queue of the same hash: the wake-up
+// trigger, which runs first, leaves it alone instead of failing in
+// pg_notify ("payload string too long").
+func TestLongQueueRefusedByItsConstraint(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	queue := strings.Repeat("q", 9000)
+	sleeper := pgtest.Conn(t)
+	_, err := sleeper.Exec(ctx, "SELECT pg_advisory_lock($1::int4, hashtext($2))", migrations.SleepKey(schema), queue)
+	require.NoError(t, err)
+	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+jobs+" (kind, queue) VALUES ('noop', $1)", queue)
+	require.Equal(t, "jobs_queue_check", pgErrorOf(t, err).ConstraintName, "%v", err)
+}
+
+// enqueue() runs with its owner's rights from migration 8 on, so EXECUTE
+// is no longer everyone's: it goes to each role that could insert into the
+// table when the migration ran (by a grant on the table or on its columns),
+// so that existing writers keep calling it, and to no other.
+func TestEnqueueExecuteFollowsInsert(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.EmptySchemaName(t)
+	_, _, err := migrations.MigrateTo(ctx, pgtest.Pool(t), migrations.Config{Schema: schema}, 7)
+	require.NoError(t, err)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	suffix := strings.TrimPrefix(schema, "pgdt_")
+	table, columns, none := "pgdt_t_"+suffix, "pgdt_c_"+suffix, "pgdt_n_"+suffix
+	for _, role := range []string{table, columns, none} {
+		id := pgx.Identifier{role}.Sanitize()
+		_, err := pgtest.Pool(t).Exec(ctx, "CREATE ROLE "+id+" NOLOGIN")
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, err := pgtest.Pool(t).Exec(context.Background(), "DROP OWNED BY "+id+"; DROP ROLE "+id)
+			require.NoError(t, err)
+		})
+	}
+	_, err = pgtest.Pool(t).Exec(ctx, "GRANT INSERT ON "+jobs+" TO "+pgx.Identifier{table}.Sanitize()+"; "+
+		"GRANT INSERT (kind, payload) ON "+jobs+" TO "+pgx.Identifier{columns}.Sanitize())
+	require.NoError(t, err)
+	_, _, err = migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema})
+	require.NoError(t, err)
+
+	for role, want := range map[string]bool{table: true, columns: true, none: false, "public": false} {
+		for _, fn := range []string{"enqueue", "enqueue_checked"} {
+			var can bool
+			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT has_function_privilege($1, $2, 'EXECUTE')", role,
+				pgx.Identifier{schema, fn}.Sanitize()+"(text, jsonb, text, timestamptz, smallint, text, integer)").Scan(&can))
+			require.Equal(t, want, can, "%s on %s", role, fn)
+		}
+	}
 }

@@ -9,11 +9,13 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // setting is one configuration value: an environment variable and the flag
@@ -41,7 +43,7 @@ var workerSettings = []setting{
 	{"POLL_INTERVAL", "poll-interval", "30s", "fallback tick that claims even without a notification"},
 	{"LEASE", "lease", "30s", "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)"},
 	{"SWEEP_INTERVAL", "sweep-interval", "30s", "how often expired leases are given back and old jobs purged"},
-	{"MAX_ATTEMPTS", "max-attempts", "5", "attempts for jobs whose max_attempts is NULL"},
+	{"MAX_ATTEMPTS", "max-attempts", "5", "attempts for jobs whose max_attempts is NULL (at most 1000000)"},
 	{"JOB_TIMEOUT", "job-timeout", "5m", "bound on one attempt unless the payload's \"timeout\" says otherwise; an attempt cut short by shutdown after running longer counts"},
 	{"MAX_JOB_TIMEOUT", "max-job-timeout", "1h", "the longest \"timeout\" a payload may ask for; a job that asks for more is dead at once"},
 	{"RETRY_BACKOFF", "retry-backoff", "30s", "delay before the first retry; each later one waits 4x longer (capped at 24h), plus up to 10% jitter"},
@@ -190,6 +192,9 @@ func parseQueues(s string) ([]pgdispatch.Queue, error) {
 		q := pgdispatch.Queue{Name: strings.TrimSpace(name)}
 		if q.Name == "" {
 			return nil, fmt.Errorf("invalid QUEUES %q: a queue has no name", s)
+		}
+		if utf8.RuneCountInString(q.Name) > migrations.NameLimit {
+			return nil, fmt.Errorf("invalid QUEUES: a queue's name has at most %d characters, as the jobs table allows", migrations.NameLimit)
 		}
 		if seen[q.Name] {
 			return nil, fmt.Errorf("invalid QUEUES %q: %q is listed twice", s, q.Name)

@@ -27,7 +27,10 @@ var executorSettings = []setting{
 	{"SMTP_USERNAME", "smtp-username", "", "SMTP user for AUTH PLAIN"},
 	{"SMTP_PASSWORD", "", "", "SMTP password"},
 	{"SMTP_TLS", "smtp-tls", "starttls", "none, starttls or tls"},
-	{"SMTP_FROM", "smtp-from", "", "sender of email jobs whose payload has no from"},
+	{"SMTP_FROM", "smtp-from", "", "sender of email jobs whose payload has no from; payloads may always name its address"},
+	{"SMTP_ALLOW_FROM", "smtp-allow-from", "", "comma-separated other senders a payload's from may name: addresses, or domains for any address at them; * allows any (empty: SMTP_FROM's address only)"},
+	{"SMTP_MAX_RECIPIENTS", "smtp-max-recipients", strconv.Itoa(email.DefaultMaxRecipients), "most recipients of one email job, in to, cc and bcc together"},
+	{"SMTP_ALLOW_PLAINTEXT_AUTH", "smtp-allow-plaintext-auth", "false", "true lets SMTP_TLS=none send SMTP_USERNAME and SMTP_PASSWORD unencrypted; without it that setting is refused"},
 	{"SMTP_MAX_CONNECTIONS", "smtp-max-connections", strconv.Itoa(email.DefaultMaxConnections), "SMTP sessions open at once; email jobs beyond it wait for one"},
 }
 
@@ -71,9 +74,15 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 				errs = append(errs, fmt.Errorf("invalid SMTP_PORT %q: want a port number", p))
 			}
 		}
+		plaintext, err := strconv.ParseBool(v.str("SMTP_ALLOW_PLAINTEXT_AUTH"))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("invalid SMTP_ALLOW_PLAINTEXT_AUTH %q: want true or false", v.str("SMTP_ALLOW_PLAINTEXT_AUTH")))
+		}
 		mailer, err := email.New(email.Config{
 			Host: host, Port: port, Username: v.str("SMTP_USERNAME"), Password: v.str("SMTP_PASSWORD"),
 			TLS: v.str("SMTP_TLS"), From: v.str("SMTP_FROM"), MaxConnections: v.positiveInt("SMTP_MAX_CONNECTIONS", &errs),
+			AllowFrom: list(v.str("SMTP_ALLOW_FROM")), MaxRecipients: max(v.positiveInt("SMTP_MAX_RECIPIENTS", &errs), 0),
+			AllowPlaintextAuth: plaintext,
 		})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("SMTP settings: %w", err))

@@ -275,9 +275,14 @@ func TestEnqueueCommand(t *testing.T) {
 	}
 	id1, _, code := run("--kind", "noop", "--payload", `{"a": 1}`, "--dedup-key", "k1", "--run-at", "1h", "--priority", "3")
 	require.Equal(t, 0, code)
-	id2, _, code := run("--kind", "noop", "--dedup-key", "k1")
+	id2, stderr, code := run("--kind", "noop", "--dedup-key", "k1")
 	require.Equal(t, 0, code)
 	require.Equal(t, id1, id2)
+	require.Contains(t, stderr, "warning: job "+id1+" holds the dedup key and differs from this job", "another payload and priority")
+	id2, stderr, code = run("--kind", "noop", "--payload", `{"a": 1}`, "--dedup-key", "k1", "--run-at", "2h", "--priority", "3")
+	require.Equal(t, 0, code)
+	require.Equal(t, id1, id2)
+	require.NotContains(t, stderr, "warning", "the same job, asked for again")
 
 	var kind, queue string
 	var priority int
@@ -287,7 +292,7 @@ func TestEnqueueCommand(t *testing.T) {
 		id1).Scan(&kind, &queue, &priority, &due))
 	require.Equal(t, []any{"noop", "default", 3, true}, []any{kind, queue, priority, due})
 
-	_, stderr, code := run("--kind", "noop", "--payload", "{not json")
+	_, stderr, code = run("--kind", "noop", "--payload", "{not json")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "--payload is not valid JSON")
 

@@ -64,6 +64,10 @@ func TestMalformedPayloadsDieAndGoodOnesRun(t *testing.T) {
 		{"email", `{"to": ["a@example.test"], "subject": "s", "text": "t", "headers": {"Bcc": "x@example.test"}}`, `payload.headers.Bcc: set it with the payload's "bcc" field`},
 		{"email", `{"to": ["a@example.test"], "subject": "s", "text": "t", "from": "nope"}`, `payload.from: "nope" is not an email address`},
 		{"email", `null`, "payload: must be a JSON object, not null"},
+		{"email", `{"to": ["a@example.test"], "subject": "s", "text": "t", "from": "CEO <ceo@bank.test>"}`, `payload.from: "ceo@bank.test" is not an allowed sender`},
+		{"email", `{"to": ["a@example.test", "b@example.test"], "cc": ["c@example.test"], "bcc": ["d@example.test"], "subject": "s", "text": "t"}`, "payload.to: 4 recipients in to, cc and bcc: at most 3"},
+		{"rabbitmq", `{"routing_key": "q", "body": 1, "headers": {"CC": ["other"]}}`, "payload.headers.CC: is refused"},
+		{"rabbitmq", `{"routing_key": "q", "body": 1, "headers": {"bcc": ["other"]}}`, "payload.headers.bcc: is refused"},
 		{"no_such_kind", `{}`, `unknown kind "no_such_kind"`},
 	}
 	good := []struct{ kind, payload string }{
@@ -77,7 +81,8 @@ func TestMalformedPayloadsDieAndGoodOnesRun(t *testing.T) {
 		"HTTP_ALLOW_NETWORKS=loopback", // the receiver is on this machine
 		"RABBITMQ_URL="+brokerURL,
 		"SMTP_HOST="+mail.Host, "SMTP_PORT="+strconv.Itoa(mail.Port), "SMTP_TLS=none",
-		"SMTP_USERNAME=mailer", "SMTP_PASSWORD=secret-pw", "SMTP_FROM=shop@example.test"), "run")
+		"SMTP_USERNAME=mailer", "SMTP_PASSWORD=secret-pw", "SMTP_ALLOW_PLAINTEXT_AUTH=true", "SMTP_FROM=shop@example.test",
+		"SMTP_MAX_RECIPIENTS=3"), "run")
 	p.stderr.waitFor(t, "worker started", 30*time.Second)
 
 	// One statement, bad and good interleaved.

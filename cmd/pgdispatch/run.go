@@ -141,6 +141,9 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 		StatementTimeout: c.timeout,
 		Logger:           c.logger,
 	}
+	if cfg.MaxAttempts > migrations.AttemptsLimit {
+		errs = append(errs, fmt.Errorf("invalid MAX_ATTEMPTS %d: at most %d, as the jobs table allows", cfg.MaxAttempts, migrations.AttemptsLimit))
+	}
 	if cfg.WorkerID == "" {
 		host, err := os.Hostname()
 		if err != nil {
@@ -280,7 +283,7 @@ func runMigrate(ctx context.Context, c *conn) error {
 }
 
 func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("enqueue", "Add a job and print its id (the existing job's id on a dedup-key conflict).", stderr)
+	fs := newFlagSet("enqueue", "Add a job and print its id (the existing job's id on a dedup-key conflict, with a warning when that job differs).", stderr)
 	v := newValues(fs, connSettings)
 	kind := fs.String("kind", "", "the job's kind: http_callback, rabbitmq, email, noop or a custom one (required)")
 	payload := fs.String("payload", "{}", "the job's payload, as JSON")
@@ -325,7 +328,7 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer c.pool.Close()
 	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	id, err := pgdispatch.Schema(c.schema).Enqueue(callCtx, c.pool, pgdispatch.Job{
+	e, err := pgdispatch.Schema(c.schema).EnqueueChecked(callCtx, c.pool, pgdispatch.Job{
 		Kind: *kind, Payload: json.RawMessage(*payload), Queue: *queue, RunAt: at,
 		Priority: int16(*priority), DedupKey: *dedupKey, MaxAttempts: *maxAttempts,
 	})
@@ -336,6 +339,9 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		return err
 	}
-	fmt.Fprintln(stdout, id)
+	if e.Conflict {
+		fmt.Fprintf(stderr, "warning: job %d holds the dedup key and differs from this job (kind, queue, payload, priority, max attempts or a later run_at): no job was created\n", e.ID)
+	}
+	fmt.Fprintln(stdout, e.ID)
 	return nil
 }

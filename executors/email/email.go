@@ -5,9 +5,17 @@
 // with optional "cc", "bcc", "from" (default: the configured From),
 // "reply_to" and "headers". At least one of text and html is required.
 //
+// Any writer of the jobs table sets the payload, so the executor bounds what
+// it may send: the sender is Config.From unless Config.AllowFrom allows
+// another address or domain, and one message has at most
+// Config.MaxRecipients recipients. A payload outside them is dead at once,
+// with the field named.
+//
 // The Message-ID is derived from the job id, so a retried job keeps it and
 // receivers can deduplicate. An SMTP 4xx reply and connection errors retry;
-// a 5xx reply is permanent. The password never appears in errors.
+// a 5xx reply is permanent. The password never appears in errors, and is
+// never sent over a connection without TLS unless Config.AllowPlaintextAuth
+// says so.
 package email
 
 import (
@@ -50,8 +58,20 @@ type Config struct {
 	TLS string
 	// TLSConfig overrides the TLS settings, for a private CA.
 	TLSConfig *tls.Config
-	// From is the sender of jobs whose payload has none.
+	// From is the sender of jobs whose payload has none. A payload may name
+	// its address with a display name of its own.
 	From string
+	// AllowFrom lists the other senders a payload's from may name: addresses
+	// (alerts@example.com) or domains (example.com, any address at it, not
+	// at its subdomains). "*" allows any sender. Default: none, so that every
+	// message is sent from From's address. Without From, it must allow some.
+	AllowFrom []string
+	// MaxRecipients bounds the recipients of one message, in to, cc and bcc
+	// together. Default: DefaultMaxRecipients.
+	MaxRecipients int
+	// AllowPlaintextAuth allows TLS none with a Username: the credentials
+	// then cross the network unencrypted. New refuses that setting without it.
+	AllowPlaintextAuth bool
 	// Timeout bounds one delivery when the job's context has no earlier
 	// deadline. Default: 30s.
 	Timeout time.Duration
@@ -65,11 +85,64 @@ type Config struct {
 // DefaultMaxConnections is Config.MaxConnections's default.
 const DefaultMaxConnections = 10
 
+// DefaultMaxRecipients is Config.MaxRecipients's default.
+const DefaultMaxRecipients = 50
+
 // Executor sends email jobs. Create it with New; it is safe for concurrent use.
 type Executor struct {
 	cfg      Config
 	opts     []gomail.Option
+	senders  senders
 	sessions chan struct{} // one token per open SMTP session
+}
+
+// senders are the addresses a payload's from may name, all in lower case.
+type senders struct {
+	any       bool
+	addresses map[string]bool
+	domains   map[string]bool
+}
+
+func (s senders) allow(address string) bool {
+	address = strings.ToLower(address)
+	_, domain, _ := strings.Cut(address, "@")
+	return s.any || s.addresses[address] || s.domains[domain]
+}
+
+// parseSenders reads Config.AllowFrom, with From's address.
+func parseSenders(from string, allow []string) (senders, error) {
+	s := senders{addresses: map[string]bool{}, domains: map[string]bool{}}
+	if from != "" {
+		a, err := mail.ParseAddress(from)
+		if err != nil {
+			return s, fmt.Errorf("email: From %q is not an email address", from)
+		}
+		s.addresses[strings.ToLower(a.Address)] = true
+	}
+	for _, entry := range allow {
+		entry = strings.TrimSpace(entry)
+		switch {
+		case entry == "":
+		case entry == "*":
+			s.any = true
+		case strings.Contains(strings.TrimPrefix(entry, "@"), "@"):
+			a, err := mail.ParseAddress(entry)
+			if err != nil {
+				return s, fmt.Errorf("email: AllowFrom %q is not an email address", entry)
+			}
+			s.addresses[strings.ToLower(a.Address)] = true
+		default:
+			domain := strings.ToLower(strings.TrimPrefix(entry, "@"))
+			if !isDomain(domain) {
+				return s, fmt.Errorf("email: AllowFrom %q: want an address (alerts@example.com), a domain (example.com) or *", entry)
+			}
+			s.domains[domain] = true
+		}
+	}
+	if len(s.addresses) == 0 && len(s.domains) == 0 && !s.any {
+		return s, errors.New("email: no sender is allowed: set From (SMTP_FROM), or AllowFrom (SMTP_ALLOW_FROM) to the addresses or domains payloads may send from")
+	}
+	return s, nil
 }
 
 // New checks cfg and returns an Executor.
@@ -83,6 +156,10 @@ func New(cfg Config) (*Executor, error) {
 		return nil, fmt.Errorf("email: MaxConnections %d: must not be negative", cfg.MaxConnections)
 	}
 	cfg.MaxConnections = cmp.Or(cfg.MaxConnections, DefaultMaxConnections)
+	if cfg.MaxRecipients < 0 {
+		return nil, fmt.Errorf("email: MaxRecipients %d: must not be negative", cfg.MaxRecipients)
+	}
+	cfg.MaxRecipients = cmp.Or(cfg.MaxRecipients, DefaultMaxRecipients)
 	opts := []gomail.Option{gomail.WithTimeout(cfg.Timeout)}
 	switch cfg.TLS {
 	case TLSNone:
@@ -107,16 +184,19 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.Username != "" {
 		auth := gomail.SMTPAuthPlain
 		if cfg.TLS == TLSNone {
-			auth = gomail.SMTPAuthPlainNoEnc // the operator chose plain SMTP
+			if !cfg.AllowPlaintextAuth {
+				return nil, errors.New("email: TLS none with a username would send the password unencrypted: " +
+					"use TLS starttls or tls, or allow it explicitly (SMTP_ALLOW_PLAINTEXT_AUTH=true)")
+			}
+			auth = gomail.SMTPAuthPlainNoEnc // the operator chose plain SMTP, explicitly
 		}
 		opts = append(opts, gomail.WithSMTPAuth(auth), gomail.WithUsername(cfg.Username), gomail.WithPassword(cfg.Password))
 	}
-	if cfg.From != "" {
-		if _, err := mail.ParseAddress(cfg.From); err != nil {
-			return nil, fmt.Errorf("email: From %q is not an email address", cfg.From)
-		}
+	senders, err := parseSenders(cfg.From, cfg.AllowFrom)
+	if err != nil {
+		return nil, err
 	}
-	return &Executor{cfg: cfg, opts: opts, sessions: make(chan struct{}, cfg.MaxConnections)}, nil
+	return &Executor{cfg: cfg, opts: opts, senders: senders, sessions: make(chan struct{}, cfg.MaxConnections)}, nil
 }
 
 type payload struct {
@@ -144,15 +224,37 @@ type message struct {
 	headers map[string]string
 }
 
-// parse validates a payload against the default sender. Errors are
-// permanent and name the field.
-func parse(raw json.RawMessage, defaultFrom string) (*message, error) {
+// isDomain reports whether s is a domain name in lower-case ASCII
+// (punycode for others): labels of letters, digits and inner hyphens,
+// separated by dots.
+func isDomain(s string) bool {
+	for label := range strings.SplitSeq(s, ".") {
+		if label == "" || label[0] == '-' || label[len(label)-1] == '-' ||
+			strings.Trim(label, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+			return false
+		}
+	}
+	return true
+}
+
+// policy is what a payload may ask for beyond its shape.
+type policy struct {
+	senders       *senders // nil: any
+	maxRecipients int      // 0: any number
+}
+
+// parse validates a payload against the default sender and the policy.
+// Errors are permanent and name the field.
+func parse(raw json.RawMessage, defaultFrom string, pol policy) (*message, error) {
 	var p payload
 	if err := executors.DecodePayload(raw, &p); err != nil {
 		return nil, err
 	}
 	if len(p.To) == 0 {
 		return nil, executors.Invalid("to", "needs at least one address")
+	}
+	if n := len(p.To) + len(p.Cc) + len(p.Bcc); pol.maxRecipients > 0 && n > pol.maxRecipients {
+		return nil, executors.Invalid("to", "%d recipients in to, cc and bcc: at most %d are allowed (SMTP_MAX_RECIPIENTS)", n, pol.maxRecipients)
 	}
 	for _, list := range []struct {
 		field string
@@ -170,6 +272,11 @@ func parse(raw json.RawMessage, defaultFrom string) (*message, error) {
 	}
 	if err := checkAddress(p.From); err != nil {
 		return nil, executors.Invalid("from", "%v", err)
+	}
+	if pol.senders != nil {
+		if a, _ := mail.ParseAddress(p.From); !pol.senders.allow(a.Address) {
+			return nil, executors.Invalid("from", "%q is not an allowed sender: SMTP_FROM's address, or one SMTP_ALLOW_FROM allows", a.Address)
+		}
 	}
 	if p.ReplyTo != "" {
 		if err := checkAddress(p.ReplyTo); err != nil {
@@ -220,9 +327,10 @@ func checkAddress(a string) error {
 }
 
 // Validate reports whether payload is a valid email payload when the
-// configured sender is defaultFrom.
+// configured sender is defaultFrom. It checks the payload's shape; an
+// Executor also applies its Config's AllowFrom and MaxRecipients.
 func Validate(payload json.RawMessage, defaultFrom string) error {
-	_, err := parse(payload, defaultFrom)
+	_, err := parse(payload, defaultFrom, policy{})
 	return err
 }
 
@@ -239,7 +347,7 @@ func MessageID(jobID int64, from string) string {
 
 // Execute implements executors.Executor.
 func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
-	p, err := parse(job.Payload, e.cfg.From)
+	p, err := parse(job.Payload, e.cfg.From, policy{senders: &e.senders, maxRecipients: e.cfg.MaxRecipients})
 	if err != nil {
 		return err
 	}

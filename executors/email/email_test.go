@@ -3,6 +3,7 @@ package email_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,8 +47,13 @@ func (b *bundle) enqueue(t *testing.T, payload any, maxAttempts int) int64 {
 	return workertest.Enqueue(t, b.schema, "email", payload, maxAttempts)
 }
 
+// config is the executor's config for s: plain SMTP on loopback, so the
+// credentials are sent unencrypted, by explicit choice.
 func config(s *smtptest.Server, pass string) email.Config {
-	return email.Config{Host: s.Host, Port: s.Port, TLS: email.TLSNone, Username: user, Password: pass, From: "Shop <shop@example.test>"}
+	return email.Config{
+		Host: s.Host, Port: s.Port, TLS: email.TLSNone, Username: user, Password: pass, AllowPlaintextAuth: true,
+		From: "Shop <shop@example.test>",
+	}
 }
 
 func TestSendsTheMessage(t *testing.T) {
@@ -166,4 +172,112 @@ func TestMaxConnections(t *testing.T) {
 
 	_, err = email.New(email.Config{Host: "localhost", MaxConnections: -1})
 	require.ErrorContains(t, err, "MaxConnections -1")
+}
+
+// Any writer of the table sets a job's payload. By default a payload may
+// send only from SMTP_FROM's address (with a display name of its own), and
+// to at most 50 recipients in to, cc and bcc together; anything else is
+// dead with a reason, and nothing is sent.
+func TestSenderAndRecipientsAreBoundedByDefault(t *testing.T) {
+	t.Parallel()
+	s := smtptest.Start(t, "", "")
+	cfg := config(s, "")
+	cfg.Username = "" // plain SMTP without credentials needs no opt-in
+	b := setup(t, cfg)
+	many := make([]string, 51)
+	for i := range many {
+		many[i] = fmt.Sprintf("r%d@example.test", i)
+	}
+	spoofed := b.enqueue(t, map[string]any{"to": []string{"ann@example.test"}, "from": "CEO <ceo@bank.test>", "subject": "s", "text": "t"}, 3)
+	crowd := b.enqueue(t, map[string]any{"to": many[:40], "cc": many[40:50], "bcc": many[50:], "subject": "s", "text": "t"}, 3)
+	named := b.enqueue(t, map[string]any{"to": []string{"ann@example.test"}, "from": "Shop Support <SHOP@example.test>", "subject": "s", "text": "t"}, 3)
+	fifty := b.enqueue(t, map[string]any{"to": many[:50], "subject": "s", "text": "t"}, 3)
+	final := b.watch.Until(t, waitFor, "all finished", func(m map[int64]pgtest.JobState) bool {
+		for _, id := range []int64{spoofed, crowd, named, fifty} {
+			if m[id].Status != "done" && m[id].Status != "dead" {
+				return false
+			}
+		}
+		return true
+	})
+	var sent []string
+	for _, m := range s.Messages() {
+		sent = append(sent, fmt.Sprintf("from %s to %d recipients", m.From, len(m.Recipients)))
+	}
+	require.ElementsMatch(t, []string{"from SHOP@example.test to 1 recipients", "from shop@example.test to 50 recipients"}, sent)
+	require.Equal(t, "done", final[named].Status)
+	require.Equal(t, "done", final[fifty].Status)
+	for id, msg := range map[int64]string{
+		spoofed: `payload.from: "ceo@bank.test" is not an allowed sender`,
+		crowd:   "payload.to: 51 recipients in to, cc and bcc: at most 50",
+	} {
+		require.Equal(t, "dead", final[id].Status)
+		require.Equal(t, 1, final[id].Attempts)
+		require.Contains(t, *final[id].Error, msg)
+	}
+}
+
+// Credentials over plain SMTP are an explicit choice: New refuses them
+// without AllowPlaintextAuth.
+func TestPlaintextAuthNeedsOptIn(t *testing.T) {
+	t.Parallel()
+	_, err := email.New(email.Config{Host: "127.0.0.1", TLS: email.TLSNone, Username: "u", Password: "secret-pw", From: "a@example.test"})
+	require.ErrorContains(t, err, "SMTP_ALLOW_PLAINTEXT_AUTH")
+	require.NotContains(t, err.Error(), "secret-pw")
+}
+
+// AllowFrom names the other senders: addresses, or domains for any address
+// at them (not at their subdomains); MaxRecipients sets the bound.
+func TestAllowFromAndMaxRecipients(t *testing.T) {
+	t.Parallel()
+	s := smtptest.Start(t, user, password)
+	cfg := config(s, password)
+	cfg.AllowFrom = []string{"alerts@example.test", "news.example.test"}
+	cfg.MaxRecipients = 2
+	b := setup(t, cfg)
+	job := func(from string, to ...string) int64 {
+		return b.enqueue(t, map[string]any{"to": to, "from": from, "subject": "s", "text": "t"}, 3)
+	}
+	alerts := job("Alerts <ALERTS@example.test>", "ann@example.test", "bob@example.test")
+	news := job("weekly@news.example.test", "ann@example.test")
+	sub := job("x@eu.news.example.test", "ann@example.test")
+	other := job("sales@example.test", "ann@example.test")
+	three := job("shop@example.test", "ann@example.test", "bob@example.test", "cy@example.test")
+	b.watch.Status(t, alerts, "done", waitFor)
+	b.watch.Status(t, news, "done", waitFor)
+	for id, msg := range map[int64]string{
+		sub:   `payload.from: "x@eu.news.example.test" is not an allowed sender`,
+		other: `payload.from: "sales@example.test" is not an allowed sender`,
+		three: "payload.to: 3 recipients in to, cc and bcc: at most 2",
+	} {
+		st := b.watch.Status(t, id, "dead", waitFor)
+		require.Contains(t, *st.Error, msg)
+	}
+	var from []string
+	for _, m := range s.Messages() {
+		from = append(from, m.From)
+	}
+	require.ElementsMatch(t, []string{"ALERTS@example.test", "weekly@news.example.test"}, from)
+
+	any := config(s, password)
+	any.AllowFrom = []string{"*"}
+	e, err := email.New(any)
+	require.NoError(t, err)
+	require.NoError(t, e.Execute(context.Background(), &executors.Job{
+		ID: 1, Attempt: 1, Payload: json.RawMessage(`{"to": ["ann@example.test"], "from": "x@anywhere.test", "subject": "s", "text": "t"}`),
+	}))
+}
+
+func TestSenderConfig(t *testing.T) {
+	t.Parallel()
+	_, err := email.New(email.Config{Host: "h"})
+	require.ErrorContains(t, err, "no sender is allowed: set From (SMTP_FROM), or AllowFrom (SMTP_ALLOW_FROM)")
+	_, err = email.New(email.Config{Host: "h", AllowFrom: []string{"example.test"}})
+	require.NoError(t, err, "a domain alone will do")
+	for _, bad := range []string{"not an address@", "exa mple.test", "ex@mple@test", "-"} {
+		_, err = email.New(email.Config{Host: "h", From: "a@example.test", AllowFrom: []string{bad}})
+		require.ErrorContains(t, err, "AllowFrom", bad)
+	}
+	_, err = email.New(email.Config{Host: "h", From: "a@example.test", MaxRecipients: -1})
+	require.ErrorContains(t, err, "MaxRecipients -1")
 }

@@ -6,7 +6,9 @@
 // http_callback rule: a JSON string is sent raw, any other value as JSON.
 //
 // Messages are persistent, published mandatory, and carry the job id as
-// message_id so that consumers can deduplicate. A job is done only when the
+// message_id so that consumers can deduplicate. The payload may not set the
+// CC and BCC headers (in any case), with which RabbitMQ would route the
+// message to the queues they name besides routing_key's. A job is done only when the
 // broker has confirmed its message: a nack, a return (unroutable), a closed
 // channel or no confirm before the job's deadline all mean retry.
 //
@@ -24,6 +26,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -147,6 +150,9 @@ func parse(raw json.RawMessage) (*message, error) {
 	for k, v := range p.Headers {
 		if k == "" || len(k) > maxShortString {
 			return nil, executors.Invalid("headers", "names must be 1 to %d bytes", maxShortString)
+		}
+		if strings.EqualFold(k, "CC") || strings.EqualFold(k, "BCC") {
+			return nil, executors.Invalid("headers."+k, "is refused: the broker would also route the message to the queues it names; name one queue with routing_key, or bind more to an exchange")
 		}
 		headers[k] = toAMQP(v)
 	}

@@ -163,3 +163,41 @@ func TestUnreachableBrokerRetries(t *testing.T) {
 	err = e.Execute(context.Background(), job)
 	require.ErrorContains(t, err, "next connection attempt in")
 }
+
+// AMQP's CC and BCC headers make the broker route a message to more
+// queues than its routing key names (sender-selected distribution), and BCC
+// hides them from its consumers. A payload may not set them, in any case:
+// the job is dead, and nothing reaches the other queue.
+func TestCCHeadersAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	other := b.queue + "-cc"
+	amqptest.Queue(t, b.url, other)
+	cc := b.enqueue(t, map[string]any{"routing_key": b.queue, "body": 1, "headers": map[string]any{"CC": []string{other}}}, 3)
+	bcc := b.enqueue(t, map[string]any{"routing_key": b.queue, "body": 2, "headers": map[string]any{"BCC": []string{other}}}, 3)
+	ok := b.enqueue(t, map[string]any{"routing_key": b.queue, "body": 3, "headers": map[string]any{"note": map[string]any{"CC": "kept"}}}, 3)
+	b.watch.Status(t, ok, "done", waitFor)
+
+	final := b.watch.Until(t, waitFor, "both jobs finished", func(m map[int64]pgtest.JobState) bool {
+		return (m[cc].Status == "done" || m[cc].Status == "dead") && (m[bcc].Status == "done" || m[bcc].Status == "dead")
+	})
+	require.Empty(t, amqptest.Drain(t, b.url, other), "no message was copied to the other queue")
+	require.Len(t, b.drain(t), 1)
+	for id, header := range map[int64]string{cc: "CC", bcc: "BCC"} {
+		s := final[id]
+		require.Equal(t, "dead", s.Status)
+		require.Equal(t, 1, s.Attempts, "refused for good")
+		require.Contains(t, *s.Error, "payload.headers."+header+": ")
+	}
+}
+
+func TestCCHeadersAreRefusedInAnyCase(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"CC", "cc", "Cc", "BCC", "bcc", "bCc"} {
+		err := rabbitmq.Validate(json.RawMessage(`{"routing_key": "q", "body": 1, "headers": {"` + name + `": ["elsewhere"]}}`))
+		require.ErrorContains(t, err, "payload.headers."+name+": ", name)
+		var p *executors.PermanentError
+		require.ErrorAs(t, err, &p)
+	}
+	require.NoError(t, rabbitmq.Validate(json.RawMessage(`{"routing_key": "q", "body": 1, "headers": {"ccx": 1, "x": {"CC": ["q2"]}}}`)))
+}

@@ -1,0 +1,63 @@
+-- The privileges of pgdispatch's three roles (docs/security.md, "Roles").
+--
+-- Run it with psql as the role that owns the schema (the one that ran
+-- `pgdispatch migrate`), after each migration:
+--
+--   psql "$DATABASE_URL" -v schema=pgdispatch -v writer=app_writer \
+--        -v worker=pgdispatch_worker -v operator=pgdispatch_operator -f docs/roles.sql
+--
+-- The roles must exist (CREATE ROLE ... LOGIN); the variables left out take
+-- the names below. Running it again changes nothing. Every statement names
+-- the schema: no search_path is needed.
+--
+--   writer    creates jobs: enqueue() and enqueue_checked(), or an INSERT
+--             of the columns that describe a job (with ON CONFLICT DO
+--             NOTHING and no conflict target: naming dedup_key there needs
+--             SELECT on it). It cannot read any job (payloads hold other
+--             writers' URLs and credentials), choose a job's id, status,
+--             attempts or lease, or change or delete jobs. Application roles
+--             whose tables have dispatch triggers need it too: the trigger
+--             inserts jobs with the rights of the role that wrote the row.
+--   worker    what `pgdispatch run` needs: it reads, claims, updates and
+--             purges jobs. It inserts none, and never runs a migration
+--             (`pgdispatch migrate` runs as the owner).
+--   operator  what the admin commands need: `stats`, `jobs list|show|retry|
+--             cancel`, `triggers list` and `triggers add`, which also needs
+--             the TRIGGER privilege on the application's table (its owner
+--             grants it). `triggers remove` drops a trigger, which
+--             PostgreSQL allows only the table's owner: run it as that role.
+
+\if :{?schema}
+\else
+\set schema pgdispatch
+\endif
+\if :{?writer}
+\else
+\set writer pgdispatch_writer
+\endif
+\if :{?worker}
+\else
+\set worker pgdispatch_worker
+\endif
+\if :{?operator}
+\else
+\set operator pgdispatch_operator
+\endif
+
+GRANT USAGE ON SCHEMA :"schema" TO :"writer", :"worker", :"operator";
+
+-- writer
+GRANT EXECUTE ON FUNCTION
+    :"schema".enqueue(text, jsonb, text, timestamptz, smallint, text, integer),
+    :"schema".enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer)
+    TO :"writer";
+GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts) ON :"schema".jobs TO :"writer";
+
+-- worker
+GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
+GRANT SELECT ON :"schema".schema_version TO :"worker";
+
+-- operator
+GRANT SELECT, UPDATE ON :"schema".jobs TO :"operator";
+GRANT SELECT ON :"schema".schema_version TO :"operator";
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".event_triggers TO :"operator";

@@ -1,0 +1,215 @@
+package pgdispatch_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/triggers"
+)
+
+// roles are three roles of the test's own, named uniquely (roles belong to
+// the whole cluster), and dropped when the test ends.
+type roles struct{ writer, worker, operator string }
+
+func createRoles(t *testing.T) roles {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	prefix := "pgdt_" + hex.EncodeToString(b) + "_"
+	r := roles{writer: prefix + "writer", worker: prefix + "worker", operator: prefix + "operator"}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, name := range []string{r.writer, r.worker, r.operator} {
+		role := pgx.Identifier{name}.Sanitize()
+		_, err := pgtest.Pool(t).Exec(ctx, "CREATE ROLE "+role+" NOLOGIN")
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, err := pgtest.Pool(t).Exec(ctx, "DROP OWNED BY "+role+"; DROP ROLE "+role)
+			require.NoError(t, err)
+		})
+	}
+	return r
+}
+
+// applyRolesScript runs docs/roles.sql as psql would with the -v variables
+// schema, writer, worker and operator: its meta-commands, which only set
+// defaults, are left out, and :"name" is the variable quoted as an identifier.
+func applyRolesScript(t *testing.T, schema string, r roles) {
+	t.Helper()
+	raw, err := os.ReadFile("docs/roles.sql")
+	require.NoError(t, err)
+	vars := map[string]string{"schema": schema, "writer": r.writer, "worker": r.worker, "operator": r.operator}
+	var lines []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, `\`) {
+			lines = append(lines, line)
+		}
+	}
+	script := regexp.MustCompile(`:"(\w+)"`).ReplaceAllStringFunc(strings.Join(lines, "\n"), func(m string) string {
+		name := m[2 : len(m)-1]
+		v, ok := vars[name]
+		require.True(t, ok, "docs/roles.sql uses an unknown variable %s", name)
+		return pgx.Identifier{v}.Sanitize()
+	})
+	require.NotContains(t, script, ":'", "only :\"identifier\" variables are expected")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err = pgtest.Pool(t).Exec(ctx, script)
+	require.NoError(t, err)
+}
+
+// rolePool is a pool whose sessions act as role (the server's role setting,
+// sent at connection), closed when the test ends.
+func rolePool(t *testing.T, role string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.MaxConns = 10
+	cfg.ConnConfig.RuntimeParams["role"] = role
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "30s"
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+func requireDenied(t *testing.T, db *pgxpool.Pool, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := db.Exec(ctx, sql)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, sql)
+	require.Equal(t, "42501", pgErr.Code, "%s: %v", sql, err) // insufficient_privilege
+}
+
+func requireAllowed(t *testing.T, db *pgxpool.Pool, sql string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := db.Exec(ctx, sql)
+	require.NoError(t, err, sql)
+}
+
+// docs/roles.sql gives each role what it needs and no more: the writer
+// enqueues (enqueue() runs with its owner's rights, so the writer needs no
+// SELECT) and reads nothing; a worker running as the worker role runs the
+// writer's jobs; the operator runs every admin operation and dispatch
+// triggers; each is refused what belongs to the others.
+func TestRolesScript(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := setup(t)
+	r := createRoles(t)
+	applyRolesScript(t, b.schema, r)
+	applyRolesScript(t, b.schema, r) // again: nothing changes, nothing fails
+	jobs := b.jobs
+	enqueue := pgx.Identifier{b.schema, "enqueue"}.Sanitize()
+	writer, worker, operator := rolePool(t, r.writer), rolePool(t, r.worker), rolePool(t, r.operator)
+
+	// The writer.
+	var id int64
+	require.NoError(t, writer.QueryRow(ctx, "SELECT "+enqueue+"('record', '{\"n\": 1}')").Scan(&id))
+	var e struct {
+		id                int64
+		created, conflict bool
+	}
+	require.NoError(t, writer.QueryRow(ctx, "SELECT * FROM "+pgx.Identifier{b.schema, "enqueue_checked"}.Sanitize()+
+		"('record', dedup_key => 'k')").Scan(&e.id, &e.created, &e.conflict))
+	require.True(t, e.created)
+	requireAllowed(t, writer, "INSERT INTO "+jobs+" (kind, payload, queue, run_at, priority, dedup_key, max_attempts) "+
+		"VALUES ('record', '{}', 'default', now(), 0, NULL, 3)")
+	// ON CONFLICT with no target: naming the index's column would need SELECT on it.
+	requireAllowed(t, writer, "INSERT INTO "+jobs+" (kind, dedup_key) VALUES ('record', 'k') ON CONFLICT DO NOTHING")
+	for _, sql := range []string{
+		"SELECT payload FROM " + jobs,
+		"SELECT count(*) FROM " + jobs,
+		"INSERT INTO " + jobs + " (kind, dedup_key) VALUES ('record', 'k') ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING",
+		"INSERT INTO " + jobs + " (kind) VALUES ('record') RETURNING id",
+		"INSERT INTO " + jobs + " (kind, attempts) VALUES ('record', 5)",
+		"INSERT INTO " + jobs + " (kind, status) VALUES ('record', 'dead')",
+		"INSERT INTO " + jobs + " (id, kind) OVERRIDING SYSTEM VALUE VALUES (1000000000, 'record')",
+		"INSERT INTO " + jobs + " (kind, created_at) VALUES ('record', now())",
+		"UPDATE " + jobs + " SET run_at = now()",
+		"DELETE FROM " + jobs,
+		"SELECT * FROM " + pgx.Identifier{b.schema, "event_triggers"}.Sanitize(),
+	} {
+		requireDenied(t, writer, sql)
+	}
+
+	// The worker runs them, as its own role.
+	cfg := b.config(t, "w-role")
+	cfg.Pool = worker
+	start(t, cfg)
+	b.watch.Status(t, id, "done", waitFor)
+	b.watch.Status(t, e.id, "done", waitFor)
+	for _, sql := range []string{
+		"INSERT INTO " + jobs + " (kind) VALUES ('record')",
+		"SELECT " + enqueue + "('record')",
+		"SELECT * FROM " + pgx.Identifier{b.schema, "event_triggers"}.Sanitize(),
+	} {
+		requireDenied(t, worker, sql)
+	}
+
+	// The operator: the admin commands and dispatch triggers.
+	a := admin.New(operator, b.schema, 10*time.Second)
+	_, _, err := a.Stats(ctx, 0)
+	require.NoError(t, err)
+	list, err := a.List(ctx, admin.Filter{})
+	require.NoError(t, err)
+	require.NotEmpty(t, list)
+	_, err = a.Get(ctx, id)
+	require.NoError(t, err)
+	changes, err := a.Retry(ctx, []int64{id})
+	require.NoError(t, err)
+	require.False(t, changes[0].Changed, "a done job is not retried")
+	_, err = a.RetryDead(ctx, "", "")
+	require.NoError(t, err)
+	var pending int64
+	require.NoError(t, writer.QueryRow(ctx, "SELECT "+enqueue+"('record', run_at => now() + interval '1 hour')").Scan(&pending))
+	changes, err = a.Cancel(ctx, []int64{pending})
+	require.NoError(t, err)
+	require.True(t, changes[0].Changed)
+
+	orders := pgx.Identifier{b.schema, "orders"}.Sanitize()
+	requireAllowed(t, pgtest.Pool(t), "CREATE TABLE "+orders+" (id int); "+
+		"GRANT TRIGGER ON "+orders+" TO "+pgx.Identifier{r.operator}.Sanitize()+"; "+
+		"GRANT INSERT ON "+orders+" TO "+pgx.Identifier{r.writer}.Sanitize())
+	name, created, err := triggers.Add(ctx, operator, b.schema, triggers.Spec{
+		Table: orders, Events: []string{"insert"}, Kind: "record",
+	})
+	require.NoError(t, err)
+	require.True(t, created)
+	_, err = triggers.List(ctx, operator, b.schema)
+	require.NoError(t, err)
+	requireAllowed(t, writer, "INSERT INTO "+orders+" VALUES (42)") // the trigger enqueues as the writer
+	// DROP TRIGGER is the table owner's alone, whatever the grants.
+	err = triggers.Remove(ctx, operator, b.schema, name, time.Second)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "42501", pgErr.Code)
+	require.NoError(t, triggers.Remove(ctx, pgtest.Pool(t), b.schema, name, time.Second))
+	for _, sql := range []string{
+		"INSERT INTO " + jobs + " (kind) VALUES ('record')",
+		"DELETE FROM " + jobs,
+		"SELECT " + enqueue + "('record')",
+	} {
+		requireDenied(t, operator, sql)
+	}
+}
