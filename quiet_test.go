@@ -157,6 +157,38 @@ func TestNoWakeUpLost(t *testing.T) {
 		"repeatable read, three rows": inTx(pgx.RepeatableRead, query(insertMany), 0),
 		"repeatable read, copy":       inTx(pgx.RepeatableRead, copyRows, 0),
 		"read committed, copy":        inTx(pgx.ReadCommitted, copyRows, 0),
+		// A job moved from a queue no one serves: the move wakes the sleeper.
+		"moved from another queue": func(ctx context.Context, conn *pgx.Conn) ([]int64, error) {
+			var id int64
+			if err := conn.QueryRow(ctx, "INSERT INTO "+b.jobs+" (kind, queue) VALUES ('probe', 'parked') RETURNING id").Scan(&id); err != nil {
+				return nil, err
+			}
+			_, err := conn.Exec(ctx, "UPDATE "+b.jobs+" SET queue = 'default' WHERE id = $1", id)
+			return []int64{id}, err
+		},
+		// A job that falls due while another transaction holds its row, which
+		// then commits without a change that notifies: the claim that skipped
+		// it must look again.
+		"locked as it falls due": func(ctx context.Context, conn *pgx.Conn) ([]int64, error) {
+			var id int64
+			if err := conn.QueryRow(ctx, "INSERT INTO "+b.jobs+" (kind, run_at) VALUES ('probe', now() + interval '3 milliseconds') RETURNING id").Scan(&id); err != nil {
+				return nil, err
+			}
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				return nil, err
+			}
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			if _, err := tx.Exec(ctx, "SELECT FROM "+b.jobs+" WHERE id = $1 FOR UPDATE", id); err != nil {
+				return nil, err
+			}
+			select { // the scenario: the row stays locked as it falls due
+			case <-time.After(10 * time.Millisecond):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return []int64{id}, tx.Commit(ctx)
+		},
 	}
 	// The writer that keeps its transaction open holds every sleep back
 	// until its commit, so it writes only in every 50th round.

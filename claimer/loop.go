@@ -90,6 +90,7 @@ type claimResult struct {
 	stranded bool
 	err      error
 	delay    time.Duration // before the next try, after err
+	at       time.Time     // when the claim ended
 }
 
 // machine decides, for each event, whether the loop claims, and after each
@@ -100,7 +101,11 @@ type machine struct {
 	timer    time.Duration // when the loop's timer fires from now; noTimer: stopped
 	looks    int           // empty looks in a row while lingering
 	gather   bool          // saturated: the gather timer runs
-	stranded int           // claims in a row that skipped locked due rows
+	// stranded is when the claims began to skip locked due rows, zero while
+	// they skip none. The next look comes as long after as that began, from
+	// strandedMin to strandedMax: the looks back off with time, however
+	// often other events make the loop claim meanwhile.
+	stranded time.Time
 }
 
 func newMachine() *machine { return &machine{state: awake, timer: 0} }
@@ -141,7 +146,7 @@ func (m *machine) claimed(ev event, r claimResult) {
 		m.state, m.timer = backoff, r.delay
 		return
 	case r.claimed == r.limit:
-		m.state, m.timer, m.looks, m.stranded = saturated, noTimer, 0, 0
+		m.state, m.timer, m.looks, m.stranded = saturated, noTimer, 0, time.Time{}
 		return
 	case r.claimed > 0:
 		m.state, m.looks = lingering, 0
@@ -165,11 +170,13 @@ func (m *machine) claimed(ev event, r claimResult) {
 		m.soon(max(*r.next, minScheduleWait))
 	}
 	if !r.stranded {
-		m.stranded = 0
+		m.stranded = time.Time{}
 		return
 	}
-	m.soon(min(strandedMin<<min(m.stranded, 10), strandedMax))
-	m.stranded++
+	if m.stranded.IsZero() {
+		m.stranded = r.at
+	}
+	m.soon(min(max(r.at.Sub(m.stranded), strandedMin), strandedMax))
 }
 
 // soon makes the timer fire within d.
@@ -230,6 +237,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		free := c.freeSlots()
 		if m.event(ev, free, c.cfg.Concurrency) {
 			r := c.claim(ctx, free, jobs)
+			r.at = time.Now()
 			if r.err != nil {
 				if ctx.Err() != nil {
 					c.enter(from, stopping, hooks)

@@ -113,24 +113,26 @@ func TestMachineClaimed(t *testing.T) {
 	}
 }
 
-// Looks for stranded rows back off from 10 ms to 1 s, and start again from
-// 10 ms once a claim skips none.
+// Looks for stranded rows come as long after as the rows were first
+// skipped, from 10 ms to 1 s, however many claims other events make
+// meanwhile, and start again from 10 ms once a claim skips none.
 func TestMachineStrandedBackoff(t *testing.T) {
 	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	m := &machine{state: asleep, timer: noTimer}
-	var waits []time.Duration
-	for range 9 {
-		m.claimed(evTimer, claimResult{limit: 5, stranded: true})
-		waits = append(waits, m.timer)
+	stranded := func(ev event, after time.Duration) time.Duration {
+		m.claimed(ev, claimResult{limit: 5, stranded: true, at: t0.Add(after)})
+		return m.timer
 	}
-	require.Equal(t, []time.Duration{
-		10 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond,
-		160 * time.Millisecond, 320 * time.Millisecond, 640 * time.Millisecond, time.Second, time.Second,
-	}, waits)
-	m.claimed(evTimer, claimResult{limit: 5})
+	require.Equal(t, strandedMin, stranded(evWake, 0))
+	require.Equal(t, strandedMin, stranded(evWake, 2*time.Millisecond), "a claim woken by a notification")
+	require.Equal(t, strandedMin, stranded(evTimer, 10*time.Millisecond))
+	require.Equal(t, 20*time.Millisecond, stranded(evTimer, 20*time.Millisecond))
+	require.Equal(t, 40*time.Millisecond, stranded(evTimer, 40*time.Millisecond))
+	require.Equal(t, strandedMax, stranded(evTimer, time.Minute))
+	m.claimed(evTimer, claimResult{limit: 5, at: t0.Add(time.Minute)})
 	require.Equal(t, noTimer, m.timer)
-	m.claimed(evTimer, claimResult{limit: 5, stranded: true})
-	require.Equal(t, strandedMin, m.timer)
+	require.Equal(t, strandedMin, stranded(evTimer, 2*time.Minute))
 }
 
 // The looks while lingering pause 0.5, 1 and 2 ms; the claimer sleeps once
