@@ -97,10 +97,10 @@ type claimResult struct {
 // claim, which state it is in and when its timer fires. It does no I/O, so
 // each transition can be tested alone (loop_test.go).
 type machine struct {
-	state    state
-	timer    time.Duration // when the loop's timer fires from now; noTimer: stopped
-	looks    int           // empty looks in a row while lingering
-	gather   bool          // saturated: the gather timer runs
+	state  state
+	timer  time.Duration // when the loop's timer fires from now; noTimer: stopped
+	looks  int           // empty looks in a row while lingering
+	gather bool          // saturated: the gather timer runs
 	// stranded is when the claims began to skip locked due rows, zero while
 	// they skip none. The next look comes as long after as that began, from
 	// strandedMin to strandedMax: the looks back off with time, however
