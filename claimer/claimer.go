@@ -193,9 +193,9 @@ type Claimer struct {
 	cfg    Config
 	logger *zap.Logger
 
-	claimSQL, heartbeatSQL, completeSQL string
-	sleep                               *sleepLock
-	poolSize                            int // the pool's MaxConns, read once: Pool.Config copies the whole config
+	claimSQL, heartbeatSQL, completeSQL, deleteDoneSQL string
+	sleep                                              *sleepLock
+	poolSize                                           int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	wake      chan struct{} // notifications; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
@@ -229,17 +229,18 @@ func New(cfg Config) (*Claimer, error) {
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
 	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Claimer{
-		cfg:          cfg,
-		logger:       logger,
-		claimSQL:     withTable(claimSQL, jobsTable),
-		heartbeatSQL: withTable(heartbeatSQL, jobsTable),
-		completeSQL:  withTable(completeSQL, jobsTable),
-		sleep:        newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
-		poolSize:     int(cfg.Pool.Config().MaxConns),
-		wake:         make(chan struct{}, 1),
-		slotFreed:    make(chan struct{}, 1),
-		flush:        make(chan struct{}, 1),
-		inflight:     map[*running]struct{}{},
+		cfg:           cfg,
+		logger:        logger,
+		claimSQL:      withTable(claimSQL, jobsTable),
+		heartbeatSQL:  withTable(heartbeatSQL, jobsTable),
+		completeSQL:   withTable(completeSQL, jobsTable),
+		deleteDoneSQL: withTable(deleteDoneSQL, jobsTable),
+		sleep:         newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
+		poolSize:      int(cfg.Pool.Config().MaxConns),
+		wake:          make(chan struct{}, 1),
+		slotFreed:     make(chan struct{}, 1),
+		flush:         make(chan struct{}, 1),
+		inflight:      map[*running]struct{}{},
 	}, nil
 }
 

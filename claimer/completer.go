@@ -1,8 +1,10 @@
 package claimer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -78,25 +80,70 @@ func (c *Claimer) flushPending(ctx context.Context) {
 	}
 }
 
-// complete writes one batch of outcomes in one statement.
+// complete writes one batch of outcomes: in one statement, or, when done
+// jobs are deleted, the done ones in one and the others in another, each a
+// transaction of its own, so that each locks its rows in id order.
 func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
-	a := newOutcomeArrays(batch)
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
-	defer cancel()
-	tag, err := c.execPinned(ctx, c.completeSQL, a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases,
-		c.cfg.DeleteDone, c.cfg.WorkerID)
-	if err != nil {
-		return fmt.Errorf("record outcomes: %w", err)
+	batch = slices.Clone(batch)
+	slices.SortFunc(batch, func(a, b outcome) int {
+		return cmp.Or(cmp.Compare(a.run.job.ID, b.run.job.ID), cmp.Compare(a.run.job.Attempt, b.run.job.Attempt))
+	})
+	var written int64
+	rest := batch
+	if c.cfg.DeleteDone {
+		var done []outcome
+		done, rest = splitDone(batch)
+		if len(done) > 0 {
+			ids, attempts := make([]int64, len(done)), make([]int32, len(done))
+			for i, o := range done {
+				ids[i], attempts[i] = o.run.job.ID, int32(o.run.job.Attempt) //nolint:gosec // attempts stop at 1,000,000
+			}
+			n, err := c.write(ctx, c.deleteDoneSQL, ids, attempts, c.cfg.WorkerID)
+			if err != nil {
+				return err
+			}
+			written += n
+		}
 	}
-	if written := tag.RowsAffected(); !c.cfg.DeleteDone && written < int64(len(batch)) {
+	if len(rest) > 0 {
+		a := newOutcomeArrays(rest)
+		n, err := c.write(ctx, c.completeSQL, a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases, c.cfg.WorkerID)
+		if err != nil {
+			return err
+		}
+		written += n
+	}
+	if written < int64(len(batch)) {
 		c.logger.Info("some outcomes were not written: their leases had been lost",
 			zap.Int("num_outcomes", len(batch)), zap.Int64("num_written", written))
 	}
 	return nil
 }
 
-// outcomeArrays are a batch of outcomes as the columns the outcome
-// statements unnest.
+func (c *Claimer) write(ctx context.Context, sql string, args ...any) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
+	defer cancel()
+	tag, err := c.execPinned(ctx, sql, args...)
+	if err != nil {
+		return 0, fmt.Errorf("record outcomes: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// splitDone splits a batch into its done outcomes and the rest, each in
+// the batch's order.
+func splitDone(batch []outcome) (done, rest []outcome) {
+	for _, o := range batch {
+		if o.status == "done" {
+			done = append(done, o)
+		} else {
+			rest = append(rest, o)
+		}
+	}
+	return done, rest
+}
+
+// outcomeArrays are a batch of outcomes as the columns completeSQL unnests.
 type outcomeArrays struct {
 	ids      []int64
 	attempts []int32

@@ -69,12 +69,13 @@ func checkPlans(t *testing.T, setup []string) {
 	}
 	idArray := "'{" + strings.Join(ids, ",") + "}'"
 	statements := map[string]struct{ sql, types, args string }{
-		"claim":     {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
-		"heartbeat": {heartbeatSQL, "bigint[], text, float8", idArray + ", 'w', 30"},
+		"claim":       {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
+		"heartbeat":   {heartbeatSQL, "bigint[], text, float8", idArray + ", 'w', 30"},
+		"delete_done": {deleteDoneSQL, "bigint[], int[], text", idArray + ", array_fill(1, ARRAY[1000]), 'w'"},
 		"complete": {
-			completeSQL, "bigint[], int[], text[], float8[], text[], bool[], bool, text",
+			completeSQL, "bigint[], int[], text[], float8[], text[], bool[], text",
 			idArray + ", array_fill(1, ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
-				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), false, 'w'",
+				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), 'w'",
 		},
 	}
 	explain := func(name string) string {
@@ -98,6 +99,11 @@ func checkPlans(t *testing.T, setup []string) {
 		switch name {
 		case "claim":
 			require.Contains(t, plan, "Tid Scan on jobs", "claim plan:\n%s", plan)
+		default:
+			// Driven by the arrays, which are in id order: the rows are
+			// locked in id order.
+			fn, idx := strings.Index(plan, "Function Scan on "), strings.Index(plan, "Index Scan using jobs_pkey")
+			require.True(t, fn >= 0 && idx > fn, "%s plan:\n%s", name, plan)
 		}
 	}
 	// The generic plan is made at the first EXPLAIN, and kept. It is checked

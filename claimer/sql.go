@@ -98,56 +98,44 @@ const planSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true
 const claimPlanSQL = planSQL + `,
        set_config('synchronous_commit', 'off', true)`
 
-// heartbeatSQL extends the leases of this worker's running jobs $1. Like
-// completeSQL, it locks only the rows that are still this worker's.
-const heartbeatSQL = `
-WITH l AS (
-    SELECT id FROM {jobs}
-    WHERE id = ANY($1::bigint[]) AND (status = 'running' AND locked_by = $2) IS TRUE
-    ORDER BY id
-    FOR UPDATE
-)
-UPDATE {jobs} j SET locked_until = now() + make_interval(secs => $3::float8)
-FROM l WHERE j.id = l.id`
+// The statements below write a batch of rows found by id in the order of
+// their arrays, which the claimer sorts by id: under planSQL their one plan
+// is a nested loop over the arrays, by primary key, so they lock their rows
+// in id order, and lock each once, as they write it. A row is written only
+// while it is still this worker's attempt: the guard, wrapped in IS TRUE,
+// which no index can serve, so that the planner never drives the batch
+// from a scan for running rows (with stale statistics it did, quadratic in
+// the batch). A row whose guard fails is left alone: its lease was lost to
+// the sweeper, or an operator cancelled it.
 
-// completeSQL records a batch of outcomes in one statement.
-//
-// Each row applies only while the job is still this worker's attempt, so a
-// completion that lost its lease to the sweeper changes nothing. With $7
-// true, done jobs are deleted instead of kept. A released job (status
-// pending, release true) gives back its attempt: shutdown interrupted it.
-// Only the rows that are still this worker's are locked, and in id order.
-//
-// Rows are found by id alone. The guard is wrapped in IS TRUE, which no
-// index can serve: with statistics taken while few jobs ran, the planner
-// estimated one running row and, given a guard it could look up, drove the
-// batch from a scan for status = 'running' in a nested loop, quadratic in
-// the batch.
+// heartbeatSQL extends the leases of this worker's running jobs $1.
+const heartbeatSQL = `
+UPDATE {jobs} j SET locked_until = now() + make_interval(secs => $3::float8)
+FROM unnest($1::bigint[]) AS v(id)
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $2) IS TRUE`
+
+// completeSQL records a batch of outcomes: $3 is done, pending (a retry,
+// or a release: an attempt given back at shutdown, $6) or dead.
 const completeSQL = `
-WITH v AS (
-    SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::text[], $6::bool[])
-        AS v(id, attempt, status, delay, err, release)
-), l AS (
-    SELECT j.id, v.status, v.delay, v.err, v.release
-    FROM v JOIN {jobs} j ON j.id = v.id
-    WHERE (j.status = 'running' AND j.locked_by = $8 AND j.attempts = v.attempt) IS TRUE
-    ORDER BY j.id
-    FOR UPDATE OF j
-), d AS (
-    DELETE FROM {jobs} j USING l
-    WHERE j.id = l.id AND $7 AND l.status = 'done'
-)
 UPDATE {jobs} j
-SET status = l.status,
-    run_at = CASE WHEN l.status = 'pending' THEN now() + make_interval(secs => l.delay) ELSE j.run_at END,
-    attempts = CASE WHEN l.release THEN j.attempts - 1 ELSE j.attempts END,
-    last_error = coalesce(l.err, j.last_error),
-    finished_at = CASE WHEN l.status IN ('done', 'dead') THEN now() END,
+SET status = v.status,
+    run_at = CASE WHEN v.status = 'pending' THEN now() + make_interval(secs => v.delay) ELSE j.run_at END,
+    attempts = CASE WHEN v.release THEN j.attempts - 1 ELSE j.attempts END,
+    last_error = coalesce(v.err, j.last_error),
+    finished_at = CASE WHEN v.status IN ('done', 'dead') THEN now() END,
     locked_by = NULL,
     locked_until = NULL,
     updated_at = now()
-FROM l
-WHERE j.id = l.id AND NOT ($7 AND l.status = 'done')`
+FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::text[], $6::bool[])
+    AS v(id, attempt, status, delay, err, release)
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $7 AND j.attempts = v.attempt) IS TRUE`
+
+// deleteDoneSQL deletes done jobs $1 with their attempts $2, when done jobs
+// are not kept (RETAIN_DONE=0).
+const deleteDoneSQL = `
+DELETE FROM {jobs} j
+USING unnest($1::bigint[], $2::int[]) AS v(id, attempt)
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $3 AND j.attempts = v.attempt) IS TRUE`
 
 // withTable names the jobs table in sql.
 func withTable(sql, jobsTable string) string {
