@@ -8,11 +8,12 @@
 -- column a writer sets is untrusted. The constraints refuse, at INSERT and
 -- with a constraint name that says which column, what a claim, the sweeper
 -- or an admin command could not handle:
---   - attempts and max_attempts above 1,000,000. The claim writes
---     attempts + 1, and an admin retry max_attempts = attempts + 1: one row
---     at 2^31-1 made every claim of its queue fail with "integer out of
---     range", and a retry of all dead jobs retry none. Both keep to the
---     bound (the claim writes least(attempts + 1, 1000000));
+--   - attempts and max_attempts above 1,000,000. A claim adds one to
+--     attempts and a retry to max_attempts: at 2^31-1 either overflows,
+--     and the claim of the row's whole queue, or the retry of a whole
+--     batch, fails with "integer out of range". Whatever writes them keeps
+--     to the bound: a claim counts least(attempts + 1, 1000000), a retry
+--     raises max_attempts to the bound at most;
 --   - run_at outside [0001-01-01, 9999-01-01) UTC. The claim copes with any
 --     finite time, but Go's JSON (jobs list --json) writes only the years 0
 --     to 9999, and Python's datetime 1 to 9999: the upper bound leaves a
@@ -26,7 +27,7 @@
 --   - a payload of more than 1 MiB (pg_column_size, the jsonb's own size).
 --     A claim loads up to CONCURRENCY payloads at once, so the bound keeps
 --     a worker's memory to about CONCURRENCY MiB of payloads (100 MiB at the
---     default), where 8 payloads of 40 MB took a worker to 1.1 GB. Webhook
+--     default); 8 payloads of 40 MB take a worker past 1 GB. Webhook
 --     bodies, messages and mails of more are better stored elsewhere and
 --     referred to.
 --
