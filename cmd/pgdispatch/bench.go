@@ -129,6 +129,12 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		defer pprof.StopCPUProfile()
 	}
 	dbURL := v.databaseURL()
+	if direct := v.str("LISTEN_DATABASE_URL"); behindPooler(dbURL, direct) {
+		// The scenarios create databases, prepare statements and measure
+		// PostgreSQL: past the pooler.
+		fmt.Fprintln(stderr, "bench connects to LISTEN_DATABASE_URL, past the pooler of DATABASE_URL")
+		dbURL = direct
+	}
 	if dbURL == "" {
 		fmt.Fprintln(stderr, "No DATABASE_URL: starting a throwaway PostgreSQL (fsync on)...")
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})

@@ -28,6 +28,7 @@ type setting struct {
 // The settings every command that talks to the database reads.
 var connSettings = []setting{
 	{"DATABASE_URL", "database-url", "", "PostgreSQL connection string; when empty, built from DB_HOST, DB_PORT, DB_USER, DB_PASSWORD, DB_NAME and DB_SSLMODE"},
+	{"LISTEN_DATABASE_URL", "listen-database-url", "", "PostgreSQL itself, past a transaction-pooling proxy such as PgBouncer on DATABASE_URL: the listener, the sleep keys and migrations connect here, and DATABASE_URL then gets no startup parameters and no prepared statements (default: DATABASE_URL)"},
 	{"DB_SCHEMA", "schema", pgdispatch.DefaultSchema, "schema that holds pgdispatch's tables"},
 	{"STATEMENT_TIMEOUT", "statement-timeout", "10s", "bound on every database call (also the server's statement_timeout)"},
 	{"LOG_LEVEL", "log-level", "info", "debug, info, warn or error"},
@@ -36,7 +37,6 @@ var connSettings = []setting{
 
 // The worker's settings, for run and demo.
 var workerSettings = []setting{
-	{"LISTEN_DATABASE_URL", "listen-database-url", "", "where the listener connects, to bypass a transaction-pooling proxy (default: DATABASE_URL)"},
 	{"WORKER_ID", "worker-id", "", "this worker's name in locked_by and the logs (default: the hostname)"},
 	{"QUEUES", "queues", "default", "comma-separated queues to serve, each optionally name:concurrency"},
 	{"CONCURRENCY", "concurrency", "100", "jobs run at once per queue; a claim takes at most the free ones"},

@@ -510,7 +510,7 @@ func TestPoolSize(t *testing.T) {
 		pgtest.URL(): defaultMaxConns,
 		withParam(pgtest.URL(), "pool_max_conns=3"): 3,
 	} {
-		pool, err := newPool(ctx, url, 5*time.Second, nil)
+		pool, err := newPool(ctx, poolOptions{url: url, timeout: 5 * time.Second})
 		require.NoError(t, err)
 		require.Equal(t, want, pool.Config().MaxConns, url)
 		pool.Close()

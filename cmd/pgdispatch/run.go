@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,10 @@ type conn struct {
 	schema  string
 	timeout time.Duration
 	logger  *zap.Logger
+	// direct is LISTEN_DATABASE_URL when DATABASE_URL goes through a
+	// transaction pooler (behindPooler): migrations take their session lock
+	// there.
+	direct string
 }
 
 // openConn validates the connection settings, connects and pings.
@@ -44,34 +49,89 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	if dbURL == "" {
 		errs = append(errs, errors.New("no database: set DATABASE_URL (or DB_HOST and friends), or pass --database-url"))
 	}
+	direct := v.str("LISTEN_DATABASE_URL")
+	pooled := behindPooler(dbURL, direct)
+	params := map[string]string{}
+	if v.has("SYNCHRONOUS_COMMIT") { // the worker commands: their own bookkeeping only
+		sc := v.str("SYNCHRONOUS_COMMIT")
+		switch {
+		case !synchronousCommit[sc]:
+			errs = append(errs, fmt.Errorf("invalid SYNCHRONOUS_COMMIT %q: want on, off, local, remote_write or remote_apply", sc))
+		case pooled && sc != "on":
+			errs = append(errs, fmt.Errorf("SYNCHRONOUS_COMMIT=%s cannot reach the server through the transaction pooler of DATABASE_URL "+
+				"(LISTEN_DATABASE_URL names another server): set synchronous_commit on pgdispatch's role instead "+
+				"(ALTER ROLE ... SET synchronous_commit = %s)", sc, sc))
+		case !pooled:
+			params["synchronous_commit"] = sc
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	params := map[string]string{}
-	if v.has("SYNCHRONOUS_COMMIT") { // the worker commands: their own bookkeeping only
-		params["synchronous_commit"] = v.str("SYNCHRONOUS_COMMIT")
-		if !synchronousCommit[params["synchronous_commit"]] {
-			return nil, fmt.Errorf("invalid SYNCHRONOUS_COMMIT %q: want on, off, local, remote_write or remote_apply", params["synchronous_commit"])
-		}
-	}
-	pool, err := newPool(ctx, dbURL, timeout, params)
+	pool, err := newPool(ctx, poolOptions{url: dbURL, timeout: timeout, params: params, pooled: pooled})
 	if err != nil {
 		return nil, err
 	}
-	return &conn{pool: pool, schema: schema, timeout: timeout, logger: logger}, nil
+	c := &conn{pool: pool, schema: schema, timeout: timeout, logger: logger}
+	if pooled {
+		c.direct = direct
+		logger.Debug("DATABASE_URL goes through a transaction pooler: LISTEN_DATABASE_URL names another server")
+	}
+	return c, nil
+}
+
+// behindPooler reports whether DATABASE_URL goes through a transaction
+// pooler such as PgBouncer: LISTEN_DATABASE_URL, which exists to bypass one,
+// names another host or port. Invalid URLs are reported by whoever parses
+// them for use.
+func behindPooler(dbURL, direct string) bool {
+	if direct == "" {
+		return false
+	}
+	a, errA := pgconn.ParseConfig(dbURL)
+	b, errB := pgconn.ParseConfig(direct)
+	if errA != nil || errB != nil {
+		return dbURL != direct
+	}
+	return a.Host != b.Host || a.Port != b.Port
 }
 
 // defaultMaxConns is the pool's size unless DATABASE_URL sets
 // pool_max_conns.
 const defaultMaxConns = 10
 
-// newPool connects with every call bounded: connect_timeout, and the
-// server-side statement, lock and idle-in-transaction timeouts, unless the URL
-// sets them itself.
-func newPool(ctx context.Context, dbURL string, timeout time.Duration, extra map[string]string) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(dbURL)
+// poolOptions says how newPool connects.
+type poolOptions struct {
+	url     string
+	setting string // where url came from, for errors; default DATABASE_URL
+	timeout time.Duration
+	params  map[string]string // more runtime parameters, unless the URL sets them
+	// pooled means url goes through a transaction pooler: no session state
+	// outlives a transaction, and PgBouncer refuses startup parameters it does
+	// not know.
+	pooled bool
+}
+
+// newPool connects with every call bounded.
+//
+// Directly, by connect_timeout and the server-side statement, lock and
+// idle-in-transaction timeouts, unless the URL sets them itself, and with
+// pgx's default mode, which prepares each statement once per connection.
+//
+// Through a transaction pooler it sends no startup parameter but
+// application_name (PgBouncer 1.18 refuses the others unless its
+// ignore_startup_parameters lists them), and the pool describes each
+// statement once per connection and runs it unnamed (pgx's cache_describe
+// mode, unless the URL sets default_query_exec_mode): a named prepared
+// statement lives on one server connection, and the pooler hands the next
+// transaction another. Each call stays bounded by its context, whose end
+// makes pgx send a cancel request, which PgBouncer forwards to the server
+// connection running the statement, and close the connection.
+func newPool(ctx context.Context, o poolOptions) (*pgxpool.Pool, error) {
+	setting := cmp.Or(o.setting, "DATABASE_URL")
+	cfg, err := pgxpool.ParseConfig(o.url)
 	if err != nil {
-		return nil, fmt.Errorf("invalid DATABASE_URL: %w", err) // pgx's message never repeats the password
+		return nil, fmt.Errorf("invalid %s: %w", setting, err) // pgx's message never repeats the password
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
@@ -80,16 +140,22 @@ func newPool(ctx context.Context, dbURL string, timeout time.Duration, extra map
 	// another, and the sweeper and the metrics beside them: pgxpool's
 	// default (the larger of 4 and the CPUs) would make a busy worker of
 	// two queues wait for connections. Connections open as they are needed.
-	if !strings.Contains(dbURL, "pool_max_conns") {
+	if !strings.Contains(o.url, "pool_max_conns") {
 		cfg.MaxConns = max(cfg.MaxConns, defaultMaxConns)
 	}
 	params := cfg.ConnConfig.RuntimeParams
 	setDefault(params, "application_name", "pgdispatch")
-	setDefault(params, "statement_timeout", strconv.FormatInt(timeout.Milliseconds(), 10))
-	setDefault(params, "lock_timeout", strconv.FormatInt(min(timeout, 5*time.Second).Milliseconds(), 10))
-	setDefault(params, "idle_in_transaction_session_timeout", "60000")
-	for k, v := range extra {
-		setDefault(params, k, v)
+	if o.pooled {
+		if !strings.Contains(o.url, "default_query_exec_mode") {
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+		}
+	} else {
+		setDefault(params, "statement_timeout", strconv.FormatInt(o.timeout.Milliseconds(), 10))
+		setDefault(params, "lock_timeout", strconv.FormatInt(min(o.timeout, 5*time.Second).Milliseconds(), 10))
+		setDefault(params, "idle_in_transaction_session_timeout", "60000")
+		for k, v := range o.params {
+			setDefault(params, k, v)
+		}
 	}
 	// pgxpool pings a connection idle for over a second before handing it
 	// out: one more statement per tick of an idle worker. A dead connection
@@ -99,13 +165,33 @@ func newPool(ctx context.Context, dbURL string, timeout time.Duration, extra map
 	if err != nil {
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout+timeout)
+	pingCtx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout+o.timeout)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
+		if refusedStartupParameter(err) {
+			return nil, fmt.Errorf("connect to database: %w (%s leads to a proxy such as PgBouncer, %s; "+
+				"see Behind PgBouncer in docs/operations.md)", err, setting, proxyHint[setting])
+		}
 		return nil, fmt.Errorf("connect to database: %w", err)
 	}
 	return pool, nil
+}
+
+// proxyHint says what to do when the URL of a setting leads to a proxy
+// that refuses pgdispatch's startup parameters.
+var proxyHint = map[string]string{
+	"DATABASE_URL": "which needs LISTEN_DATABASE_URL: if it pools transactions, set LISTEN_DATABASE_URL to " +
+		"PostgreSQL itself, and pgdispatch sends DATABASE_URL no startup parameters and prepares no statements there",
+	"LISTEN_DATABASE_URL": "and it must lead to PostgreSQL itself, past any proxy",
+}
+
+// refusedStartupParameter reports PgBouncer's refusal of a startup
+// parameter it does not know.
+func refusedStartupParameter(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "08P01" && // protocol_violation
+		strings.HasPrefix(pgErr.Message, "unsupported startup parameter")
 }
 
 func setDefault(m map[string]string, k, v string) {
@@ -271,8 +357,21 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	return nil
 }
 
+// runMigrate migrates on the pool, or over LISTEN_DATABASE_URL when the pool
+// goes through a transaction pooler: a migration holds a session-level
+// advisory lock and session settings, which a pooler would leave on a server
+// connection that other clients then get.
 func runMigrate(ctx context.Context, c *conn) error {
-	from, to, err := migrations.Migrate(ctx, c.pool, migrations.Config{Schema: c.schema, LockTimeout: min(c.timeout, 5*time.Second)})
+	pool := c.pool
+	if c.direct != "" {
+		direct, err := newPool(ctx, poolOptions{url: c.direct, setting: "LISTEN_DATABASE_URL", timeout: c.timeout})
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		defer direct.Close()
+		pool = direct
+	}
+	from, to, err := migrations.Migrate(ctx, pool, migrations.Config{Schema: c.schema, LockTimeout: min(c.timeout, 5*time.Second)})
 	if err != nil {
 		return err
 	}
