@@ -206,8 +206,8 @@ func TestClaimSurvivesAttemptsAtTheBound(t *testing.T) {
 	require.NoError(t, err)
 	runs, _ := claimNow(ctx, t, c, 10)
 	require.Len(t, runs, 2)
-	require.Equal(t, 1000000, runs[0].job.Attempt)
-	require.Equal(t, 1, runs[1].job.Attempt)
+	attempts := map[int]bool{runs[0].job.Attempt: true, runs[1].job.Attempt: true}
+	require.Equal(t, map[int]bool{1000000: true, 1: true}, attempts)
 }
 
 // While a job runs, its row says so: running, locked by this worker, its
