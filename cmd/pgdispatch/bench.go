@@ -31,7 +31,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
-var benchScenarios = []string{"latency", "drain", "sustained", "writers", "idle"}
+var benchScenarios = []string{"latency", "drain", "floor", "http", "sustained", "writers", "idle"}
 
 // soak is a scenario of its own, left out of the default set: it runs for
 // minutes.
@@ -176,6 +176,10 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			rs, err = b.latency(ctx)
 		case "drain":
 			rs, err = b.drain(ctx)
+		case "floor":
+			rs, err = b.floor(ctx)
+		case "http":
+			rs, err = b.httpScenario(ctx)
 		case "sustained":
 			rs, err = b.sustained(ctx)
 		case "writers":
@@ -728,12 +732,18 @@ func (b *bench) queueUsage(ctx context.Context) float64 {
 	return u
 }
 
-// idle: transactions the database commits while a worker has nothing to do.
+// idle: what a worker with nothing to do sends: the transactions and
+// statements of its pool (a tracer counts them), and the transactions its
+// database commits, autovacuum's included.
 func (b *bench) idle(ctx context.Context) ([]*benchResult, error) {
 	// In a database of its own when the role may create one, so that the
-	// count is the worker's alone and not also autovacuum's work on the
-	// tables the other scenarios dropped.
-	ib, database, dropDB := b.ownDatabase(ctx)
+	// commit count is the worker's alone and not also autovacuum's work on
+	// the tables the other scenarios dropped.
+	counter := &statementCounter{}
+	ib, database, dropDB, err := b.idleBench(ctx, counter)
+	if err != nil {
+		return nil, err
+	}
 	defer dropDB()
 	_, _, cleanup, err := ib.worker(ctx, 0, nil)
 	if err != nil {
@@ -748,47 +758,53 @@ func (b *bench) idle(ctx context.Context) ([]*benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	tx, st := counter.transactions.Load(), counter.statements.Load()
 	time.Sleep(b.opts.idleDuration)
 	after, err := b.xactCommit(ctx, database)
 	if err != nil {
 		return nil, err
 	}
+	perMinute := float64(time.Minute) / float64(b.opts.idleDuration)
 	r := &benchResult{Scenario: "idle", Conditions: fmt.Sprintf("one idle worker for %s, POLL_INTERVAL=%s, SWEEP_INTERVAL=%s, one queue, database %s",
 		b.opts.idleDuration, b.base.PollInterval, b.base.SweepInterval, database)}
+	r.set("worker_transactions_per_min", float64(counter.transactions.Load()-tx)*perMinute)
+	r.set("worker_statements_per_min", float64(counter.statements.Load()-st)*perMinute)
 	r.set("transactions", float64(after-before))
 	return []*benchResult{r}, nil
 }
 
-// ownDatabase returns a bench whose pool and listener use a fresh database,
-// its name, and a func that drops it; when the database cannot be created,
-// it returns b itself and its database.
-func (b *bench) ownDatabase(ctx context.Context) (*bench, string, func()) {
+// idleBench returns a bench whose pool counts what it sends with counter,
+// on a fresh database when the role may create one (else on b's), the
+// database's name, and a func that closes the pool and drops the database.
+func (b *bench) idleBench(ctx context.Context, counter *statementCounter) (*bench, string, func(), error) {
 	buf := make([]byte, 4)
 	_, _ = rand.Read(buf)
 	name := "pgdispatch_bench_idle_" + hex.EncodeToString(buf)
-	current := b.pool.Config().ConnConfig.Database
-	if _, err := b.pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		fmt.Fprintf(b.log, "bench: idle: counting in %s, shared with the other scenarios (CREATE DATABASE: %v)\n", current, err)
-		return b, current, func() {}
-	}
-	drop := func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		_, _ = b.pool.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-	}
 	cfg := b.pool.Config().Copy()
-	cfg.ConnConfig.Database = name
+	cfg.ConnConfig.Tracer = counter
+	drop := func() {}
+	if _, err := b.pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		name = cfg.ConnConfig.Database
+		fmt.Fprintf(b.log, "bench: idle: counting commits in %s, shared with the other scenarios (CREATE DATABASE: %v)\n", name, err)
+	} else {
+		drop = func() {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			_, _ = b.pool.Exec(dctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		}
+		cfg.ConnConfig.Database = name
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		drop()
-		return b, current, func() {}
+		return nil, "", nil, err
 	}
 	ib := *b
 	ib.pool = pool
 	ib.base.Pool = pool
 	ib.base.ListenConnConfig = b.base.ListenConnConfig.Copy()
 	ib.base.ListenConnConfig.Database = name
-	return &ib, name, func() { pool.Close(); drop() }
+	return &ib, name, func() { pool.Close(); drop() }, nil
 }
 
 // xactCommit reads pg_stat_database.xact_commit of database, from a

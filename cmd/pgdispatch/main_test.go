@@ -410,7 +410,7 @@ func TestHelp(t *testing.T) {
 func TestBenchRuns(t *testing.T) {
 	t.Parallel()
 	latencies := filepath.Join(t.TempDir(), "latencies.csv")
-	p := start(t, env("DATABASE_URL="+withParam(pgtest.URL(), "pool_max_conns=8")), "bench", "--json", "--scenario", "latency,drain,sustained,writers,idle,soak",
+	p := start(t, env("DATABASE_URL="+withParam(pgtest.URL(), "pool_max_conns=8")), "bench", "--json", "--scenario", "latency,drain,floor,http,sustained,writers,idle,soak",
 		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "1s", "--idle-duration", "200ms",
 		"--soak-duration", "1s", "--soak-writers", "2", "--latencies", latencies)
 	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
@@ -434,6 +434,10 @@ func TestBenchRuns(t *testing.T) {
 	require.GreaterOrEqual(t, got["sustained"]["round_trip_max_ms"], got["sustained"]["round_trip_p99_ms"])
 	require.Positive(t, got["writers"]["ratio"])
 	require.Contains(t, got, "idle")
+	require.Contains(t, got["idle"], "worker_transactions_per_min")
+	require.Positive(t, got["floor"]["jobs_per_s"])
+	require.Positive(t, got["http"]["commit_to_request_p50_ms"])
+	require.Positive(t, got["http_drain"]["jobs_per_s"])
 	require.Positive(t, got["drain"]["jobs_per_claim"])
 	require.GreaterOrEqual(t, got["writers"]["notified_share"], 0.0)
 	require.Positive(t, got["soak"]["jobs_written"])
