@@ -118,8 +118,11 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fmt.Fprintln(tw, "NAME\tTABLE\tON\tKIND\tQUEUE\tWHEN\tPAYLOAD")
 	for _, t := range list {
 		name := t.Name
-		if !t.Present {
+		switch {
+		case !t.Present:
 			name += " (dropped by hand)"
+		case !t.Matches:
+			name += " (NOT AS RECORDED: remove it)"
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(name), printable(t.Table), strings.Join(t.Events, ","),
 			printable(t.Kind), printable(t.Queue), printable(t.When), printable(string(t.Payload)))
