@@ -185,13 +185,11 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		label := "payload"
+		var masked bool
 		if !*reveal {
 			before := j
 			maskJob(&j)
-			if !bytes.Equal(before.Payload, j.Payload) || !reflect.DeepEqual(before.LastError, j.LastError) {
-				label = "payload (secrets masked: --reveal shows them)"
-			}
+			masked = !bytes.Equal(before.Payload, j.Payload) || !reflect.DeepEqual(before.LastError, j.LastError)
 		}
 		if *asJSON {
 			return printJSON(stdout, j)
@@ -235,7 +233,12 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(stdout, "%s\n  %s\n", label, printableLines(payload.String()))
+		if _, err := fmt.Fprintf(stdout, "payload\n  %s\n", printableLines(payload.String())); err != nil {
+			return err
+		}
+		if masked {
+			_, err = fmt.Fprintln(stdout, "(secrets masked as xxxxx: --reveal shows them)")
+		}
 		return err
 	})
 }
