@@ -37,6 +37,10 @@ const (
 	// DepthInterval is how old a queue depth sample may be before a scrape
 	// takes a new one.
 	DepthInterval = 10 * time.Second
+	// ReadyInterval is how long /readyz reuses the result of its database
+	// ping: however many requests come, the database is pinged at most once
+	// per interval, and requests that arrive during a ping wait for it.
+	ReadyInterval = time.Second
 	// queryTimeout bounds the depth query and the readiness ping.
 	queryTimeout = 2 * time.Second
 	// unknownKind labels jobs of kinds no executor is registered for, so that
@@ -58,6 +62,13 @@ type Metrics struct {
 	mu     sync.Mutex
 	worker *pgdispatch.Worker
 	depth  depthSample
+	logger *zap.Logger
+
+	// The last database ping of /readyz, and the one under way.
+	pingMu  sync.Mutex
+	pingAt  time.Time
+	pingErr error
+	pinging chan struct{} // closed when the ping under way ends; nil when none is
 }
 
 type depthSample struct {
@@ -139,7 +150,10 @@ func (m *Metrics) JobFinished(job *executors.Job, outcome string, took time.Dura
 }
 
 // Handler serves /metrics, /healthz (the process is alive) and /readyz (the
-// database answers and the listener is connected).
+// database answered a ping in the last ReadyInterval and the listener is
+// connected). The endpoints have no authentication: bind them where only
+// the scraper and the orchestrator reach them. A 503's body names the part
+// that is down; the error itself goes to the log.
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
@@ -147,8 +161,8 @@ func (m *Metrics) Handler() http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := m.ready(r.Context()); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+		if reason := m.ready(r.Context()); reason != "" {
+			http.Error(w, "not ready: "+reason, http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))
@@ -156,19 +170,60 @@ func (m *Metrics) Handler() http.Handler {
 	return mux
 }
 
-func (m *Metrics) ready(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
-	defer cancel()
-	if err := m.pool.Ping(ctx); err != nil {
-		return fmt.Errorf("database: %w", err)
+// ready returns why the worker is not ready, or "" when it is.
+func (m *Metrics) ready(ctx context.Context) string {
+	if err := m.ping(ctx); err != nil {
+		return "the database does not answer"
 	}
 	m.mu.Lock()
 	w := m.worker
 	m.mu.Unlock()
 	if w != nil && !w.Listener().Connected() {
-		return errors.New("the listener is not connected")
+		return "the listener is not connected"
 	}
-	return nil
+	return ""
+}
+
+// ping returns the result of the last database ping while it is younger
+// than ReadyInterval. Otherwise it pings, or, when another request is
+// pinging already, waits for that ping (or for ctx).
+func (m *Metrics) ping(ctx context.Context) error {
+	for {
+		m.pingMu.Lock()
+		if !m.pingAt.IsZero() && time.Since(m.pingAt) < ReadyInterval {
+			err := m.pingErr
+			m.pingMu.Unlock()
+			return err
+		}
+		if wait := m.pinging; wait != nil {
+			m.pingMu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		done := make(chan struct{})
+		m.pinging = done
+		m.pingMu.Unlock()
+
+		// Not the request's context: the requests waiting share this ping.
+		pingCtx, cancel := context.WithTimeout(context.Background(), queryTimeout)
+		err := m.pool.Ping(pingCtx)
+		cancel()
+		if err != nil {
+			m.mu.Lock()
+			logger := m.logger
+			m.mu.Unlock()
+			cmp.Or(logger, zap.NewNop()).Warn("readiness: the database does not answer", zap.Error(err))
+		}
+		m.pingMu.Lock()
+		m.pingAt, m.pingErr, m.pinging = time.Now(), err, nil
+		m.pingMu.Unlock()
+		close(done)
+		return err
+	}
 }
 
 // Listen binds addr at once, so that a port in use is an error at start.
@@ -183,6 +238,9 @@ func Listen(addr string) (net.Listener, error) {
 
 // Serve serves Handler on l until ctx ends, then shuts the server down.
 func (m *Metrics) Serve(ctx context.Context, l net.Listener, logger *zap.Logger) error {
+	m.mu.Lock()
+	m.logger = logger
+	m.mu.Unlock()
 	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	done := make(chan struct{})
 	go func() {

@@ -5,8 +5,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -234,4 +238,75 @@ func TestExecutorMetrics(t *testing.T) {
 	require.Zero(t, value(t, families, "pgdispatch_http_connection_waits_total", nil))
 	require.Zero(t, value(t, families, "pgdispatch_http_jobs_waiting_for_connection", nil))
 	require.Zero(t, value(t, families, "pgdispatch_http_hosts_saturated", nil))
+}
+
+// /readyz pings the database at most once per metrics.ReadyInterval, however
+// many requests come and however they overlap: a burst of them shares one
+// ping. Pings are counted by the pool's acquire hook (the readiness check is
+// the pool's only user here); the bound is the one the interval allows for
+// the time the requests took, so a slow machine cannot make it fail.
+func TestReadyzPingsOncePerInterval(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	var pings atomic.Int64
+	release := make(chan struct{})
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if pings.Add(1) == 1 {
+			<-release // the first ping waits until every request of the burst has arrived
+		}
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	m := metrics.New(pool, executors.NewRegistry())
+
+	const burst = 64
+	arrived := make(chan struct{}, burst)
+	inner := m.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: burst, MaxIdleConnsPerHost: burst}}
+	defer client.CloseIdleConnections()
+
+	began := time.Now()
+	codes := make(chan int, burst)
+	for range burst {
+		go func() {
+			resp, err := client.Get(srv.URL + "/readyz")
+			if err != nil {
+				codes <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	for range burst {
+		select {
+		case <-arrived:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the requests did not arrive")
+		}
+	}
+	close(release)
+	for range burst {
+		require.Equal(t, http.StatusOK, <-codes)
+	}
+	// Then one after another.
+	for range 200 {
+		code, _ := get(t, srv.URL+"/readyz")
+		require.Equal(t, http.StatusOK, code)
+	}
+	allowed := 1 + int64(time.Since(began)/metrics.ReadyInterval)
+	require.LessOrEqual(t, pings.Load(), allowed, "%d requests pinged the database %d times in %s",
+		burst+200, pings.Load(), time.Since(began))
 }

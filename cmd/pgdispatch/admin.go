@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"reflect"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -52,7 +54,7 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			if s.OldestDueSeconds != nil {
 				oldest = time.Duration(*s.OldestDueSeconds * float64(time.Second)).Round(time.Millisecond).String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", s.Queue, s.Kind, s.Pending, s.Due, s.Running,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", printable(s.Queue), printable(s.Kind), s.Pending, s.Due, s.Running,
 				count(s.Done), count(s.Dead), count(s.Cancelled), oldest, s.DoneLastMinute, s.DeadLastMinute)
 		}
 		return tw.Flush()
@@ -68,8 +70,8 @@ func count(n *int64) string {
 }
 
 const jobsUsage = `Usage:
-  pgdispatch jobs list [--status S,...] [--queue Q] [--kind K] [--limit N] [--json]
-  pgdispatch jobs show [--json] ID
+  pgdispatch jobs list [--status S,...] [--queue Q] [--kind K] [--limit N] [--json] [--reveal]
+  pgdispatch jobs show [--json] [--reveal] ID
   pgdispatch jobs retry ID... | --all-dead [--queue Q] [--kind K]
   pgdispatch jobs cancel ID...
 
@@ -78,6 +80,12 @@ if theirs are used up. cancel makes pending or running jobs cancelled; a
 running job's executor is not interrupted, and its outcome is dropped. Both
 work in batches with rows locked in id order, so they are safe while workers
 run. Run 'pgdispatch jobs COMMAND --help' for the flags.
+
+Rows are written by anyone who may insert a job, so list and show escape
+control characters (ESC as \x1b), and mask what looks like a secret in
+payloads and last_error: URL user info, query values, and the values of
+keys such as Authorization, X-Api-Key, password or token. --json prints
+the values as they are, masked the same way; --reveal turns masking off.
 `
 
 func jobsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -94,6 +102,7 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	kind := fs.String("kind", "", "only this kind")
 	limit := fs.Int("limit", admin.DefaultLimit, "the most jobs to list")
 	asJSON := fs.Bool("json", false, "print JSON")
+	reveal := fs.Bool("reveal", false, revealHelp)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -111,14 +120,19 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
+		if !*reveal {
+			for i := range jobs {
+				maskJob(&jobs[i])
+			}
+		}
 		if *asJSON {
 			return printJSON(stdout, jobs)
 		}
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tQUEUE\tKIND\tSTATUS\tATTEMPTS\tRUN AT\tLAST ERROR")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Queue, j.Kind, j.Status, attempts(j),
-				j.RunAt.UTC().Format(time.RFC3339), oneLine(j.LastError, 80))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, printable(j.Queue), printable(j.Kind), j.Status, attempts(j),
+				j.RunAt.UTC().Format(time.RFC3339), printable(oneLine(j.LastError, 80)))
 		}
 		return tw.Flush()
 	})
@@ -147,6 +161,7 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := newFlagSet("jobs show", "Show one job, with its payload: pgdispatch jobs show [flags] ID", stderr)
 	v := newValues(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON")
+	reveal := fs.Bool("reveal", false, revealHelp)
 	ids, err := parseIDs(fs, args, false)
 	if err != nil {
 		return err
@@ -161,12 +176,19 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
+		var masked bool
+		if !*reveal {
+			before := j
+			maskJob(&j)
+			masked = !bytes.Equal(before.Payload, j.Payload) || !reflect.DeepEqual(before.LastError, j.LastError)
+		}
 		if *asJSON {
 			return printJSON(stdout, j)
 		}
-		payload, err := json.MarshalIndent(j.Payload, "  ", "  ")
-		if err != nil {
-			payload = j.Payload
+		var payload bytes.Buffer
+		if err := json.Indent(&payload, j.Payload, "  ", "  "); err != nil {
+			payload.Reset()
+			payload.Write(j.Payload)
 		}
 		ts := func(t *time.Time) string {
 			if t == nil {
@@ -197,12 +219,17 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			{"finished_at", ts(j.FinishedAt)},
 			{"last_error", str(j.LastError)},
 		} {
-			fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
+			fmt.Fprintf(tw, "%s\t%s\n", row[0], printable(row[1]))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		_, err = fmt.Fprintf(stdout, "payload\n  %s\n", payload)
+		if _, err := fmt.Fprintf(stdout, "payload\n  %s\n", printableLines(payload.String())); err != nil {
+			return err
+		}
+		if masked {
+			_, err = fmt.Fprintln(stdout, "(secrets masked as xxxxx: --reveal shows them)")
+		}
 		return err
 	})
 }
@@ -256,6 +283,21 @@ func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		printChanges(stdout, changes, "cancelled", "pending or running")
 		return err
 	})
+}
+
+const revealHelp = "show secrets as they are: URL user info and query values, and the values of keys such as Authorization, X-Api-Key, password or token"
+
+// maskJob masks the secrets of j's payload and last_error (see maskPayload).
+func maskJob(j *admin.Job) {
+	if j.LastError != nil {
+		masked := maskURLs(*j.LastError)
+		j.LastError = &masked
+	}
+	p, err := maskPayload(j.Payload)
+	if err != nil {
+		p = json.RawMessage(`"` + mask + `"`)
+	}
+	j.Payload = p
 }
 
 func printChanges(w io.Writer, changes []admin.Change, did, applies string) {

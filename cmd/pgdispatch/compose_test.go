@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,14 @@ func TestComposeFile(t *testing.T) {
 	require.Equal(t, 2, strings.Count(string(dockerfile), "\nFROM "))
 	require.Contains(t, string(dockerfile), "CGO_ENABLED=0")
 	require.Contains(t, string(dockerfile), "USER nonroot")
+
+	// The demo's services have demo passwords and no authentication on
+	// /metrics: they are published on the host's loopback only.
+	for name, svc := range project.Services {
+		for _, p := range svc.Ports {
+			require.Equal(t, "127.0.0.1", p.HostIP, "%s publishes %s:%s on every interface", name, p.Published, strconv.Itoa(int(p.Target)))
+		}
+	}
 
 	producer := project.Services["producer"]
 	require.Len(t, producer.Volumes, 1)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strconv"
@@ -21,6 +22,9 @@ import (
 // setting is one configuration value: an environment variable and the flag
 // that overrides it. Flags win over the environment, which wins over .env.
 // Secrets have no flag, so that they never show in a process listing.
+// Usage shows a flag's built-in default, never the environment's value,
+// which may hold a password (DATABASE_URL); what is printed passes through
+// the redactor (redact.go).
 type setting struct {
 	env, flag, def, help string
 }
@@ -88,7 +92,11 @@ func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
 				v.vals[s.env] = &def
 				continue
 			}
-			v.vals[s.env] = fs.String(s.flag, def, s.help+" ($"+s.env+")")
+			// Registered with the built-in default, which usage prints; the
+			// environment's value is set after.
+			p := fs.String(s.flag, s.def, s.help+" ($"+s.env+")")
+			*p = def
+			v.vals[s.env] = p
 		}
 	}
 	return v
@@ -215,7 +223,9 @@ func parseQueues(s string) ([]pgdispatch.Queue, error) {
 	return qs, nil
 }
 
-func newLogger(level, format string) (*zap.Logger, error) {
+// newLogger returns a logger that writes to w (the command's stderr, through
+// the redactor).
+func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	var lvl zapcore.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("invalid LOG_LEVEL %q: want debug, info, warn or error", level)
@@ -232,5 +242,12 @@ func newLogger(level, format string) (*zap.Logger, error) {
 	}
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.Sampling = nil
-	return cfg.Build()
+	enc := zapcore.NewJSONEncoder(cfg.EncoderConfig)
+	if format == "console" {
+		enc = zapcore.NewConsoleEncoder(cfg.EncoderConfig)
+	}
+	sink := zapcore.Lock(zapcore.AddSync(w))
+	return cfg.Build(zap.ErrorOutput(sink), zap.WrapCore(func(zapcore.Core) zapcore.Core {
+		return zapcore.NewCore(enc, sink, cfg.Level)
+	}))
 }

@@ -82,6 +82,12 @@ func main() {
 }
 
 func realMain(args []string, stdout, stderr io.Writer) int {
+	// Everything printed, logs included, goes through the redactor
+	// (redact.go).
+	secrets := &redactor{}
+	secrets.addEnv(os.Environ())
+	secrets.addArgs(args)
+	stdout, stderr = secrets.writer(stdout), secrets.writer(stderr)
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(stdout, usage)
 		if len(args) == 0 {
@@ -98,6 +104,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pgdispatch: read .env: %v\n", err)
 		return 1
 	}
+	secrets.addEnv(os.Environ()) // and what .env set
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	stopOnClosedOutput(ctx, stop)

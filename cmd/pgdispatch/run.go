@@ -44,7 +44,7 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	if schema == "" {
 		errs = append(errs, errors.New("invalid DB_SCHEMA: must not be empty"))
 	}
-	logger, err := newLogger(v.str("LOG_LEVEL"), v.str("LOG_FORMAT"))
+	logger, err := newLogger(v.str("LOG_LEVEL"), v.str("LOG_FORMAT"), v.fs.Output())
 	errs = append(errs, err)
 	if dbURL == "" {
 		errs = append(errs, errors.New("no database: set DATABASE_URL (or DB_HOST and friends), or pass --database-url"))

@@ -88,6 +88,7 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs := newFlagSet("triggers list", "List the dispatch triggers.", stderr)
 	v := newValues(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON")
+	reveal := fs.Bool("reveal", false, "show the payloads' secrets as they are: URL user info and query values, and the values of keys such as Authorization or X-Api-Key")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -99,6 +100,15 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	if !*reveal {
+		for i := range list {
+			p, err := maskPayload(list[i].Payload)
+			if err != nil {
+				p = json.RawMessage(`"` + mask + `"`)
+			}
+			list[i].Payload = p
+		}
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -108,10 +118,14 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fmt.Fprintln(tw, "NAME\tTABLE\tON\tKIND\tQUEUE\tWHEN\tPAYLOAD")
 	for _, t := range list {
 		name := t.Name
-		if !t.Present {
+		switch {
+		case !t.Present:
 			name += " (dropped by hand)"
+		case !t.Matches:
+			name += " (NOT AS RECORDED: remove it)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", name, t.Table, strings.Join(t.Events, ","), t.Kind, t.Queue, t.When, t.Payload)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(name), printable(t.Table), strings.Join(t.Events, ","),
+			printable(t.Kind), printable(t.Queue), printable(t.When), printable(string(t.Payload)))
 	}
 	return tw.Flush()
 }

