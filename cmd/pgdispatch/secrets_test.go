@@ -85,7 +85,7 @@ func secretEnv(databaseURL string, extra ...string) []string {
 func validSecretEnv(databaseURL string, extra ...string) []string {
 	return env(append([]string{
 		"DATABASE_URL=" + databaseURL,
-		"SMTP_HOST=127.0.0.1", "SMTP_USERNAME=nobody", "SMTP_PASSWORD=" + smtpPassword,
+		"SMTP_HOST=127.0.0.1", "SMTP_USERNAME=nobody", "SMTP_PASSWORD=" + smtpPassword, "SMTP_FROM=pgdispatch@example.test",
 		"HTTP_SIGNING_SECRET=" + signingSecret,
 		"DB_PASSWORD=" + dbEnvPassword,
 		"LOG_FORMAT=console", "LOG_LEVEL=debug",
