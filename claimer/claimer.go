@@ -24,7 +24,7 @@
 //	           notification; the tick                                       after 2 ms of looks
 //	drowsy     the key granted or lost; a             saturated   lingering asleep if the key was
 //	(asks for  notification; the next run_at;                               just granted, else
-//	the key)   the tick                                                     drowsy
+//	the key)   stranded rows; the tick                                      drowsy
 //	asleep     a notification; the next run_at;       saturated   lingering asleep
 //	(holds     stranded rows; the tick; the key lost
 //	the key)   (and goes to drowsy)

@@ -99,6 +99,7 @@ type claimResult struct {
 type machine struct {
 	state  state
 	timer  time.Duration // when the loop's timer fires from now; noTimer: stopped
+	rearm  bool          // timer changed: the loop sets its timer anew
 	looks  int           // empty looks in a row while lingering
 	gather bool          // saturated: the gather timer runs
 	// stranded is when the claims began to skip locked due rows, zero while
@@ -108,13 +109,13 @@ type machine struct {
 	stranded time.Time
 }
 
-func newMachine() *machine { return &machine{state: awake, timer: 0} }
+func newMachine() *machine { return &machine{state: awake, timer: 0, rearm: true} }
 
 // event reports whether ev makes the loop claim now, with free of
 // concurrency slots free. It may change the state and the timer.
 func (m *machine) event(ev event, free, concurrency int) bool {
 	if free == 0 {
-		m.state, m.gather, m.timer = saturated, false, noTimer
+		m.state, m.gather, m.timer, m.rearm, m.looks = saturated, false, noTimer, true, 0
 		return false
 	}
 	switch m.state {
@@ -123,7 +124,7 @@ func (m *machine) event(ev event, free, concurrency int) bool {
 			return true
 		}
 		if !m.gather {
-			m.gather, m.timer = true, gatherWait
+			m.gather, m.timer, m.rearm = true, gatherWait, true
 		}
 		return false
 	case backoff:
@@ -140,10 +141,10 @@ func (m *machine) event(ev event, free, concurrency int) bool {
 
 // claimed moves the machine on after a claim that ev started.
 func (m *machine) claimed(ev event, r claimResult) {
-	m.gather = false
+	m.gather, m.rearm = false, true
 	switch {
 	case r.err != nil:
-		m.state, m.timer = backoff, r.delay
+		m.state, m.timer, m.looks = backoff, r.delay, 0
 		return
 	case r.claimed == r.limit:
 		m.state, m.timer, m.looks, m.stranded = saturated, noTimer, 0, time.Time{}
@@ -257,10 +258,13 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			m.claimed(ev, r)
 		}
 		c.enter(from, m.state, hooks)
-		if m.timer == noTimer {
-			timer.Stop()
-		} else {
-			timer.Reset(m.timer)
+		if m.rearm { // else the timer runs on: an event that changed nothing must not push it out
+			m.rearm = false
+			if m.timer == noTimer {
+				timer.Stop()
+			} else {
+				timer.Reset(m.timer)
+			}
 		}
 	}
 }

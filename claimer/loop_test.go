@@ -46,12 +46,14 @@ func TestMachineEventSideEffects(t *testing.T) {
 	t.Parallel()
 	const concurrency = 10
 
-	// No free slot: saturated, whatever the state, and no claim.
+	// No free slot: saturated, whatever the state, and no claim; the looks
+	// at an empty queue start over.
 	for s := range stopping {
-		m := &machine{state: s, timer: time.Second}
+		m := &machine{state: s, timer: time.Second, looks: 2}
 		require.False(t, m.event(evWake, 0, concurrency), "%s", s)
 		require.Equal(t, saturated, m.state)
 		require.Equal(t, noTimer, m.timer, "the timer of %s is dropped", s)
+		require.Zero(t, m.looks)
 	}
 
 	// Saturated: a freed slot claims once every slot is free; before that,
@@ -59,12 +61,19 @@ func TestMachineEventSideEffects(t *testing.T) {
 	m := &machine{state: saturated, timer: noTimer}
 	require.False(t, m.event(evSlotFreed, 1, concurrency))
 	require.Equal(t, gatherWait, m.timer)
-	m.timer = time.Millisecond // partly run down
+	require.True(t, m.rearm)
+	m.rearm = false
 	require.False(t, m.event(evSlotFreed, 2, concurrency))
-	require.Equal(t, time.Millisecond, m.timer)
+	require.False(t, m.rearm, "the gather timer runs on")
 	require.True(t, m.event(evTimer, 2, concurrency), "the gather timer claims")
 	m = &machine{state: saturated, timer: noTimer}
 	require.True(t, m.event(evSlotFreed, concurrency, concurrency), "every slot free")
+
+	// An event that claims nothing leaves a running timer alone: a stream of
+	// freed slots while lingering must not push the next look out.
+	m = &machine{state: lingering, timer: lookMin}
+	require.False(t, m.event(evSlotFreed, 3, concurrency))
+	require.False(t, m.rearm)
 
 	// Asleep: losing the key makes it drowsy (the sleep lock asks again).
 	m = &machine{state: asleep, timer: noTimer}
@@ -94,6 +103,7 @@ func TestMachineClaimed(t *testing.T) {
 		{"none, linger spent", lingering, evTimer, claimResult{limit: 5}, 2, drowsy, noTimer},
 		{"none from saturated", saturated, evSlotFreed, claimResult{limit: 5}, 0, lingering, lookMin},
 		{"none after backoff", backoff, evTimer, claimResult{limit: 5}, 0, lingering, lookMin},
+		{"failed while lingering", lingering, evTimer, claimResult{limit: 5, err: errors.New("x"), delay: time.Second}, 2, backoff, time.Second},
 		{"none, key granted", drowsy, evKeyGranted, claimResult{limit: 5}, 0, asleep, noTimer},
 		{"none, drowsy woken", drowsy, evWake, claimResult{limit: 5}, 0, drowsy, noTimer},
 		{"none, key lost", drowsy, evKeyLost, claimResult{limit: 5}, 0, drowsy, noTimer},
