@@ -97,13 +97,13 @@ func (c *Claimer) run(workCtx context.Context, r *running) (outcome, time.Durati
 		c.cfg.Observer.JobStarted(job)
 	}
 	start := time.Now()
-	ctx := newJobContext(workCtx, start.Add(timeout))
+	ctx, cancel := context.WithDeadline(workCtx, start.Add(timeout))
 	r.started.Store(start.UnixNano())
 	// The watchdog gives up on the job if the executor ignores ctx.
 	r.deadline.Store(start.Add(timeout).UnixNano())
 	err = safeExecute(ctx, exec, job)
 	timedOut := errors.Is(ctx.Err(), context.DeadlineExceeded)
-	ctx.release()
+	cancel()
 	if err != nil && timedOut {
 		err = fmt.Errorf("timed out after %s: %w", timeout, err)
 	}
