@@ -33,25 +33,22 @@
 //	any state: a failed claim ─▶ backoff; no free slot ─▶ saturated;
 //	           Run's context ends ─▶ stopping
 //
-// Any state goes to stopping when Run's context ends. A claim that finds
-// jobs gives the sleep key back, and writers stop notifying. While it
-// sleeps, the claimer holds its queue's sleep key and writers notify (see
-// sleep.go and the migrations); while awake, it looks by itself. A claim
-// that comes up short reports the earliest future run_at, for the timer,
-// and whether it skipped due rows another transaction held locked: those
-// are looked for again soon, from 10 ms to 1 s apart, since the end of that
-// transaction may wake no one.
+// Writers notify only while the claimer holds its queue's sleep key (see
+// sleep.go); awake, it looks by itself. A claim that comes up short reports
+// the earliest future run_at, and whether it skipped due rows another
+// transaction held locked ("stranded rows"): their lock may end without a
+// change that notifies, so the claimer looks again, 10 ms to 1 s later.
 //
-// Stopping is in two steps, as in River's producer: when Run's context ends
-// the claimer stops claiming and lets running jobs finish for
-// ShutdownTimeout; then it cancels them, gives the unfinished ones back to
-// pending at once, and flushes the outcomes it holds.
+// Stopping is in two steps, as in River's producer: the claimer stops
+// claiming and lets running jobs finish for ShutdownTimeout, then cancels
+// them, gives the unfinished ones back, and flushes the outcomes it holds.
 package claimer
 
 import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -63,6 +60,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 const (
@@ -174,6 +172,8 @@ func (c *Config) validate() error {
 		return errors.New("claimer: durations and counts must not be negative")
 	case c.JobTimeout > cmp.Or(c.MaxJobTimeout, defaultMaxJobTimeout):
 		return errors.New("claimer: JobTimeout must not exceed MaxJobTimeout")
+	case c.MaxAttempts > migrations.AttemptsLimit:
+		return fmt.Errorf("claimer: MaxAttempts must not exceed %d, the jobs table's bound", migrations.AttemptsLimit)
 	}
 	return nil
 }

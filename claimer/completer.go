@@ -104,26 +104,24 @@ func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
 	slices.SortFunc(batch, func(a, b outcome) int {
 		return cmp.Or(cmp.Compare(a.run.job.ID, b.run.job.ID), cmp.Compare(a.run.job.Attempt, b.run.job.Attempt))
 	})
-	var written int64
-	rest := batch
-	if c.cfg.DeleteDone {
-		var done []outcome
-		done, rest = splitDone(batch)
-		if len(done) > 0 {
-			ids, attempts := make([]int64, len(done)), make([]int32, len(done))
-			for i, o := range done {
-				ids[i], attempts[i] = o.run.job.ID, int32(o.run.job.Attempt) //nolint:gosec // attempts stop at 1,000,000
-			}
-			n, err := c.write(ctx, c.deleteDoneSQL, ids, attempts, c.cfg.WorkerID)
-			if err != nil {
-				return err
-			}
-			written += n
+	var done, rest outcomeArrays
+	for _, o := range batch {
+		if c.cfg.DeleteDone && o.status == "done" {
+			done.add(o)
+		} else {
+			rest.add(o)
 		}
 	}
-	if len(rest) > 0 {
-		a := newOutcomeArrays(rest)
-		n, err := c.write(ctx, c.completeSQL, a.ids, a.attempts, a.statuses, a.delays, a.errs, a.releases, c.cfg.WorkerID)
+	var written int64
+	if len(done.ids) > 0 {
+		n, err := c.write(ctx, c.deleteDoneSQL, done.ids, done.attempts, c.cfg.WorkerID)
+		if err != nil {
+			return err
+		}
+		written += n
+	}
+	if len(rest.ids) > 0 {
+		n, err := c.write(ctx, c.completeSQL, rest.ids, rest.attempts, rest.statuses, rest.delays, rest.errs, rest.releases, c.cfg.WorkerID)
 		if err != nil {
 			return err
 		}
@@ -146,20 +144,7 @@ func (c *Claimer) write(ctx context.Context, sql string, args ...any) (int64, er
 	return tag.RowsAffected(), nil
 }
 
-// splitDone splits a batch into its done outcomes and the rest, each in
-// the batch's order.
-func splitDone(batch []outcome) (done, rest []outcome) {
-	for _, o := range batch {
-		if o.status == "done" {
-			done = append(done, o)
-		} else {
-			rest = append(rest, o)
-		}
-	}
-	return done, rest
-}
-
-// outcomeArrays are a batch of outcomes as the columns completeSQL unnests.
+// outcomeArrays are outcomes as the columns completeSQL unnests.
 type outcomeArrays struct {
 	ids      []int64
 	attempts []int32
@@ -169,15 +154,11 @@ type outcomeArrays struct {
 	releases []bool
 }
 
-func newOutcomeArrays(batch []outcome) outcomeArrays {
-	n := len(batch)
-	a := outcomeArrays{
-		ids: make([]int64, n), attempts: make([]int32, n), statuses: make([]string, n),
-		delays: make([]float64, n), errs: make([]*string, n), releases: make([]bool, n),
-	}
-	for i, o := range batch {
-		a.ids[i], a.attempts[i], a.statuses[i] = o.run.job.ID, int32(o.run.job.Attempt), o.status //nolint:gosec // attempts stop at 1,000,000
-		a.delays[i], a.errs[i], a.releases[i] = o.delay.Seconds(), o.err, o.release
-	}
-	return a
+func (a *outcomeArrays) add(o outcome) {
+	a.ids = append(a.ids, o.run.job.ID)
+	a.attempts = append(a.attempts, int32(o.run.job.Attempt)) //nolint:gosec // attempts stop at 1,000,000
+	a.statuses = append(a.statuses, o.status)
+	a.delays = append(a.delays, o.delay.Seconds())
+	a.errs = append(a.errs, o.err)
+	a.releases = append(a.releases, o.release)
 }

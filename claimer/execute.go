@@ -133,12 +133,9 @@ func (c *Claimer) observe(job *executors.Job, o outcome, took time.Duration) {
 // outlived their jobs' deadlines. It sends nothing to the database.
 const watchdogInterval = 500 * time.Millisecond
 
-// runWatchdog gives up on jobs whose executors have not returned
-// abandonGrace after their deadline: an executor that ignores its context
-// must not hold the job and its slot for ever (the heartbeat would keep the
-// lease). Such a job retries, or is dead when its attempts are used up, or
-// is given back when the worker is stopping; its slot is free again, and the
-// executor's goroutine is left to finish, or not, on its own.
+// runWatchdog abandons jobs whose executors have not returned abandonGrace
+// after their deadline: an executor that ignores its context must not hold
+// the job and its slot for ever (the heartbeat would keep the lease).
 func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
 	t := time.NewTicker(watchdogInterval)
 	defer t.Stop()
@@ -149,26 +146,33 @@ func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
 		case <-t.C:
 		}
 		limit := time.Now().Add(-abandonGrace).UnixNano()
-		var late []*running
-		c.mu.Lock()
-		for r := range c.inflight {
-			if d := r.deadline.Load(); d != 0 && d < limit && !r.reported {
-				late = append(late, r)
-			}
-		}
-		c.mu.Unlock()
-		for _, r := range late {
-			c.giveUp(workCtx, r)
+		for _, r := range c.unreported(func(r *running) bool { d := r.deadline.Load(); return d != 0 && d < limit }) {
+			err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, r.job.Timeout)
+			c.abandon(r, err, workCtx.Err() != nil)
 		}
 	}
 }
 
-func (c *Claimer) giveUp(workCtx context.Context, r *running) {
-	job := r.job
-	err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, job.Timeout)
-	o := c.classify(c.jobLogger(job), r, err, workCtx.Err() != nil, r.ran())
-	if c.report(r, o) { // the executor's late result is then dropped
-		c.observe(job, o, job.Timeout+abandonGrace)
+// unreported lists the runs whose outcome is not known yet and that match.
+func (c *Claimer) unreported(match func(*running) bool) []*running {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []*running
+	for r := range c.inflight {
+		if !r.reported && match(r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// abandon records an outcome for r, whose executor has not returned: a
+// retry, dead, or, when released, given back. Its slot is free again, the
+// executor's goroutine is left to finish or not, and its result is dropped.
+func (c *Claimer) abandon(r *running, err error, released bool) {
+	o := c.classify(c.jobLogger(r.job), r, err, released, r.ran())
+	if c.report(r, o) {
+		c.observe(r.job, o, r.ran())
 	}
 }
 
@@ -309,21 +313,8 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners) bool {
 		return true
 	case <-abandon.C:
 	}
-	var given []*running
-	c.mu.Lock()
-	for r := range c.inflight {
-		if !r.reported {
-			given = append(given, r)
-		}
-	}
-	c.mu.Unlock()
-	for _, r := range given {
-		err := errors.New("the executor did not return after cancellation")
-		o := c.classify(c.jobLogger(r.job), r, err, true, r.ran())
-		if c.report(r, o) {
-			c.observe(r.job, o, 0)
-			c.logger.Warn("job given back while its executor still runs", zap.Int64("job_id", r.job.ID), zap.Int("attempt", r.job.Attempt))
-		}
+	for _, r := range c.unreported(func(*running) bool { return true }) {
+		c.abandon(r, errors.New("the executor did not return after cancellation"), true)
 	}
 	return false
 }

@@ -10,33 +10,18 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
 
-// state is where the claim loop stands. The package doc draws the
-// transitions; machine makes them.
+// state is where the claim loop stands; the package doc has the
+// transitions, and machine makes them.
 type state uint8
 
 const (
-	// awake: the queue may hold due jobs. The loop starts here, and claims at once.
-	awake state = iota
-	// saturated: the last claim took every free slot, or no slot is free.
-	// The next claim waits for slots to free: all of them, or gatherWait
-	// after the first, so that it takes a full batch.
-	saturated
-	// lingering: the last claim came up short. The loop looks again after
-	// growing pauses, for linger in all; under a steady stream of jobs it
-	// never goes to sleep, and writers never notify.
-	lingering
-	// drowsy: the loop has asked for the queue's sleep key and waits for it.
-	// Once granted, it looks once more.
-	drowsy
-	// asleep: it holds the sleep key and the look after taking it found
-	// nothing due. Writers notify; the loop waits for a notification, the
-	// earliest future run_at, a look for rows that were locked, or the
-	// fallback tick.
-	asleep
-	// backoff: the last claim failed; the loop tries again after a delay.
-	backoff
-	// stopping: Run's context ended; the loop claims no more.
-	stopping
+	awake     state = iota // the queue may hold due jobs: claim at once
+	saturated              // every free slot taken: claim as slots free, in full batches
+	lingering              // the last claim came up short: look again soon, for linger in all
+	drowsy                 // asked for the sleep key; look once more when it is granted
+	asleep                 // holds the key and found nothing: writers notify
+	backoff                // the last claim failed: try again after a delay
+	stopping               // Run's context ended
 )
 
 var stateNames = [...]string{"awake", "saturated", "lingering", "drowsy", "asleep", "backoff", "stopping"}

@@ -7,31 +7,20 @@ import "strings"
 // order, so two writers can never deadlock on them.
 
 // claimSQL claims up to $2 due jobs of queue $1 for worker $3, under a lease
-// of $4 seconds, with $5 the attempts of jobs whose max_attempts is NULL.
-// It takes jobs in (priority, run_at, id) order until their payloads' stored
-// size passes $6 bytes, and one at least.
+// of $4 seconds ($5: the attempts of a job whose max_attempts is NULL), in
+// (priority, run_at, id) order, until their payloads' stored size passes $6
+// bytes (one job at least). attempts stops at 1,000,000, the constraint's
+// bound, so that no row the table accepts makes the claim fail.
 //
-// When it claims fewer than asked, it also returns how many seconds remain
-// until the earliest future run_at, measured on the database's clock (a
-// worker whose clock ran ahead would otherwise wake early, find nothing due,
-// and claim again and again until the clocks agreed), and whether it skipped
-// due rows: the statement's snapshot sees the rows it claimed as pending,
-// so more due rows than it claimed means some were locked by another
-// transaction (or were claimed by a peer meanwhile).
+// When it claims fewer than asked, it also returns the seconds until the
+// earliest future run_at, on the database's clock, and whether it skipped
+// due rows: its snapshot sees the rows it claimed as pending, so more due
+// rows than it claimed means some were locked by another transaction.
 //
-// The claim commits asynchronously (claimPlanSQL): it does not wait for its
-// WAL flush, which under load was most of a claim's time. A claim lost in a
-// server crash leaves its jobs pending, so they run again: at least once
-// still holds. Outcomes are written synchronously.
-//
-// The UPDATE finds its rows by the ctids c locked, not by joining c: a
-// prepared statement's generic plan cannot see LIMIT $2, and planned that
-// join as a hash join over a scan of the whole table. The ctid is the
-// version c locked, and no other transaction can move a row this one has
-// locked.
-//
-// attempts stops at 1,000,000, the bound of the table's constraint, so that
-// no row the table accepts can make the claim fail.
+// It commits without waiting for its WAL flush (claimPlanSQL): a claim lost
+// in a server crash leaves its jobs pending, and they run again. The UPDATE
+// finds its rows by the ctids c locked rather than by joining c, whose
+// generic plan, blind to LIMIT $2, was a hash join over the whole table.
 const claimSQL = `
 WITH c AS (
     SELECT ctid, priority, run_at, id, pg_column_size(payload) AS size FROM {jobs}
@@ -71,22 +60,11 @@ SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at
 FROM n LEFT JOIN u ON true`
 
 // planSQL goes before each claim, heartbeat and completion, in the same
-// implicit transaction (one pipeline, one Sync), and pins their plans:
-//
-//   - A generic plan, planned once per connection. Left to itself,
-//     PostgreSQL planned the claim anew at every call (the custom plan, which
-//     sees LIMIT $2, always looked cheaper).
-//   - Rows found by key, never by a scan of the table. A generic plan is
-//     kept for the connection's life, and one planned while the table was
-//     nearly empty (a worker started on a new queue) used sequential scans
-//     and hash joins, and went on using them as the table grew. Without
-//     sequential scans, hash and merge joins, these statements have one
-//     plan left: a nested loop over the batch, by primary key (by ctid for
-//     the claim's UPDATE, so TID scans are turned on).
-//
-// The settings are the transaction's own and never leak into the pool.
-// plan_test.go checks the plans, planned on an empty table, on stale
-// statistics and with TID scans off.
+// implicit transaction, and pins their plans: a generic plan, made once per
+// connection (else the claim was planned anew at every call), that finds
+// rows by key only, however the statistics looked when it was made (a plan
+// made on a nearly empty table scanned the whole table ever after). The
+// settings are the transaction's own. plan_test.go checks the plans.
 const planSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_tidscan', 'on', true),
        set_config('enable_seqscan', 'off', true),
