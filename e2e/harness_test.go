@@ -383,6 +383,12 @@ type receiver struct {
 		want    int
 		reached chan struct{}
 	}
+
+	// The hostile endpoints: how long each trickle went on before the
+	// client hung up, and another host, which a redirect points at.
+	trickles []time.Duration
+	away     *httptest.Server
+	stolen   atomic.Int64 // requests that reached away
 }
 
 const (
@@ -398,8 +404,17 @@ func newReceiver(t *testing.T) *receiver {
 	mux.HandleFunc("POST /hook", r.hook)
 	mux.HandleFunc("POST /barrier", r.barrierHook)
 	mux.HandleFunc("POST /flaky", r.flakyHook)
+	mux.HandleFunc("/trickle", r.trickle)
+	mux.HandleFunc("/huge-headers", hugeHeaders)
+	mux.HandleFunc("/redirect-away", r.redirectAway)
+	mux.HandleFunc("/ansi", ansi)
 	r.srv = httptest.NewServer(mux)
 	t.Cleanup(r.srv.Close)
+	r.away = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		r.stolen.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(r.away.Close)
 	return r
 }
 
@@ -474,6 +489,79 @@ func (r *receiver) flakyCount() int {
 	defer r.mu.Unlock()
 	return r.flaky
 }
+
+// trickle answers 500 (or ?status=200) and "first bytes" at once, then one
+// byte every 50 ms for as long as the client reads, or 30 s at most: a
+// worker that reads on fails the test's bound, not its cleanup, which waits
+// for the receiver's connections before it stops the workers.
+func (r *receiver) trickle(w http.ResponseWriter, req *http.Request) {
+	start := time.Now()
+	defer func() {
+		r.mu.Lock()
+		r.trickles = append(r.trickles, time.Since(start))
+		r.mu.Unlock()
+	}()
+	_, _ = io.Copy(io.Discard, req.Body)
+	status := http.StatusInternalServerError
+	if req.URL.Query().Get("status") == "200" {
+		status = http.StatusOK
+	}
+	w.WriteHeader(status)
+	rc := http.NewResponseController(w)
+	if _, err := io.WriteString(w, "first bytes"); err != nil || rc.Flush() != nil {
+		return
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	end := time.NewTimer(30 * time.Second)
+	defer end.Stop()
+	for {
+		select {
+		case <-req.Context().Done():
+			return
+		case <-end.C:
+			return
+		case <-tick.C:
+			if _, err := io.WriteString(w, "."); err != nil || rc.Flush() != nil {
+				return
+			}
+		}
+	}
+}
+
+// trickleTimes is how long each trickle lasted.
+func (r *receiver) trickleTimes() []time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.trickles)
+}
+
+// hugeHeaders answers 200 with 32 headers of 256 KiB each, 8 MiB in all.
+func hugeHeaders(w http.ResponseWriter, req *http.Request) {
+	_, _ = io.Copy(io.Discard, req.Body)
+	big := strings.Repeat("b", 256<<10)
+	for i := range 32 {
+		w.Header().Set(fmt.Sprintf("X-Big-%d", i), big)
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// redirectAway answers 307 to another host, the receiver's away server.
+func (r *receiver) redirectAway(w http.ResponseWriter, req *http.Request) {
+	_, _ = io.Copy(io.Discard, req.Body)
+	http.Redirect(w, req, r.away.URL+"/stolen", http.StatusTemporaryRedirect)
+}
+
+// ansi answers 500 with a body of terminal escapes: a window title, a
+// clear screen, red text and a CR LF.
+func ansi(w http.ResponseWriter, req *http.Request) {
+	_, _ = io.Copy(io.Discard, req.Body)
+	w.Header().Set("Content-Type", "text/plain")
+	w.WriteHeader(http.StatusInternalServerError)
+	_, _ = io.WriteString(w, ansiBody)
+}
+
+const ansiBody = "\x1b]0;owned\x07\x1b[2J\x1b[31mboom\r\n"
 
 // expectBarrier arms the barrier: its requests are answered 200 only once n
 // are in flight together, which needs every slot of every worker.

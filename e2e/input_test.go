@@ -2,22 +2,28 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/internal/amqptest"
 	"github.com/pgdispatch/pgdispatch/internal/smtptest"
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // Scenario 6: producers insert with colliding dedup keys and update pending
@@ -98,34 +104,61 @@ type corpusCase struct {
 	name    string
 	kind    string
 	payload string // JSON text, cast by the server
-	cols    map[string]string
+	// cols sets other columns, as text the server casts: queue, attempts,
+	// max_attempts, status, priority, run_at, and dedup_key in place of the
+	// case's own key.
+	cols map[string]string
+	// viaTemp stores the payload in a temporary table first and inserts the
+	// row with INSERT ... SELECT from it, so that the payload reaches the
+	// jobs table compressed, as a writer's own table would send it.
+	viaTemp bool
 	// want is "dead" (with last_error containing wantErr), "reject" (the
 	// INSERT fails with wantErr), "done" or "scheduled" (stays pending in
 	// the future).
 	want, wantErr string
+	// attempts, when not 0, is the attempts the row must end with.
+	attempts int
 }
 
 // Scenario 7: a corpus of bad rows in a stream of good ones. Every bad row is
 // refused at INSERT with a clear message or ends dead with a clear
-// last_error; the good jobs all run; no worker exits or spins.
+// last_error; the good jobs all run; no worker exits or spins, and no
+// worker's memory grows past a bound.
 func TestBadInput(t *testing.T) {
 	mail := smtptest.Start(t, "mailer", "s3cret-pass")
 	s := newScenario(t, "badinput", map[string]string{
-		"RABBITMQ_URL":  amqptest.URL(t),
-		"SMTP_HOST":     mail.Host,
-		"SMTP_PORT":     strconv.Itoa(mail.Port),
-		"SMTP_USERNAME": "mailer",
-		"SMTP_PASSWORD": "s3cret-pass",
-		"SMTP_TLS":      "none",
-		"SMTP_FROM":     "pgdispatch@example.test",
+		"RABBITMQ_URL":              amqptest.URL(t),
+		"SMTP_HOST":                 mail.Host,
+		"SMTP_PORT":                 strconv.Itoa(mail.Port),
+		"SMTP_USERNAME":             "mailer",
+		"SMTP_PASSWORD":             "s3cret-pass",
+		"SMTP_TLS":                  "none",
+		"SMTP_ALLOW_PLAINTEXT_AUTH": "true", // the SMTP server is smtptest's, on this machine
+		"SMTP_FROM":                 "pgdispatch@example.test",
 	})
 	s.dumpLogsOnFailure()
 	r := newReceiver(t)
 	amqptest.Queue(t, amqptest.URL(t), "e2e_badinput")
+	amqptest.Queue(t, amqptest.URL(t), "e2e_badinput_other") // what CC and BCC would reach
 	ws := s.startWorkers(2)
 
 	ok := r.url("/hook")
-	huge := strings.Repeat("x", 1<<20)
+	port := r.srv.Listener.Addr().(*net.TCPAddr).Port
+	// Within the payload limit once the URL is added, and over it.
+	huge := strings.Repeat("x", 1_040_000)
+	overLimit := strings.Repeat("x", migrations.PayloadLimit)
+	// 40 MB of one letter: pglz stores it in about 460 kB.
+	big := fmt.Sprintf(`{"a": %q}`, strings.Repeat("a", 40_000_000))
+	recipients := make([]string, email.DefaultMaxRecipients+1)
+	for i := range recipients {
+		recipients[i] = fmt.Sprintf("r%d@example.test", i)
+	}
+	manyTo, err := json.Marshal(recipients)
+	require.NoError(t, err)
+	// A hostile receiver's failures retry, and the workers' MAX_ATTEMPTS is
+	// high: such rows get one attempt.
+	once := map[string]string{"max_attempts": "1"}
+	limit := strconv.Itoa(migrations.AttemptsLimit)
 	corpus := []corpusCase{
 		// Payloads that are not objects.
 		{name: "array payload", kind: "http_callback", payload: `[]`, want: "dead", wantErr: "payload"},
@@ -133,6 +166,11 @@ func TestBadInput(t *testing.T) {
 		{name: "number payload", kind: "rabbitmq", payload: `42`, want: "dead", wantErr: "payload"},
 		{name: "JSON null payload", kind: "email", payload: `null`, want: "dead", wantErr: "payload"},
 		{name: "not JSON", kind: "http_callback", payload: `{url: x}`, want: "reject", wantErr: "invalid input syntax for type json"},
+		// Payload sizes.
+		{name: "huge payload, 1 MB", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "data": {"k": "huge", "blob": %q}}`, ok, huge), want: "done"},
+		{name: "payload over 1 MiB", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "data": {"k": "over", "blob": %q}}`, ok, overLimit), want: "reject", wantErr: "jobs_payload_size_check"},
+		{name: "payload of 40 MB", kind: "http_callback", payload: big, want: "reject", wantErr: "jobs_payload_size_check"},
+		{name: "payload of 40 MB, compressed", kind: "http_callback", payload: big, viaTemp: true, want: "reject", wantErr: "jobs_payload_size_check"},
 		// http_callback fields.
 		{name: "no url", kind: "http_callback", payload: `{"data": {}}`, want: "dead", wantErr: "payload.url"},
 		{name: "url a number", kind: "http_callback", payload: `{"url": 42}`, want: "dead", wantErr: "payload.url"},
@@ -145,17 +183,27 @@ func TestBadInput(t *testing.T) {
 		{name: "NUL in a header", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "headers": {"X-N": "a\u0000b"}}`, ok), want: "reject", wantErr: `unsupported Unicode escape sequence`},
 		{name: "timeout a word", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "timeout": "forever"}`, ok), want: "dead", wantErr: "timeout"},
 		{name: "timeout negative", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "timeout": -5}`, ok), want: "dead", wantErr: "timeout"},
+		{name: "timeout past MAX_JOB_TIMEOUT", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "data": {"k": "timeout-100000h"}, "timeout": "100000h"}`, ok), want: "dead", wantErr: "MAX_JOB_TIMEOUT", attempts: 1},
 		{name: "unknown field", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "dta": {}}`, ok), want: "dead", wantErr: "dta"},
 		{name: "cloud metadata address", kind: "http_callback", payload: `{"url": "http://169.254.169.254/latest/meta-data"}`, want: "dead", wantErr: "refused"},
+		{name: "zoned IPv6 address", kind: "http_callback", payload: fmt.Sprintf(`{"url": "http://[::1%%25lo]:%d/hook"}`, port), want: "dead", wantErr: "IPv6 zone", attempts: 1},
 		{name: "unreachable url", kind: "http_callback", payload: `{"url": "http://127.0.0.1:1/closed"}`, want: "dead", wantErr: "refused", cols: map[string]string{"max_attempts": "2"}},
-		{name: "huge payload, 1 MB", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "data": {"k": "huge", "blob": %q}}`, ok, huge), want: "done"},
 		{name: "invalid UTF-8", kind: "http_callback", payload: "{\"url\": \"http://example.test/\xff\xfe\"}", want: "reject", wantErr: "invalid byte sequence"},
+		// Hostile receivers.
+		{name: "slow trickle, 500", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "timeout": "1h"}`, r.url("/trickle")), cols: once, want: "dead", wantErr: "HTTP 500 Internal Server Error: first bytes", attempts: 1},
+		{name: "slow trickle, 200", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "timeout": "1h"}`, r.url("/trickle?status=200")), cols: once, want: "done"},
+		{name: "huge headers", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q}`, r.url("/huge-headers")), cols: once, want: "dead", wantErr: "response headers exceeded", attempts: 1},
+		// The refusal is permanent: the row has the workers' MAX_ATTEMPTS and must end after one.
+		{name: "redirect to another host", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "headers": {"X-Api-Key": "k"}, "data": {"k": "stolen"}}`, r.url("/redirect-away")), want: "dead", wantErr: "refused: redirect", attempts: 1},
+		{name: "ANSI in the body", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q}`, r.url("/ansi")), cols: once, want: "dead", wantErr: `\x1b[31mboom`, attempts: 1},
 		// rabbitmq fields.
 		{name: "no routing_key", kind: "rabbitmq", payload: `{"body": {}}`, want: "dead", wantErr: "payload.routing_key"},
 		{name: "routing_key a number", kind: "rabbitmq", payload: `{"routing_key": 5, "body": {}}`, want: "dead", wantErr: "payload.routing_key"},
 		{name: "no body", kind: "rabbitmq", payload: `{"routing_key": "e2e_badinput"}`, want: "dead", wantErr: "payload.body"},
 		{name: "no such exchange", kind: "rabbitmq", payload: `{"exchange": "e2e-no-such-exchange", "routing_key": "x", "body": {}}`, want: "dead", wantErr: "exchange", cols: map[string]string{"max_attempts": "2"}},
 		{name: "unroutable", kind: "rabbitmq", payload: `{"routing_key": "e2e-no-such-queue", "body": {}}`, want: "dead", wantErr: "unroutable", cols: map[string]string{"max_attempts": "2"}},
+		{name: "CC header", kind: "rabbitmq", payload: `{"routing_key": "e2e_badinput", "body": {"k": "cc"}, "headers": {"CC": ["e2e_badinput_other"]}}`, want: "dead", wantErr: "payload.headers.CC: is refused", attempts: 1},
+		{name: "bcc header", kind: "rabbitmq", payload: `{"routing_key": "e2e_badinput", "body": {"k": "bcc"}, "headers": {"bcc": ["e2e_badinput_other"]}}`, want: "dead", wantErr: "payload.headers.bcc: is refused", attempts: 1},
 		// email fields.
 		{name: "to a string", kind: "email", payload: `{"to": "ann@example.test", "subject": "s", "text": "t"}`, want: "dead", wantErr: "payload.to"},
 		{name: "bad address", kind: "email", payload: `{"to": ["not an address"], "subject": "s", "text": "t"}`, want: "dead", wantErr: "payload.to"},
@@ -163,20 +211,31 @@ func TestBadInput(t *testing.T) {
 		{name: "no text nor html", kind: "email", payload: `{"to": ["ann@example.test"], "subject": "s"}`, want: "dead", wantErr: "text"},
 		{name: "forbidden header", kind: "email", payload: `{"to": ["ann@example.test"], "subject": "s", "text": "t", "headers": {"Bcc": "eve@example.test"}}`, want: "dead", wantErr: "Bcc"},
 		{name: "recipient rejected", kind: "email", payload: `{"to": ["reject@example.test"], "subject": "s", "text": "t"}`, want: "dead", wantErr: "550"},
+		{name: "51 recipients", kind: "email", payload: fmt.Sprintf(`{"to": %s, "subject": "s", "text": "t"}`, manyTo), want: "dead", wantErr: "at most 50", attempts: 1},
+		{name: "from another sender", kind: "email", payload: `{"to": ["ann@example.test"], "from": "CEO <ceo@bank.test>", "subject": "s", "text": "t"}`, want: "dead", wantErr: "not an allowed sender", attempts: 1},
 		// Kinds and columns.
 		{name: "noop sleep a word", kind: "noop", payload: `{"sleep": "a while"}`, want: "dead", wantErr: "sleep"},
 		{name: "unknown kind", kind: "no_such_kind", payload: `{}`, want: "dead", wantErr: "unknown kind"},
 		{name: "empty kind", kind: "", payload: `{}`, want: "reject", wantErr: "jobs_kind_check"},
+		{name: "kind of 129 characters", kind: strings.Repeat("k", 129), payload: `{}`, want: "reject", wantErr: "jobs_kind_check"},
 		{name: "empty queue", kind: "noop", payload: `{}`, cols: map[string]string{"queue": ""}, want: "reject", wantErr: "jobs_queue_check"},
+		{name: "queue of 9000 characters", kind: "noop", payload: `{}`, cols: map[string]string{"queue": strings.Repeat("q", 9000)}, want: "reject", wantErr: "jobs_queue_check"},
+		{name: "dedup_key of 600 characters", kind: "noop", payload: `{}`, cols: map[string]string{"dedup_key": strings.Repeat("d", 600)}, want: "reject", wantErr: "jobs_dedup_key_check"},
+		{name: "attempts 2^31-1", kind: "noop", payload: `{}`, cols: map[string]string{"attempts": "2147483647"}, want: "reject", wantErr: "jobs_attempts_check"},
+		{name: "attempts at the limit", kind: "http_callback", payload: `{"url": "http://127.0.0.1:1/closed"}`, cols: map[string]string{"attempts": limit, "max_attempts": limit}, want: "dead", wantErr: "refused", attempts: migrations.AttemptsLimit},
+		{name: "max_attempts 2^31-1", kind: "noop", payload: `{}`, cols: map[string]string{"max_attempts": "2147483647"}, want: "reject", wantErr: "jobs_max_attempts_check"},
 		{name: "negative max_attempts", kind: "noop", payload: `{}`, cols: map[string]string{"max_attempts": "-1"}, want: "reject", wantErr: "jobs_max_attempts_check"},
 		{name: "zero max_attempts", kind: "noop", payload: `{}`, cols: map[string]string{"max_attempts": "0"}, want: "reject", wantErr: "jobs_max_attempts_check"},
 		{name: "unknown status", kind: "noop", payload: `{}`, cols: map[string]string{"status": "later"}, want: "reject", wantErr: "jobs_status_check"},
 		{name: "priority out of range", kind: "noop", payload: `{}`, cols: map[string]string{"priority": "40000"}, want: "reject", wantErr: "out of range for type smallint"},
 		{name: "run_at infinity", kind: "noop", payload: `{}`, cols: map[string]string{"run_at": "infinity"}, want: "reject", wantErr: "jobs_run_at_check"},
 		{name: "run_at -infinity", kind: "noop", payload: `{}`, cols: map[string]string{"run_at": "-infinity"}, want: "reject", wantErr: "jobs_run_at_check"},
-		{name: "run_at in year 9999", kind: "noop", payload: `{}`, cols: map[string]string{"run_at": "9999-12-31 00:00:00+00"}, want: "scheduled"},
+		{name: "run_at in year 294276", kind: "noop", payload: `{}`, cols: map[string]string{"run_at": "294276-01-01 00:00:00+00"}, want: "reject", wantErr: "jobs_run_at_check"},
+		{name: "run_at in 4713 BC", kind: "noop", payload: `{}`, cols: map[string]string{"run_at": "4713-01-01 00:00:00+00 BC"}, want: "reject", wantErr: "jobs_run_at_check"},
+		{name: "run_at in year 9999", kind: "noop", payload: `{}`, cols: map[string]string{"run_at": "9999-01-01 00:00:00+00"}, want: "reject", wantErr: "jobs_run_at_check"},
+		{name: "run_at in year 9998", kind: "noop", payload: `{}`, cols: map[string]string{"run_at": "9998-12-31 00:00:00+00"}, want: "scheduled"},
 	}
-	require.GreaterOrEqual(t, len(corpus), 30)
+	require.GreaterOrEqual(t, len(corpus), 60)
 
 	// Good jobs before, between and after the bad ones.
 	var goodKeys []string
@@ -188,7 +247,7 @@ func TestBadInput(t *testing.T) {
 	ids := map[string]int64{}
 	for i, c := range corpus {
 		good()
-		id, err := s.insert(c, fmt.Sprintf("bad-%d", i))
+		id, err := s.insert(t, c, fmt.Sprintf("bad-%d", i))
 		if c.want == "reject" {
 			require.Error(t, err, "%s: the INSERT was accepted", c.name)
 			var pgErr *pgconn.PgError
@@ -210,31 +269,49 @@ func TestBadInput(t *testing.T) {
 			continue
 		}
 		var (
-			status  string
-			lastErr *string
-			runAt   time.Time
+			status   string
+			lastErr  *string
+			runAt    time.Time
+			attempts int
 		)
-		require.NoError(t, s.pool.QueryRow(ctx, "SELECT status, last_error, run_at FROM "+s.jobs()+" WHERE id = $1", id).Scan(&status, &lastErr, &runAt))
+		require.NoError(t, s.pool.QueryRow(ctx, "SELECT status, last_error, run_at, attempts FROM "+s.jobs()+" WHERE id = $1", id).
+			Scan(&status, &lastErr, &runAt, &attempts))
 		switch c.want {
 		case "dead":
 			if assert.Equal(t, "dead", status, "%s: last_error %s", c.name, deref(lastErr)) && assert.NotNil(t, lastErr, c.name) {
 				assert.Contains(t, *lastErr, c.wantErr, "%s: a clear last_error", c.name)
 				assert.NotContains(t, *lastErr, "s3cret-pass", "%s: the SMTP password leaked", c.name)
+				assert.Empty(t, controls(*lastErr), "%s: control characters in last_error %q", c.name, *lastErr)
 			}
 		case "done":
 			assert.Equal(t, "done", status, "%s: last_error %s", c.name, deref(lastErr))
 		case "scheduled":
 			assert.Equal(t, "pending", status, c.name)
-			assert.Equal(t, 9999, runAt.Year(), c.name)
+			assert.Equal(t, 9998, runAt.UTC().Year(), c.name)
+		}
+		if c.attempts != 0 {
+			assert.Equal(t, c.attempts, attempts, "%s: attempts", c.name)
 		}
 	}
 	got := r.deliveries()
 	for _, k := range append(goodKeys, "huge") {
 		assert.Equal(t, 1, got[k], "good job %s", k)
 	}
+	assert.Zero(t, got["timeout-100000h"], "the job whose timeout is past MAX_JOB_TIMEOUT ran")
+	assert.Zero(t, r.stolen.Load(), "a redirect reached another host")
+	trickles := r.trickleTimes()
+	assert.Len(t, trickles, 2, "one request for each trickle row")
+	for _, d := range trickles {
+		// The worker reads a body for 2 s after its status: far from the
+		// hour the payload allows.
+		assert.Less(t, d, 10*time.Second, "the worker read a trickling body for %s", d)
+	}
 	require.Empty(t, mail.Messages(), "no bad email may have been sent")
+	for _, q := range []string{"e2e_badinput", "e2e_badinput_other"} {
+		assert.Empty(t, amqptest.Drain(t, amqptest.URL(t), q), "a bad rabbitmq job published to %s", q)
+	}
 
-	// Idle now, with a job due in the year 9999: the workers must sleep,
+	// Idle now, with a job due in the year 9998: the workers must sleep,
 	// not spin.
 	for _, w := range ws {
 		before := cpuTime(t, w)
@@ -244,10 +321,21 @@ func TestBadInput(t *testing.T) {
 		t.Logf("worker %s: %s of CPU in %s while idle", w.id, used, time.Since(start).Round(time.Millisecond))
 		assert.Less(t, used, 150*time.Millisecond, "worker %s used %s of CPU in %s while idle: it spins", w.id, used, time.Since(start).Round(time.Millisecond))
 	}
-	t.Logf("summary %s: bad rows=%d (rejected at INSERT %d, dead %d, done %d, scheduled %d) good jobs=%d delivered=%d lost=0",
-		s.name, len(corpus), countWant(corpus, "reject"), countWant(corpus, "dead"), countWant(corpus, "done"), countWant(corpus, "scheduled"),
-		len(goodKeys), len(goodKeys))
 	s.checkServing(r, slots)
+
+	// Peak memory: a claim loads at most CONCURRENCY payloads of at most
+	// 1 MiB, and a reply's headers are cut at 64 KiB. Each worker stays
+	// near 25 MB; the bound is 5 times that, and the two 40 MB payloads,
+	// were they accepted, take a worker to about 280 MB.
+	var peaks []string
+	for _, w := range ws {
+		peak := peakRSS(t, w)
+		peaks = append(peaks, fmt.Sprintf("%.0f MB", float64(peak)/1e6))
+		assert.Less(t, peak, int64(150e6), "worker %s reached %d bytes of resident memory", w.id, peak)
+	}
+	t.Logf("summary %s: bad rows=%d (rejected at INSERT %d, dead %d, done %d, scheduled %d) good jobs=%d delivered=%d lost=0 trickles=%v peak_rss=%s",
+		s.name, len(corpus), countWant(corpus, "reject"), countWant(corpus, "dead"), countWant(corpus, "done"), countWant(corpus, "scheduled"),
+		len(goodKeys), len(goodKeys), roundAll(trickles), strings.Join(peaks, ","))
 	s.grepLogs()
 }
 
@@ -261,30 +349,82 @@ func countWant(corpus []corpusCase, want string) int {
 	return n
 }
 
+// controls is the control characters in s other than tab and newline: what
+// a terminal would act on.
+func controls(s string) []rune {
+	var out []rune
+	for _, r := range s {
+		if unicode.IsControl(r) && r != '\n' && r != '\t' {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(10 * time.Millisecond)
+	}
+	return out
+}
+
 // insert writes one row with the server casting every value, so that bad
 // values fail there, as they would for any writer.
-func (s *scenario) insert(c corpusCase, key string) (int64, error) {
-	col := func(name string) *string {
-		if v, ok := c.cols[name]; ok {
-			return &v
-		}
-		return nil
+func (s *scenario) insert(t *testing.T, c corpusCase, key string) (int64, error) {
+	t.Helper()
+	args := pgx.NamedArgs{"kind": c.kind, "payload": c.payload, "dedup_key": key,
+		"queue": nil, "attempts": nil, "max_attempts": nil, "status": nil, "priority": nil, "run_at": nil}
+	for name, v := range c.cols {
+		args[name] = v
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	payload, from := "@payload::text::jsonb", ""
+	if c.viaTemp {
+		payload, from = "p.payload", " FROM e2e_payload p"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var id int64
-	err := s.pool.QueryRow(ctx, "INSERT INTO "+s.jobs()+
-		" (kind, payload, dedup_key, queue, max_attempts, status, priority, run_at) VALUES ($1, $2::text::jsonb, $3,"+
-		" coalesce($4::text, 'default'), $5::text::int, coalesce($6::text, 'pending'), coalesce($7::text::smallint, 0), coalesce($8::text::timestamptz, now()))"+
-		" RETURNING id",
-		c.kind, c.payload, key, col("queue"), col("max_attempts"), col("status"), col("priority"), col("run_at")).Scan(&id)
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if c.viaTemp {
+			if _, err := tx.Exec(ctx, "CREATE TEMPORARY TABLE e2e_payload ON COMMIT DROP AS SELECT $1::text::jsonb AS payload", c.payload); err != nil {
+				return err
+			}
+			var stored int
+			if err := tx.QueryRow(ctx, "SELECT pg_column_size(payload) FROM e2e_payload").Scan(&stored); err != nil {
+				return err
+			}
+			require.LessOrEqual(t, stored, migrations.PayloadLimit, "%s: the payload is stored uncompressed, so the case tests no more than the CHECK", c.name)
+		}
+		return tx.QueryRow(ctx, "INSERT INTO "+s.jobs()+" (kind, payload, dedup_key, queue, attempts, max_attempts, status, priority, run_at)"+
+			" SELECT @kind, "+payload+", @dedup_key, coalesce(@queue::text, 'default'), coalesce(@attempts::text::int, 0),"+
+			" @max_attempts::text::int, coalesce(@status::text, 'pending'), coalesce(@priority::text::smallint, 0),"+
+			" coalesce(@run_at::text::timestamptz, now())"+from+" RETURNING id", args).Scan(&id)
+	})
 	return id, err
 }
 
 func (s *scenario) insertCase(t *testing.T, c corpusCase, key string) {
 	t.Helper()
-	_, err := s.insert(c, key)
+	_, err := s.insert(t, c, key)
 	require.NoError(t, err)
+}
+
+// peakRSS is the most resident memory the worker's process has held, in
+// bytes (VmHWM).
+func peakRSS(t *testing.T, w *worker) int64 {
+	t.Helper()
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", w.cmd.Process.Pid))
+	require.NoError(t, err)
+	for line := range strings.Lines(string(raw)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kB, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			require.NoError(t, err, "VmHWM %q", v)
+			return kB << 10
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", w.cmd.Process.Pid)
+	return 0
 }
 
 // cpuTime is the user and system CPU time the worker's process has used.
