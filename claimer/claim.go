@@ -23,7 +23,7 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) claimResu
 	c.claims.Add(1)
 	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL,
 		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes)
-	claimed, err := c.readClaim(results, &r)
+	runs, err := c.readClaim(results, &r)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
@@ -31,17 +31,15 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) claimResu
 	if err != nil {
 		return claimResult{limit: limit, err: err}
 	}
-	r.claimed = len(claimed)
+	r.claimed = len(runs)
 	if r.claimed == 0 {
 		return r
 	}
 	c.claimed.Add(int64(r.claimed))
-	runs := make([]*running, len(claimed))
 	c.mu.Lock()
-	c.running += len(claimed)
-	for i, j := range claimed {
-		runs[i] = &running{job: j}
-		c.inflight[runs[i]] = struct{}{}
+	c.running += len(runs)
+	for _, run := range runs {
+		c.inflight[run] = struct{}{}
 	}
 	c.mu.Unlock()
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", r.claimed))
@@ -78,7 +76,7 @@ func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgco
 // readClaim reads a claim's results: the settings', then the claimed jobs,
 // and into r the wait until the next run_at and whether due rows were
 // skipped.
-func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*executors.Job, error) {
+func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*running, error) {
 	if _, err := results.Exec(); err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
@@ -87,7 +85,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*execut
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	defer rows.Close()
-	var claimed []*executors.Job
+	var claimed []*running
 	// Value types, not pointers: a pointer per column and row was a tenth
 	// of the worker's CPU in a drain (pprof). Only the row of a claim that
 	// found nothing has NULLs.
@@ -97,6 +95,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*execut
 		priority             pgtype.Int2
 		attempt, maxAttempts pgtype.Int4
 		runAt, createdAt     pgtype.Timestamptz
+		claimedAt            pgtype.Timestamptz
 		nextIn               pgtype.Float8
 		stranded             pgtype.Bool
 		payload              []byte
@@ -104,7 +103,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*execut
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
-			&nextIn, &stranded); err != nil {
+			&claimedAt, &nextIn, &stranded); err != nil {
 			return nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn.Valid {
@@ -115,10 +114,10 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*execut
 		if !id.Valid {
 			continue // the one row of a claim that found nothing
 		}
-		claimed = append(claimed, &executors.Job{
+		claimed = append(claimed, &running{claimedAt: claimedAt.Time, job: &executors.Job{
 			ID: id.Int64, Queue: c.cfg.Queue, Kind: kind.String, Payload: payload, Priority: priority.Int16,
 			Attempt: int(attempt.Int32), MaxAttempts: int(maxAttempts.Int32), RunAt: runAt.Time, CreatedAt: createdAt.Time,
-		})
+		}})
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)

@@ -3,6 +3,7 @@ package claimer
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
 
 // newTestClaimer is a claimer of the default queue of a schema of the test's
@@ -193,6 +195,21 @@ func TestClaimBytesBoundAClaim(t *testing.T) {
 	c.cfg.ClaimBytes = 1
 	runs, _ = claimNow(ctx, t, c, 100)
 	require.Len(t, runs, 1)
+
+	// Payloads stored compressed count at their size decompressed: twenty
+	// of 1 MB that compress well, read from a table, as a writer's INSERT
+	// ... SELECT would bring them.
+	_, err = pool.Exec(ctx, "DELETE FROM "+jobs)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `CREATE TEMP TABLE p AS SELECT jsonb_build_object('pad', repeat('abcdefgh', 124000)) AS payload;
+		INSERT INTO `+jobs+` (kind, payload) SELECT 'noop', payload FROM p, generate_series(1, 20)`)
+	require.NoError(t, err)
+	var stored int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT max(pg_column_size(payload)) FROM "+jobs).Scan(&stored))
+	require.Less(t, stored, 100_000, "stored compressed")
+	c.cfg.ClaimBytes = 2_500_000
+	runs, _ = claimNow(ctx, t, c, 100)
+	require.Len(t, runs, 3, "1 MB, 2 MB, then past 2.5 MB")
 }
 
 // No row the table accepts can make the claim fail: attempts stops at the
@@ -476,4 +493,130 @@ func TestShutdownCountsLongAttempts(t *testing.T) {
 	require.Equal(t, "pending", status)
 	require.Equal(t, 0, attempts, "the short attempt is given back")
 	require.Contains(t, lastErr, "interrupted by worker shutdown")
+}
+
+// slowConn delays each read: a reply on its way over a slow network.
+type slowConn struct {
+	net.Conn
+	delay *atomic.Int64
+}
+
+func (c *slowConn) Read(b []byte) (int, error) {
+	if d := c.delay.Load(); d > 0 {
+		<-time.After(time.Duration(d)) // the scenario: the reply is late
+	}
+	return c.Conn.Read(b)
+}
+
+// A shutdown while a claim's reply is on its way: the server has committed
+// the claim, so its jobs run (or are given back) rather than stay running,
+// unrun, until their leases lapse and the sweeper counts an attempt that
+// never ran.
+func TestShutdownDuringAClaimKeepsItsJobs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var delay atomic.Int64
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	dialer := &net.Dialer{}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &slowConn{Conn: conn, delay: &delay}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	ran := make(chan int64, 1)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	c, err := New(Config{Pool: pool, Schema: schema, SleepConnConfig: pgtest.Pool(t).Config().ConnConfig,
+		Queue: "default", WorkerID: "w", Registry: registry})
+	require.NoError(t, err)
+	asleep := make(chan struct{}, 16)
+	stop := runClaimer(testhook.With(ctx, &testhook.Hooks{ClaimerState: func(_, _, to string) {
+		if to == "asleep" {
+			asleep <- struct{}{}
+		}
+	}}), t, c)
+	<-asleep
+
+	delay.Store(int64(500 * time.Millisecond))
+	var id int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "INSERT INTO "+jobs+" (kind, max_attempts) VALUES ('noop', 1) RETURNING id").Scan(&id))
+	c.Wake()
+	for { // until the claim has committed on the server
+		var status string
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
+		if status == "running" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the claim never committed")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	require.NoError(t, stop())
+	select {
+	case got := <-ran:
+		require.Equal(t, id, got)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claimed job never ran")
+	}
+	var status string
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
+	require.Equal(t, "done", status)
+}
+
+// A claim lost in a server crash (it commits without waiting for its WAL
+// flush) leaves the row as before it, here undone by hand, while the job's
+// run goes on. The same worker claims it again, with the same attempt
+// number: the first run's outcome must not be written over the second run.
+func TestLostClaimKeepsItsOutcomeApart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	type start struct {
+		attempt int
+		finish  chan error
+	}
+	starts := make(chan start, 4)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error {
+		s := start{job.Attempt, make(chan error, 1)}
+		starts <- s
+		return <-s.finish
+	}))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: registry})
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind) VALUES ('noop') RETURNING id").Scan(&id))
+	stop := runClaimer(ctx, t, c)
+	run1 := <-starts
+	_, err := pool.Exec(ctx, "UPDATE "+jobs+" SET status = 'pending', attempts = 0, locked_by = NULL, locked_until = NULL WHERE id = $1", id)
+	require.NoError(t, err)
+	c.Wake()
+	run2 := <-starts
+	require.Equal(t, run1.attempt, run2.attempt)
+
+	run1.finish <- nil
+	for c.Stats().Completed < 1 { // run 1's outcome is written, or refused
+		select {
+		case <-ctx.Done():
+			t.Fatal("run 1's outcome was never written")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
+	require.Equal(t, "running", status, "the row while run 2 runs")
+	run2.finish <- nil
+	require.NoError(t, stop())
+	require.NoError(t, pool.QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
+	require.Equal(t, "done", status)
 }

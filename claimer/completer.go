@@ -102,7 +102,7 @@ func (c *Claimer) flushPending(ctx context.Context) {
 func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
 	batch = slices.Clone(batch)
 	slices.SortFunc(batch, func(a, b outcome) int {
-		return cmp.Or(cmp.Compare(a.run.job.ID, b.run.job.ID), cmp.Compare(a.run.job.Attempt, b.run.job.Attempt))
+		return cmp.Or(cmp.Compare(a.run.job.ID, b.run.job.ID), a.run.claimedAt.Compare(b.run.claimedAt))
 	})
 	var done, rest outcomeArrays
 	for _, o := range batch {
@@ -114,14 +114,14 @@ func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
 	}
 	var written int64
 	if len(done.ids) > 0 {
-		n, err := c.write(ctx, c.deleteDoneSQL, done.ids, done.attempts, c.cfg.WorkerID)
+		n, err := c.write(ctx, c.deleteDoneSQL, done.ids, done.claims, c.cfg.WorkerID)
 		if err != nil {
 			return err
 		}
 		written += n
 	}
 	if len(rest.ids) > 0 {
-		n, err := c.write(ctx, c.completeSQL, rest.ids, rest.attempts, rest.statuses, rest.delays, rest.errs, rest.releases, c.cfg.WorkerID)
+		n, err := c.write(ctx, c.completeSQL, rest.ids, rest.claims, rest.statuses, rest.delays, rest.errs, rest.releases, c.cfg.WorkerID)
 		if err != nil {
 			return err
 		}
@@ -147,7 +147,7 @@ func (c *Claimer) write(ctx context.Context, sql string, args ...any) (int64, er
 // outcomeArrays are outcomes as the columns completeSQL unnests.
 type outcomeArrays struct {
 	ids      []int64
-	attempts []int32
+	claims   []time.Time // claimedAt: the guard
 	statuses []string
 	delays   []float64
 	errs     []*string
@@ -156,7 +156,7 @@ type outcomeArrays struct {
 
 func (a *outcomeArrays) add(o outcome) {
 	a.ids = append(a.ids, o.run.job.ID)
-	a.attempts = append(a.attempts, int32(o.run.job.Attempt)) //nolint:gosec // attempts stop at 1,000,000
+	a.claims = append(a.claims, o.run.claimedAt)
 	a.statuses = append(a.statuses, o.status)
 	a.delays = append(a.delays, o.delay.Seconds())
 	a.errs = append(a.errs, o.err)

@@ -23,10 +23,11 @@ const maxErrorLen = 2000
 // (a stalled worker, given back by the sweeper) may be claimed again by the
 // same worker while its first run still goes on.
 type running struct {
-	job      *executors.Job
-	started  atomic.Int64 // when the executor started, in Unix nanoseconds; 0 until then
-	deadline atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
-	reported bool         // its outcome is in pending (or was written)
+	job       *executors.Job
+	claimedAt time.Time    // the row's updated_at as the claim wrote it: the claim's mark
+	started   atomic.Int64 // when the executor started, in Unix nanoseconds; 0 until then
+	deadline  atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
+	reported  bool         // its outcome is in pending (or was written)
 }
 
 // outcome is what becomes of one attempt.

@@ -115,10 +115,13 @@ func (m *machine) event(ev event, free, concurrency int) bool {
 	case backoff:
 		return ev == evTimer || ev == evTick
 	case asleep:
+		// A grant while asleep follows a loss the loop may not have seen
+		// (the two signals fold into one): look, since writers did not
+		// notify in between.
 		if ev == evKeyLost {
 			m.state = drowsy // the sleep lock takes the key again by itself
 		}
-		return ev != evSlotFreed && ev != evKeyGranted
+		return ev != evSlotFreed
 	default:
 		return ev != evSlotFreed
 	}
@@ -222,7 +225,9 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		from := m.state
 		free := c.freeSlots()
 		if m.event(ev, free, c.cfg.Concurrency) {
-			r := c.claim(ctx, free, jobs)
+			// Not cut short by ctx: a claim the server committed must reach
+			// its jobs, which then go through the shutdown as running ones.
+			r := c.claim(context.WithoutCancel(ctx), free, jobs)
 			r.at = time.Now()
 			if r.err != nil {
 				if ctx.Err() != nil {

@@ -21,7 +21,7 @@ func TestMachineEvents(t *testing.T) {
 		saturated: {evWake, evTimer, evTick, evKeyGranted, evKeyLost},
 		lingering: {evWake, evTimer, evTick, evKeyGranted, evKeyLost},
 		drowsy:    {evWake, evTimer, evTick, evKeyGranted, evKeyLost},
-		asleep:    {evWake, evTimer, evTick, evKeyLost},
+		asleep:    {evWake, evTimer, evTick, evKeyGranted, evKeyLost},
 		backoff:   {evTimer, evTick},
 	}
 	for s, want := range claims {

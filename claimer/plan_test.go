@@ -71,10 +71,10 @@ func checkPlans(t *testing.T, setup []string) {
 	statements := map[string]struct{ sql, types, args string }{
 		"claim":       {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
 		"heartbeat":   {heartbeatSQL, "bigint[], text, float8", idArray + ", 'w', 30"},
-		"delete_done": {deleteDoneSQL, "bigint[], int[], text", idArray + ", array_fill(1, ARRAY[1000]), 'w'"},
+		"delete_done": {deleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
 		"complete": {
-			completeSQL, "bigint[], int[], text[], float8[], text[], bool[], text",
-			idArray + ", array_fill(1, ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
+			completeSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text",
+			idArray + ", array_fill(now(), ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
 				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), 'w'",
 		},
 	}

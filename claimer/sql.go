@@ -8,9 +8,11 @@ import "strings"
 
 // claimSQL claims up to $2 due jobs of queue $1 for worker $3, under a lease
 // of $4 seconds ($5: the attempts of a job whose max_attempts is NULL), in
-// (priority, run_at, id) order, until their payloads' stored size passes $6
-// bytes (one job at least). attempts stops at 1,000,000, the constraint's
-// bound, so that no row the table accepts makes the claim fail.
+// (priority, run_at, id) order, until their payloads' size passes $6 bytes
+// (one job at least; a compressed payload is measured decompressed).
+// attempts stops at 1,000,000, the constraint's bound, so that no row the
+// table accepts makes the claim fail. Its updated_at, now(), marks the claim:
+// the outcome is written only while the row still carries it.
 //
 // When it claims fewer than asked, it also returns the seconds until the
 // earliest future run_at, on the database's clock, and whether it skipped
@@ -23,7 +25,10 @@ import "strings"
 // generic plan, blind to LIMIT $2, was a hash join over the whole table.
 const claimSQL = `
 WITH c AS (
-    SELECT ctid, priority, run_at, id, pg_column_size(payload) AS size FROM {jobs}
+    SELECT ctid, priority, run_at, id,
+           CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
+                ELSE pg_column_size(payload || '{}'::jsonb) END AS size
+    FROM {jobs}
     WHERE status = 'pending' AND queue = $1 AND run_at <= now()
     ORDER BY priority, run_at, id
     LIMIT $2
@@ -40,7 +45,7 @@ WITH c AS (
         SELECT ctid FROM (
             SELECT ctid, sum(size) OVER (ORDER BY priority, run_at, id) - size AS before FROM c
         ) s WHERE before < $6))
-    RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at
+    RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at
 ), k AS (
     SELECT count(*) AS claimed FROM u
 ), n AS (
@@ -56,7 +61,7 @@ WITH c AS (
     FROM k
 )
 SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at,
-       n.next_in, n.stranded
+       u.updated_at, n.next_in, n.stranded
 FROM n LEFT JOIN u ON true`
 
 // planSQL goes before each claim, heartbeat and completion, in the same
@@ -84,7 +89,11 @@ const claimPlanSQL = planSQL + `,
 // which no index can serve, so that the planner never drives the batch
 // from a scan for running rows (with stale statistics it did, quadratic in
 // the batch). A row whose guard fails is left alone: its lease was lost to
-// the sweeper, or an operator cancelled it.
+// the sweeper, or an operator cancelled it. The guard names the claim by
+// the updated_at it wrote: a claim lost in a server crash (it commits
+// without waiting for its WAL flush) can be made again by the same worker
+// with the same attempt number, and the first run's outcome must not pass
+// for the second's.
 
 // heartbeatSQL extends the leases of this worker's running jobs $1.
 const heartbeatSQL = `
@@ -104,16 +113,16 @@ SET status = v.status,
     locked_by = NULL,
     locked_until = NULL,
     updated_at = now()
-FROM unnest($1::bigint[], $2::int[], $3::text[], $4::float8[], $5::text[], $6::bool[])
-    AS v(id, attempt, status, delay, err, release)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $7 AND j.attempts = v.attempt) IS TRUE`
+FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::float8[], $5::text[], $6::bool[])
+    AS v(id, claimed_at, status, delay, err, release)
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $7 AND j.updated_at = v.claimed_at) IS TRUE`
 
-// deleteDoneSQL deletes done jobs $1 with their attempts $2, when done jobs
-// are not kept (RETAIN_DONE=0).
+// deleteDoneSQL deletes done jobs $1 of claims $2, when done jobs are not
+// kept (RETAIN_DONE=0).
 const deleteDoneSQL = `
 DELETE FROM {jobs} j
-USING unnest($1::bigint[], $2::int[]) AS v(id, attempt)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $3 AND j.attempts = v.attempt) IS TRUE`
+USING unnest($1::bigint[], $2::timestamptz[]) AS v(id, claimed_at)
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at) IS TRUE`
 
 // withTable names the jobs table in sql.
 func withTable(sql, jobsTable string) string {
