@@ -12,32 +12,16 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/retry"
 )
 
-const (
-	// finalFlushTimeout bounds the writes of the last outcomes at shutdown.
-	finalFlushTimeout = 15 * time.Second
-	// gatherOutcomes is how long the completer waits for more outcomes
-	// before it writes fewer than a claim's worth: under a stream of short
-	// jobs they come a few at a time, and each write is a transaction.
-	gatherOutcomes = 2 * time.Millisecond
-)
+// finalFlushTimeout bounds the writes of the last outcomes at shutdown.
+const finalFlushTimeout = 15 * time.Second
 
 // runCompleter writes outcomes as they come, in one statement per
-// maxCompletionBatch rows, gathering them for up to gatherOutcomes first.
-// When ctx ends it writes what is left and returns.
+// maxCompletionBatch rows: the outcomes that came in while a write was under
+// way go in the next. When ctx ends it writes what is left and returns.
 func (c *Claimer) runCompleter(ctx context.Context) {
-	gather := time.NewTimer(0)
-	<-gather.C
 	for {
 		select {
 		case <-c.flush:
-			if c.pendingCount() < c.cfg.Concurrency {
-				gather.Reset(gatherOutcomes)
-				select {
-				case <-gather.C:
-				case <-ctx.Done():
-					gather.Stop()
-				}
-			}
 			c.flushPending(ctx)
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalFlushTimeout)
