@@ -15,7 +15,7 @@ demo: ## run a worker on a throwaway PostgreSQL (or DATABASE_URL) and print each
 	$(GO) run ./cmd/pgdispatch demo
 
 .PHONY: bench
-bench: ## run the default benchmark set (just under 2 minutes) on a throwaway PostgreSQL, or DATABASE_URL
+bench: ## run the default benchmark set (about 3 minutes) on a throwaway PostgreSQL, or DATABASE_URL
 	$(GO) run ./cmd/pgdispatch bench
 
 .PHONY: soak

@@ -70,7 +70,7 @@ func (s *startLog) wait(ids []int64, timeout time.Duration) ([]time.Time, error)
 }
 
 // Issue 5: writers skip NOTIFY while no worker sleeps, and no wake-up is ever
-// lost. The claimer sleeps at the first empty claim and the fallback tick is
+// lost. The claimer sleeps after 2 ms of empty looks and the fallback tick is
 // an hour away, so that a lost wake-up shows as a job that never starts.
 // Writers in READ COMMITTED and REPEATABLE READ insert single rows, several
 // rows at once, and rows by COPY; one keeps its transaction open after its

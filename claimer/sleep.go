@@ -17,7 +17,7 @@ import (
 )
 
 // The sleep key is the handshake that lets writers skip NOTIFY while no
-// worker sleeps (migrations 003 and 007 have the writer's side). A claimer that has
+// worker sleeps (migrations 003, 007 and 009 have the writer's side). A claimer that has
 // found its queue empty asks for the key exclusively; the request waits for
 // every writer that holds it shared, so once it is granted their rows are
 // visible, and the claimer looks once more before it sleeps. It keeps the key

@@ -75,9 +75,8 @@ func strike(n int, interval time.Duration, fault func()) int {
 }
 
 // Scenario 1: kill -9 a random worker every few seconds while three drain a
-// steady stream, restarting it each time. The dead worker's jobs come back:
-// leased ones when their leases expire (the sweeper), held ones at once,
-// their lost attempt counted by the claim that takes them.
+// steady stream, restarting it each time. The dead worker's jobs come back
+// when their leases expire (the sweeper), their attempts counted.
 func TestKillWorkers(t *testing.T) {
 	st := startStream(t, "kill9", nil)
 	s, ws := st.s, st.ws
