@@ -39,7 +39,7 @@ func TestTwoPhaseCommitWriter(t *testing.T) {
 
 	writer, err := pgx.Connect(ctx, cluster.URL())
 	require.NoError(t, err)
-	defer writer.Close(context.Background())
+	defer func() { _ = writer.Close(context.Background()) }()
 	exec := func(sql string) error {
 		_, err := writer.Exec(ctx, sql)
 		return err

@@ -239,7 +239,7 @@ func TestRetryLeavesOtherJobsUnlocked(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	a, schema, exec := setup(t)
+	_, schema, exec := setup(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	exec(`INSERT INTO {jobs} (kind) VALUES ('ok')`)
 	exec(`INSERT INTO {jobs} (kind, status, finished_at) VALUES ('ok', 'dead', now())`)
@@ -253,7 +253,7 @@ func TestRetryLeavesOtherJobsUnlocked(t *testing.T) {
 	_, err = locker.Exec(ctx, "SELECT id FROM "+jobs+" WHERE id = $1 FOR UPDATE", pendingID)
 	require.NoError(t, err)
 
-	a = admin.New(pool, schema, 2*time.Second) // a wait for the lock would time out
+	a := admin.New(pool, schema, 2*time.Second) // a wait for the lock would time out
 	changes, err := a.Retry(ctx, []int64{pendingID, deadID})
 	require.NoError(t, err)
 	require.Equal(t, []admin.Change{{ID: pendingID, Status: "pending"}, {ID: deadID, Status: "dead", Changed: true}}, changes)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -488,7 +487,7 @@ func TestShutdownCountsLongAttempts(t *testing.T) {
 	status, attempts, lastErr := row(long)
 	require.Equal(t, "pending", status)
 	require.Equal(t, 1, attempts, "the long attempt counts")
-	require.True(t, strings.Contains(lastErr, "longer than JOB_TIMEOUT"), lastErr)
+	require.Contains(t, lastErr, "longer than JOB_TIMEOUT", lastErr)
 	status, attempts, lastErr = row(short)
 	require.Equal(t, "pending", status)
 	require.Equal(t, 0, attempts, "the short attempt is given back")
@@ -535,8 +534,10 @@ func TestShutdownDuringAClaimKeepsItsJobs(t *testing.T) {
 	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
 	schema := pgtest.Schema(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
-	c, err := New(Config{Pool: pool, Schema: schema, SleepConnConfig: pgtest.Pool(t).Config().ConnConfig,
-		Queue: "default", WorkerID: "w", Registry: registry})
+	c, err := New(Config{
+		Pool: pool, Schema: schema, SleepConnConfig: pgtest.Pool(t).Config().ConnConfig,
+		Queue: "default", WorkerID: "w", Registry: registry,
+	})
 	require.NoError(t, err)
 	asleep := make(chan struct{}, 16)
 	stop := runClaimer(testhook.With(ctx, &testhook.Hooks{ClaimerState: func(_, _, to string) {

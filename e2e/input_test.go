@@ -373,8 +373,10 @@ func roundAll(ds []time.Duration) []time.Duration {
 // values fail there, as they would for any writer.
 func (s *scenario) insert(t *testing.T, c corpusCase, key string) (int64, error) {
 	t.Helper()
-	args := pgx.NamedArgs{"kind": c.kind, "payload": c.payload, "dedup_key": key,
-		"queue": nil, "attempts": nil, "max_attempts": nil, "status": nil, "priority": nil, "run_at": nil}
+	args := pgx.NamedArgs{
+		"kind": c.kind, "payload": c.payload, "dedup_key": key,
+		"queue": nil, "attempts": nil, "max_attempts": nil, "status": nil, "priority": nil, "run_at": nil,
+	}
 	for name, v := range c.cols {
 		args[name] = v
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -153,7 +152,7 @@ func TestJobsShowMasksSecrets(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(a.run(t, "jobs", "show", "--json", "--reveal", id)), &j))
 	require.Equal(t, lastError, j.LastError)
 	require.JSONEq(t, payload, string(j.Payload))
-	require.True(t, strings.Contains(a.run(t, "jobs", "list", "--json", "--reveal"), "l4sterr"))
+	require.Contains(t, a.run(t, "jobs", "list", "--json", "--reveal"), "l4sterr")
 
 	var masked struct {
 		Payload struct {

@@ -27,8 +27,10 @@ func TestRedactor(t *testing.T) {
 		"HTTP_SIGNING_SECRET=whsec_c2lnbmluZy1rZXk=",
 		"PATH=/usr/bin:/bin", "LOG_LEVEL=debug", "SHORT_PASSWORD=abc",
 	})
-	r.addArgs([]string{"jobs", "list", "--database-url=host=db password='kv pass' user=x", "--api-key", "apikeyvalue",
-		"--payload", `{"url": "https://bob:payloadpw@hook.test/x"}`})
+	r.addArgs([]string{
+		"jobs", "list", "--database-url=host=db password='kv pass' user=x", "--api-key", "apikeyvalue",
+		"--payload", `{"url": "https://bob:payloadpw@hook.test/x"}`,
+	})
 	for in, want := range map[string]string{
 		"lookup ss/wo%rd@db.internal":                     "lookup xxxxx@db.internal",
 		"amqp://demo:q%3Aueue%2Fpw@broker/ and q:ueue/pw": "amqp://demo:xxxxx@broker/ and xxxxx",
