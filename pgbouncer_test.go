@@ -62,24 +62,11 @@ func TestPgBouncer(t *testing.T) {
 		b.insertVia(t, bouncerPool(t, bouncer),
 			"WITH i AS (INSERT INTO "+b.jobs+" (kind) SELECT 'record' FROM generate_series(1, $1) RETURNING id) SELECT count(*) FROM i", n)
 
-		deadline := time.After(2 * time.Minute)
-		for b.rec.total.Load() < n {
-			select {
-			case <-b.rec.started:
-			case <-deadline:
-				t.Fatalf("only %d of %d jobs started", b.rec.total.Load(), n)
-			}
-		}
+		b.rec.waitStarts(t, n)
 		for _, stop := range stops {
 			stop() // graceful: writes every outcome
 		}
-		require.Equal(t, int64(n), b.rec.total.Load(), "executions")
-		b.rec.mu.Lock()
-		require.Len(t, b.rec.starts, n)
-		for id, c := range b.rec.starts {
-			require.Equal(t, 1, c, "job %d ran %d times", id, c)
-		}
-		b.rec.mu.Unlock()
+		b.rec.requireEachOnce(t, n)
 		var done, attempts1 int
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()

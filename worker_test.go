@@ -202,6 +202,32 @@ func (r *recorder) waitStart(t *testing.T, id int64, timeout time.Duration) time
 	}
 }
 
+// waitStarts waits until n jobs have started, failing the test after two
+// minutes.
+func (r *recorder) waitStarts(t *testing.T, n int64) {
+	t.Helper()
+	deadline := time.After(2 * time.Minute)
+	for r.total.Load() < n {
+		select {
+		case <-r.started:
+		case <-deadline:
+			t.Fatalf("only %d of %d jobs started", r.total.Load(), n)
+		}
+	}
+}
+
+// requireEachOnce checks that n jobs ran, each once.
+func (r *recorder) requireEachOnce(t *testing.T, n int) {
+	t.Helper()
+	require.Equal(t, int64(n), r.total.Load(), "executions")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.Len(t, r.starts, n)
+	for id, c := range r.starts {
+		require.Equal(t, 1, c, "job %d ran %d times", id, c)
+	}
+}
+
 // Acceptance 1: a plain INSERT on another connection runs at once, with the
 // fallback tick an hour away.
 func TestInsertWakesWorker(t *testing.T) {
@@ -245,24 +271,11 @@ func TestThreeWorkersRunEachJobOnce(t *testing.T) {
 	_, err := pgtest.Pool(t).Exec(ctx, "INSERT INTO "+b.jobs+" (kind) SELECT 'record' FROM generate_series(1, $1)", n)
 	require.NoError(t, err)
 
-	deadline := time.After(2 * time.Minute)
-	for b.rec.total.Load() < n {
-		select {
-		case <-b.rec.started:
-		case <-deadline:
-			t.Fatalf("only %d of %d jobs started", b.rec.total.Load(), n)
-		}
-	}
+	b.rec.waitStarts(t, n)
 	for _, stop := range stops {
 		stop() // graceful: writes every outcome
 	}
-	require.Equal(t, int64(n), b.rec.total.Load(), "executions")
-	b.rec.mu.Lock()
-	require.Len(t, b.rec.starts, n)
-	for id, c := range b.rec.starts {
-		require.Equal(t, 1, c, "job %d ran %d times", id, c)
-	}
-	b.rec.mu.Unlock()
+	b.rec.requireEachOnce(t, n)
 
 	var done, attempts1, workers int
 	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
@@ -652,20 +665,9 @@ func TestBusyQueuesShareASmallPool(t *testing.T) {
 	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+b.jobs+" (kind, queue) SELECT 'record', q FROM unnest(ARRAY['a', 'b', 'c']) q, generate_series(1, $1)", n)
 	require.NoError(t, err)
 
-	deadline := time.After(2 * time.Minute)
-	for b.rec.total.Load() < 3*n {
-		select {
-		case <-b.rec.started:
-		case <-deadline:
-			t.Fatalf("only %d of %d jobs started", b.rec.total.Load(), 3*n)
-		}
-	}
+	b.rec.waitStarts(t, 3*n)
 	stop()
-	b.rec.mu.Lock()
-	for id, c := range b.rec.starts {
-		require.Equal(t, 1, c, "job %d ran %d times", id, c)
-	}
-	b.rec.mu.Unlock()
+	b.rec.requireEachOnce(t, 3*n)
 	var done int
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM "+b.jobs+" WHERE status = 'done' AND attempts = 1").Scan(&done))
 	require.Equal(t, 3*n, done)
