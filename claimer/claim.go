@@ -37,7 +37,7 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) claimResu
 	}
 	c.claimed.Add(int64(r.claimed))
 	c.mu.Lock()
-	c.running += len(runs)
+	c.executing += len(runs)
 	for _, run := range runs {
 		c.inflight[run] = struct{}{}
 	}
@@ -76,7 +76,7 @@ func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgco
 // readClaim reads a claim's results: the settings', then the claimed jobs,
 // and into r the wait until the next run_at and whether due rows were
 // skipped.
-func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*running, error) {
+func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*run, error) {
 	if _, err := results.Exec(); err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
@@ -85,7 +85,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*runnin
 		return nil, fmt.Errorf("claim jobs: %w", err)
 	}
 	defer rows.Close()
-	var claimed []*running
+	var claimed []*run
 	// Value types, not pointers: a pointer per column and row was a tenth
 	// of the worker's CPU in a drain (pprof). Only the row of a claim that
 	// found nothing has NULLs.
@@ -114,7 +114,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*runnin
 		if !id.Valid {
 			continue // the one row of a claim that found nothing
 		}
-		claimed = append(claimed, &running{claimedAt: claimedAt.Time, job: &executors.Job{
+		claimed = append(claimed, &run{claimedAt: claimedAt.Time, job: &executors.Job{
 			ID: id.Int64, Queue: c.cfg.Queue, Kind: kind.String, Payload: payload, Priority: priority.Int16,
 			Attempt: int(attempt.Int32), MaxAttempts: int(maxAttempts.Int32), RunAt: runAt.Time, CreatedAt: createdAt.Time,
 		}})

@@ -76,9 +76,9 @@ const (
 	defaultClaimBytes       = 16 << 20
 	maxRetryBackoff         = 24 * time.Hour
 	maxCompletionBatch      = 1000
-	// maxPendingOutcomes is how many outcomes may wait to be written before
+	// maxUnwritten is how many outcomes may wait to be written before
 	// the claimer stops taking new jobs.
-	maxPendingOutcomes = 2 * maxCompletionBatch
+	maxUnwritten = 2 * maxCompletionBatch
 	// abandonGrace is how long a cancelled executor has to return before its
 	// job is given back without it.
 	abandonGrace = 2 * time.Second
@@ -147,11 +147,28 @@ type Config struct {
 type Observer interface {
 	// JobStarted is called as the executor is about to run job.
 	JobStarted(job *executors.Job)
-	// JobFinished is called with each attempt's outcome: "done", "retry",
-	// "dead" or "released" (given back at shutdown), and how long the
+	// JobFinished is called with each attempt's outcome and how long the
 	// executor ran (0 when it never ran: an unknown kind, a bad timeout).
-	JobFinished(job *executors.Job, outcome string, took time.Duration)
+	JobFinished(job *executors.Job, outcome Outcome, took time.Duration)
 }
+
+// Outcome is what became of an attempt, as an Observer hears it.
+type Outcome string
+
+// The outcomes of an attempt.
+const (
+	OutcomeDone     Outcome = "done"
+	OutcomeRetry    Outcome = "retry"    // the job is pending again, due after a backoff
+	OutcomeDead     Outcome = "dead"     // no attempt is left, or the error was permanent
+	OutcomeReleased Outcome = "released" // given back at shutdown, its attempt uncounted
+)
+
+// The statuses of a job's row that the claimer writes.
+const (
+	statusPending = "pending"
+	statusDone    = "done"
+	statusDead    = "dead"
+)
 
 func (c *Config) validate() error {
 	switch {
@@ -197,14 +214,14 @@ type Claimer struct {
 	sleep                                              *sleepLock
 	poolSize                                           int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
-	wake      chan struct{} // notifications; capacity 1
+	notified  chan struct{} // notifications, and Wake; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
 	flush     chan struct{} // outcomes wait in pending; capacity 1
 
-	mu       sync.Mutex
-	running  int                   // executors running now
-	inflight map[*running]struct{} // runs claimed and not yet recorded
-	pending  []outcome             // outcomes not yet written
+	mu        sync.Mutex
+	executing int               // executors running now
+	inflight  map[*run]struct{} // runs claimed and not yet recorded
+	unwritten []outcome         // outcomes not yet written
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
 }
@@ -237,10 +254,10 @@ func New(cfg Config) (*Claimer, error) {
 		deleteDoneSQL: withTable(deleteDoneSQL, jobsTable),
 		sleep:         newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		poolSize:      int(cfg.Pool.Config().MaxConns),
-		wake:          make(chan struct{}, 1),
+		notified:      make(chan struct{}, 1),
 		slotFreed:     make(chan struct{}, 1),
 		flush:         make(chan struct{}, 1),
-		inflight:      map[*running]struct{}{},
+		inflight:      map[*run]struct{}{},
 	}, nil
 }
 
@@ -269,13 +286,13 @@ func (c *Claimer) Queue() string { return c.cfg.Queue }
 
 // Wake asks the claimer to claim now. It never blocks; wake-ups that arrive
 // while one is pending fold into it.
-func (c *Claimer) Wake() { signal(c.wake) }
+func (c *Claimer) Wake() { signal(c.notified) }
 
 // Running is how many of the claimer's jobs are running now.
 func (c *Claimer) Running() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.running
+	return c.executing
 }
 
 // Stats returns the claimer's counters.
@@ -311,7 +328,7 @@ func (c *Claimer) Run(ctx context.Context) error {
 	sleepDone := make(chan struct{})
 	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
 
-	jobs := newRunners(func(r *running) { c.execute(workCtx, r) })
+	jobs := newRunners(func(r *run) { c.execute(workCtx, r) })
 	c.claimLoop(ctx, jobs)
 	stopSleep()
 	<-sleepDone
@@ -330,8 +347,8 @@ func (c *Claimer) Run(ctx context.Context) error {
 func (c *Claimer) freeSlots() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	free := c.cfg.Concurrency - c.running
-	if over := len(c.pending) - maxPendingOutcomes; over > 0 {
+	free := c.cfg.Concurrency - c.executing
+	if over := len(c.unwritten) - maxUnwritten; over > 0 {
 		free -= over
 	}
 	return max(free, 0)

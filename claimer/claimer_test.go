@@ -80,13 +80,13 @@ func runClaimer(ctx context.Context, t *testing.T, c *Claimer) (stop func() erro
 
 // claimNow claims up to limit jobs and returns the runs, without starting
 // them: the runners are closed at once.
-func claimNow(ctx context.Context, t *testing.T, c *Claimer, limit int) ([]*running, claimResult) {
+func claimNow(ctx context.Context, t *testing.T, c *Claimer, limit int) ([]*run, claimResult) {
 	t.Helper()
 	var (
 		mu   sync.Mutex
-		runs []*running
+		runs []*run
 	)
-	jobs := newRunners(func(r *running) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
+	jobs := newRunners(func(r *run) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
 	r := c.claim(ctx, limit, jobs)
 	<-jobs.wait()
 	jobs.close(true)

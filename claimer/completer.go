@@ -22,12 +22,12 @@ func (c *Claimer) runCompleter(ctx context.Context) {
 	for {
 		select {
 		case <-c.flush:
-			c.flushPending(ctx)
+			c.writeOutcomes(ctx)
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), finalFlushTimeout)
-			c.flushPending(final)
+			c.writeOutcomes(final)
 			cancel()
-			if n := c.pendingCount(); n > 0 {
+			if n := c.unwrittenCount(); n > 0 {
 				c.logger.Error("outcomes not written at shutdown; the sweeper will rescue their jobs when their leases expire",
 					zap.Int("num_outcomes", n))
 			}
@@ -36,20 +36,20 @@ func (c *Claimer) runCompleter(ctx context.Context) {
 	}
 }
 
-func (c *Claimer) pendingCount() int {
+func (c *Claimer) unwrittenCount() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.pending)
+	return len(c.unwritten)
 }
 
 // flushPending writes every pending outcome, retrying with backoff while the
 // database fails, until ctx ends. A write under way is not cut short by ctx:
 // each is bounded by StatementTimeout.
-func (c *Claimer) flushPending(ctx context.Context) {
+func (c *Claimer) writeOutcomes(ctx context.Context) {
 	backoff := retry.New(c.poolSize)
 	for {
 		c.mu.Lock()
-		batch := c.pending[:min(len(c.pending), maxCompletionBatch)]
+		batch := c.unwritten[:min(len(c.unwritten), maxCompletionBatch)]
 		c.mu.Unlock()
 		if len(batch) == 0 {
 			return
@@ -58,7 +58,7 @@ func (c *Claimer) flushPending(ctx context.Context) {
 		if err == nil {
 			backoff = retry.New(c.poolSize)
 			c.mu.Lock()
-			c.pending = c.pending[len(batch):]
+			c.unwritten = c.unwritten[len(batch):]
 			for _, o := range batch {
 				delete(c.inflight, o.run)
 			}
@@ -90,7 +90,7 @@ func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
 	})
 	var done, rest outcomeArrays
 	for _, o := range batch {
-		if c.cfg.DeleteDone && o.status == "done" {
+		if c.cfg.DeleteDone && o.status == statusDone {
 			done.add(o)
 		} else {
 			rest.add(o)

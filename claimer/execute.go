@@ -18,21 +18,21 @@ import (
 // maxErrorLen bounds last_error, in bytes.
 const maxErrorLen = 2000
 
-// running is one run of a claimed job, from its claim until its outcome is
+// run is one run of a claimed job, from its claim until its outcome is
 // written. The claimer tracks runs, not job ids: a job whose lease was lost
 // (a stalled worker, given back by the sweeper) may be claimed again by the
 // same worker while its first run still goes on.
-type running struct {
+type run struct {
 	job       *executors.Job
 	claimedAt time.Time    // the row's updated_at as the claim wrote it: the claim's mark
 	started   atomic.Int64 // when the executor started, in Unix nanoseconds; 0 until then
 	deadline  atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
-	reported  bool         // its outcome is in pending (or was written)
+	reported  bool         // its outcome is in unwritten (or was written)
 }
 
 // outcome is what becomes of one attempt.
 type outcome struct {
-	run     *running
+	run     *run
 	status  string        // done, pending (retry or release) or dead
 	delay   time.Duration // before the retry
 	err     *string       // last_error; nil keeps the one before
@@ -41,9 +41,9 @@ type outcome struct {
 
 // execute runs one claimed job and queues its outcome, unless the job was
 // abandoned meanwhile: then its slot and outcome are already accounted for.
-func (c *Claimer) execute(workCtx context.Context, r *running) {
+func (c *Claimer) execute(workCtx context.Context, r *run) {
 	job := r.job
-	o, took := c.run(workCtx, r)
+	o, took := c.attempt(workCtx, r)
 	if c.report(r, o) {
 		c.observe(job, o, took)
 		return
@@ -54,24 +54,24 @@ func (c *Claimer) execute(workCtx context.Context, r *running) {
 
 // report queues o as the outcome of r and frees its slot. It reports false,
 // and does nothing, when r has an outcome already: it was given up on.
-func (c *Claimer) report(r *running, o outcome) bool {
+func (c *Claimer) report(r *run, o outcome) bool {
 	c.mu.Lock()
 	if r.reported {
 		c.mu.Unlock()
 		return false
 	}
 	r.reported = true
-	c.running--
-	c.pending = append(c.pending, o)
+	c.executing--
+	c.unwritten = append(c.unwritten, o)
 	c.mu.Unlock()
 	signal(c.flush)
 	signal(c.slotFreed)
 	return true
 }
 
-// run runs one attempt and returns its outcome and how long the executor
+// attempt runs one attempt and returns its outcome and how long the executor
 // ran (0 when it did not).
-func (c *Claimer) run(workCtx context.Context, r *running) (outcome, time.Duration) {
+func (c *Claimer) attempt(workCtx context.Context, r *run) (outcome, time.Duration) {
 	job := r.job
 	log := c.jobLogger(job)
 	exec, ok := c.cfg.Registry.Lookup(job.Kind)
@@ -120,12 +120,12 @@ func (c *Claimer) observe(job *executors.Job, o outcome, took time.Duration) {
 	if c.cfg.Observer == nil {
 		return
 	}
-	result := o.status
+	result := Outcome(o.status)
 	switch {
 	case o.release:
-		result = "released"
-	case o.status == "pending":
-		result = "retry"
+		result = OutcomeReleased
+	case o.status == statusPending:
+		result = OutcomeRetry
 	}
 	c.cfg.Observer.JobFinished(job, result, took)
 }
@@ -147,7 +147,7 @@ func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
 		case <-t.C:
 		}
 		limit := time.Now().Add(-abandonGrace).UnixNano()
-		for _, r := range c.unreported(func(r *running) bool { d := r.deadline.Load(); return d != 0 && d < limit }) {
+		for _, r := range c.unreported(func(r *run) bool { d := r.deadline.Load(); return d != 0 && d < limit }) {
 			err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, r.job.Timeout)
 			c.abandon(r, err, workCtx.Err() != nil)
 		}
@@ -155,10 +155,10 @@ func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
 }
 
 // unreported lists the runs whose outcome is not known yet and that match.
-func (c *Claimer) unreported(match func(*running) bool) []*running {
+func (c *Claimer) unreported(match func(*run) bool) []*run {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var out []*running
+	var out []*run
 	for r := range c.inflight {
 		if !r.reported && match(r) {
 			out = append(out, r)
@@ -170,7 +170,7 @@ func (c *Claimer) unreported(match func(*running) bool) []*running {
 // abandon records an outcome for r, whose executor has not returned: a
 // retry, dead, or, when released, given back. Its slot is free again, the
 // executor's goroutine is left to finish or not, and its result is dropped.
-func (c *Claimer) abandon(r *running, err error, released bool) {
+func (c *Claimer) abandon(r *run, err error, released bool) {
 	o := c.classify(c.jobLogger(r.job), r, err, released, r.ran())
 	if c.report(r, o) {
 		c.observe(r.job, o, r.ran())
@@ -213,7 +213,7 @@ func safeExecute(ctx context.Context, exec executors.Executor, job *executors.Jo
 
 // classify turns an attempt's error into its outcome. released: the
 // attempt was cut short by the worker's shutdown after it ran for took.
-func (c *Claimer) classify(log jobLog, r *running, err error, released bool, took time.Duration) outcome {
+func (c *Claimer) classify(log jobLog, r *run, err error, released bool, took time.Duration) outcome {
 	job := r.job
 	o := outcome{run: r}
 	var (
@@ -222,11 +222,11 @@ func (c *Claimer) classify(log jobLog, r *running, err error, released bool, too
 	)
 	switch {
 	case err == nil:
-		o.status = "done"
+		o.status = statusDone
 		log.Debug("job done")
 		return o
 	case released && took <= c.cfg.JobTimeout:
-		o.status, o.release = "pending", true
+		o.status, o.release = statusPending, true
 		o.err = errText(fmt.Errorf("interrupted by worker shutdown: %w", err))
 		log.Info("job given back at shutdown", zap.Error(err))
 		return o
@@ -236,17 +236,17 @@ func (c *Claimer) classify(log jobLog, r *running, err error, released bool, too
 		err = fmt.Errorf("interrupted by worker shutdown after running %s, longer than JOB_TIMEOUT (%s), so the attempt counts: %w",
 			took.Round(time.Millisecond), c.cfg.JobTimeout, err)
 	case errors.As(err, &permanent):
-		o.status, o.err = "dead", errText(err)
+		o.status, o.err = statusDead, errText(err)
 		log.Warn("job dead: permanent error", zap.Error(err))
 		return o
 	}
 	if job.Attempt >= job.MaxAttempts {
-		o.status = "dead"
+		o.status = statusDead
 		o.err = errText(fmt.Errorf("attempt %d of %d: %w", job.Attempt, job.MaxAttempts, err))
 		log.Warn("job dead: attempts used up", zap.Error(err), zap.Int("max_attempts", job.MaxAttempts))
 		return o
 	}
-	o.status, o.err = "pending", errText(err)
+	o.status, o.err = statusPending, errText(err)
 	switch {
 	case released:
 		o.delay = 0 // another worker may take it at once
@@ -260,7 +260,7 @@ func (c *Claimer) classify(log jobLog, r *running, err error, released bool, too
 }
 
 // ran is how long r's executor has run; 0 before it started.
-func (r *running) ran() time.Duration {
+func (r *run) ran() time.Duration {
 	if s := r.started.Load(); s != 0 {
 		return time.Since(time.Unix(0, s))
 	}
@@ -314,7 +314,7 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners) bool {
 		return true
 	case <-abandon.C:
 	}
-	for _, r := range c.unreported(func(*running) bool { return true }) {
+	for _, r := range c.unreported(func(*run) bool { return true }) {
 		c.abandon(r, errors.New("the executor did not return after cancellation"), true)
 	}
 	return false

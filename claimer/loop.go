@@ -207,7 +207,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 		case <-ctx.Done():
 			c.enter(m.state, stopping, hooks)
 			return
-		case <-c.wake:
+		case <-c.notified:
 			ev = evWake
 		case <-c.sleep.recheck:
 			ev = evKeyLost
@@ -267,9 +267,9 @@ func (c *Claimer) enter(from, to state, hooks *testhook.Hooks) {
 	}
 	switch {
 	case to.holdsKey() && !from.holdsKey():
-		c.sleep.sleep()
+		c.sleep.request()
 	case !to.holdsKey() && from.holdsKey():
-		c.sleep.wake()
+		c.sleep.release()
 	}
 	if to == asleep {
 		c.sleeps.Add(1)

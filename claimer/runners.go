@@ -14,29 +14,29 @@ const runnerIdle = 10 * time.Second
 // runtime.copystack). A runner waits runnerIdle for its next job, so an idle
 // worker keeps none.
 type runners struct {
-	execute func(*running)
-	handoff chan *running // unbuffered: a send succeeds only to an idle runner
+	execute func(*run)
+	handoff chan *run     // unbuffered: a send succeeds only to an idle runner
 	stop    chan struct{} // closed when the claimer stops
 	jobs    sync.WaitGroup
 	alive   sync.WaitGroup
 }
 
-func newRunners(execute func(*running)) *runners {
-	return &runners{execute: execute, handoff: make(chan *running), stop: make(chan struct{})}
+func newRunners(execute func(*run)) *runners {
+	return &runners{execute: execute, handoff: make(chan *run), stop: make(chan struct{})}
 }
 
 // start runs r on an idle runner, or on a new one.
-func (rs *runners) start(r *running) {
+func (rs *runners) start(r *run) {
 	rs.jobs.Add(1)
 	select {
 	case rs.handoff <- r:
 	default:
 		rs.alive.Add(1)
-		go rs.run(r)
+		go rs.serve(r)
 	}
 }
 
-func (rs *runners) run(r *running) {
+func (rs *runners) serve(r *run) {
 	defer rs.alive.Done()
 	// The idle timer is not reset after each job, which cost a lock on the
 	// runtime's timer heap per job (pprof during a drain). When it fires,
@@ -53,7 +53,7 @@ func (rs *runners) run(r *running) {
 
 // next waits for a runner's next job. It reports false when the runner
 // should exit: idle since last for runnerIdle, or the claimer stopped.
-func (rs *runners) next(idle *time.Timer, last time.Time) (*running, bool) {
+func (rs *runners) next(idle *time.Timer, last time.Time) (*run, bool) {
 	for {
 		select {
 		case r := <-rs.handoff:

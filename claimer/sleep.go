@@ -75,12 +75,12 @@ func newSleepLock(cfg *pgx.ConnConfig, schema, queue string, timeout time.Durati
 	}
 }
 
-// sleep asks for the key. It never blocks: the claimer hears on recheck when
+// request asks for the key. It never blocks: the claimer hears on recheck when
 // the key is granted.
-func (s *sleepLock) sleep() { s.set(true) }
+func (s *sleepLock) request() { s.set(true) }
 
-// wake gives the key back, or gives up on taking it. It never blocks.
-func (s *sleepLock) wake() { s.set(false) }
+// release gives the key back, or gives up on taking it. It never blocks.
+func (s *sleepLock) release() { s.set(false) }
 
 func (s *sleepLock) set(want bool) {
 	s.mu.Lock()

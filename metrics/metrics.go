@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
 )
 
@@ -141,9 +142,9 @@ func (m *Metrics) JobStarted(job *executors.Job) {
 }
 
 // JobFinished implements claimer.Observer.
-func (m *Metrics) JobFinished(job *executors.Job, outcome string, took time.Duration) {
+func (m *Metrics) JobFinished(job *executors.Job, outcome claimer.Outcome, took time.Duration) {
 	kind := m.kind(job.Kind)
-	m.completed.WithLabelValues(job.Queue, kind, outcome).Inc()
+	m.completed.WithLabelValues(job.Queue, kind, string(outcome)).Inc()
 	if took > 0 {
 		m.duration.WithLabelValues(job.Queue, kind).Observe(took.Seconds())
 	}
