@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/internal/redact"
+	"github.com/pgdispatch/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -54,7 +56,7 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			if s.OldestDueSeconds != nil {
 				oldest = time.Duration(*s.OldestDueSeconds * float64(time.Second)).Round(time.Millisecond).String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", printable(s.Queue), printable(s.Kind), s.Pending, s.Due, s.Running,
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", termsafe.String(s.Queue), termsafe.String(s.Kind), s.Pending, s.Due, s.Running,
 				count(s.Done), count(s.Dead), count(s.Cancelled), oldest, s.DoneLastMinute, s.DeadLastMinute)
 		}
 		return tw.Flush()
@@ -131,8 +133,8 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tQUEUE\tKIND\tSTATUS\tATTEMPTS\tRUN AT\tLAST ERROR")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, printable(j.Queue), printable(j.Kind), j.Status, attempts(j),
-				j.RunAt.UTC().Format(time.RFC3339), printable(oneLine(j.LastError, 80)))
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.String(j.Queue), termsafe.String(j.Kind), j.Status, attempts(j),
+				j.RunAt.UTC().Format(time.RFC3339), termsafe.String(oneLine(j.LastError, 80)))
 		}
 		return tw.Flush()
 	})
@@ -219,12 +221,12 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			{"finished_at", ts(j.FinishedAt)},
 			{"last_error", str(j.LastError)},
 		} {
-			fmt.Fprintf(tw, "%s\t%s\n", row[0], printable(row[1]))
+			fmt.Fprintf(tw, "%s\t%s\n", row[0], termsafe.String(row[1]))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
-		if _, err := fmt.Fprintf(stdout, "payload\n  %s\n", printableLines(payload.String())); err != nil {
+		if _, err := fmt.Fprintf(stdout, "payload\n  %s\n", termsafe.Lines(payload.String())); err != nil {
 			return err
 		}
 		if masked {
@@ -287,15 +289,15 @@ func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 const revealHelp = "show secrets as they are: URL user info and query values, and the values of keys such as Authorization, X-Api-Key, password or token"
 
-// maskJob masks the secrets of j's payload and last_error (see maskPayload).
+// maskJob masks the secrets of j's payload and last_error (see redact.Payload).
 func maskJob(j *admin.Job) {
 	if j.LastError != nil {
-		masked := maskURLs(*j.LastError)
+		masked := redact.URLs(*j.LastError)
 		j.LastError = &masked
 	}
-	p, err := maskPayload(j.Payload)
+	p, err := redact.Payload(j.Payload)
 	if err != nil {
-		p = json.RawMessage(`"` + mask + `"`)
+		p = json.RawMessage(`"` + redact.Mask + `"`)
 	}
 	j.Payload = p
 }

@@ -24,7 +24,7 @@ import (
 // Secrets have no flag, so that they never show in a process listing.
 // Usage shows a flag's built-in default, never the environment's value,
 // which may hold a password (DATABASE_URL); what is printed passes through
-// the redactor (redact.go).
+// the filter of package redact.
 type setting struct {
 	env, flag, def, help string
 }
@@ -224,7 +224,7 @@ func parseQueues(s string) ([]pgdispatch.Queue, error) {
 }
 
 // newLogger returns a logger that writes to w (the command's stderr, through
-// the redactor).
+// the filter of package redact).
 func newLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	var lvl zapcore.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {

@@ -23,6 +23,8 @@ import (
 	"syscall"
 
 	"github.com/joho/godotenv"
+
+	"github.com/pgdispatch/pgdispatch/internal/redact"
 )
 
 const usage = `pgdispatch dispatches jobs from PostgreSQL with low latency.
@@ -82,12 +84,11 @@ func main() {
 }
 
 func realMain(args []string, stdout, stderr io.Writer) int {
-	// Everything printed, logs included, goes through the redactor
-	// (redact.go).
-	secrets := &redactor{}
-	secrets.addEnv(os.Environ())
-	secrets.addArgs(args)
-	stdout, stderr = secrets.writer(stdout), secrets.writer(stderr)
+	// Everything printed, logs included, goes through the filter.
+	secrets := &redact.Filter{}
+	secrets.AddEnv(os.Environ())
+	secrets.AddArgs(args)
+	stdout, stderr = secrets.Writer(stdout), secrets.Writer(stderr)
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprint(stdout, usage)
 		if len(args) == 0 {
@@ -104,7 +105,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pgdispatch: read .env: %v\n", err)
 		return 1
 	}
-	secrets.addEnv(os.Environ()) // and what .env set
+	secrets.AddEnv(os.Environ()) // and what .env set
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	stopOnClosedOutput(ctx, stop)

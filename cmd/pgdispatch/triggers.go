@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/internal/redact"
+	"github.com/pgdispatch/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
 
@@ -102,9 +104,9 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if !*reveal {
 		for i := range list {
-			p, err := maskPayload(list[i].Payload)
+			p, err := redact.Payload(list[i].Payload)
 			if err != nil {
-				p = json.RawMessage(`"` + mask + `"`)
+				p = json.RawMessage(`"` + redact.Mask + `"`)
 			}
 			list[i].Payload = p
 		}
@@ -124,8 +126,8 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		case !t.Matches:
 			name += " (NOT AS RECORDED: remove it)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printable(name), printable(t.Table), strings.Join(t.Events, ","),
-			printable(t.Kind), printable(t.Queue), printable(t.When), printable(string(t.Payload)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", termsafe.String(name), termsafe.String(t.Table), strings.Join(t.Events, ","),
+			termsafe.String(t.Kind), termsafe.String(t.Queue), termsafe.String(t.When), termsafe.String(string(t.Payload)))
 	}
 	return tw.Flush()
 }

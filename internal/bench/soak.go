@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -32,7 +32,7 @@ WHERE c.oid = $1::regclass`, pgx.Identifier{schema, "jobs"}.Sanitize()).
 // table's size, its indexes' size and its dead rows once a minute. With done
 // jobs purged (RETAIN_DONE, SWEEP_INTERVAL), the sizes must level off
 // instead of growing with the jobs written.
-func (b *bench) soak(ctx context.Context) ([]*benchResult, error) {
+func (b *bench) soak(ctx context.Context) ([]*Result, error) {
 	schema, p, cleanup, err := b.worker(ctx, 0, nil)
 	if err != nil {
 		return nil, err
@@ -42,8 +42,8 @@ func (b *bench) soak(ctx context.Context) ([]*benchResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &benchResult{Scenario: "soak", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, RETAIN_DONE=%s, SWEEP_INTERVAL=%s",
-		b.opts.soakWriters, b.opts.soakDuration, b.retainSetting(), b.base.SweepInterval)}
+	r := &Result{Scenario: "soak", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, RETAIN_DONE=%s, SWEEP_INTERVAL=%s",
+		b.opts.SoakWriters, b.opts.SoakDuration, b.retainSetting(), b.base.SweepInterval)}
 
 	type loaded struct {
 		jobs int
@@ -51,14 +51,14 @@ func (b *bench) soak(ctx context.Context) ([]*benchResult, error) {
 	}
 	done := make(chan loaded, 1)
 	go func() {
-		committed, _, err := b.writerLoad(ctx, schema, b.opts.soakWriters, b.opts.soakDuration, false)
+		committed, _, err := b.writerLoad(ctx, schema, b.opts.SoakWriters, b.opts.SoakDuration, false)
 		done <- loaded{len(committed), err}
 	}()
 	var (
 		maxTable, maxIndex, maxDead int64
 		samples                     []tableHealth
 	)
-	tick := time.NewTicker(min(time.Minute, b.opts.soakDuration/4+time.Second))
+	tick := time.NewTicker(min(time.Minute, b.opts.SoakDuration/4+time.Second))
 	defer tick.Stop()
 	var result loaded
 	for waiting := true; waiting; {
@@ -81,7 +81,7 @@ func (b *bench) soak(ctx context.Context) ([]*benchResult, error) {
 	}
 	mid, last := samples[len(samples)/2], samples[len(samples)-1]
 	r.set("jobs_written", float64(result.jobs))
-	r.set("jobs_per_s", float64(result.jobs)/b.opts.soakDuration.Seconds())
+	r.set("jobs_per_s", float64(result.jobs)/b.opts.SoakDuration.Seconds())
 	r.set("table_mb_start", mb(first.tableBytes))
 	r.set("table_mb_halfway", mb(mid.tableBytes))
 	r.set("table_mb_end", mb(last.tableBytes))
@@ -93,7 +93,7 @@ func (b *bench) soak(ctx context.Context) ([]*benchResult, error) {
 	r.set("dead_rows_end", float64(last.dead))
 	r.set("dead_rows_max", float64(maxDead))
 	r.set("autovacuums", float64(last.autovacuums))
-	return []*benchResult{r}, nil
+	return []*Result{r}, nil
 }
 
 func mb(b int64) float64 { return float64(b) / (1 << 20) }

@@ -1,39 +1,11 @@
-package main
+package redact
 
 import (
 	"encoding/json"
-	"strconv"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
-
-func TestPrintable(t *testing.T) {
-	t.Parallel()
-	for in, want := range map[string]string{
-		"plain text, ünïcödé and 漢字 \\ kept": "plain text, ünïcödé and 漢字 \\ kept",
-		"\x1b[31mred\x07\r\n\t":              `\x1b[31mred\a\r\n\t`,
-		"del \x7f c1 \u009b nel \u0085":      `del \x7f c1 \u009b nel \u0085`,
-		"rlo \u202e ls \u2028":               `rlo \u202e ls \u2028`,
-		"bad \xff\xfe utf8, real \ufffd":     `bad \xff\xfe utf8, real ` + "\ufffd",
-	} {
-		require.Equal(t, want, printable(in), "%q", in)
-	}
-	require.Equal(t, "{\n  \"a\": \"\\x1b\"\n}", printableLines("{\n  \"a\": \"\x1b\"\n}")) //nolint:testifylint // the exact text, not its JSON
-}
-
-func FuzzPrintable(f *testing.F) {
-	f.Add("\x1b]0;title\x07")
-	f.Add("a\xffb\u202e")
-	f.Fuzz(func(t *testing.T, s string) {
-		out := printable(s)
-		require.True(t, utf8.ValidString(out))
-		for _, r := range out {
-			require.True(t, strconv.IsGraphic(r), "%q left %U", s, r)
-		}
-	})
-}
 
 func TestMaskURLs(t *testing.T) {
 	t.Parallel()
@@ -45,7 +17,7 @@ func TestMaskURLs(t *testing.T) {
 		"http://plain.test/path?":                       "http://plain.test/path?",
 		"no url here: user:pw@host":                     "no url here: user:pw@host",
 	} {
-		require.Equal(t, want, maskURLs(in), "%q", in)
+		require.Equal(t, want, URLs(in), "%q", in)
 	}
 }
 
@@ -53,14 +25,14 @@ func TestMaskPayload(t *testing.T) {
 	t.Parallel()
 	in := `{"z": 1, "headers": {"X-Api-Key": "k", "Proxy-Authorization": "Basic x", "Accept": "a&b"},
 		"a": [{"password": {"deep": ["p", 3, true, null]}}, "https://u:p@h/?q=1"], "n": 1.50, "client_secret": 7}`
-	got, err := maskPayload(json.RawMessage(in))
+	got, err := Payload(json.RawMessage(in))
 	require.NoError(t, err)
 	//nolint:testifylint // the exact text: key order and number text
 	require.Equal(t, `{"z":1,"headers":{"X-Api-Key":"xxxxx","Proxy-Authorization":"xxxxx","Accept":"a&b"},`+
 		`"a":[{"password":{"deep":["xxxxx","xxxxx",true,null]}},"https://u:xxxxx@h/?q=xxxxx"],"n":1.50,"client_secret":"xxxxx"}`, string(got),
 		"keys keep their order, numbers their text")
 	for _, bad := range []string{`{"a": }`, `{"a": 1} {"b": 2}`, `[1,`} {
-		_, err := maskPayload(json.RawMessage(bad))
+		_, err := Payload(json.RawMessage(bad))
 		require.Error(t, err, bad)
 	}
 }
@@ -72,7 +44,7 @@ func FuzzMaskPayload(f *testing.F) {
 		if !json.Valid([]byte(s)) {
 			return
 		}
-		out, err := maskPayload(json.RawMessage(s))
+		out, err := Payload(json.RawMessage(s))
 		require.NoError(t, err, s)
 		require.True(t, json.Valid(out), "%s masked to %s", s, out)
 		var v any

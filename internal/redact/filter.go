@@ -1,22 +1,12 @@
-package main
-
-import (
-	"cmp"
-	"io"
-	"net/url"
-	"regexp"
-	"slices"
-	"strings"
-	"sync"
-)
-
-// Secrets never reach the output: every byte pgdispatch writes to stdout or
-// stderr, its logs included, passes through a redactor that knows the
-// secrets of the environment and the command line, and writes "xxxxx" in
-// their place. Libraries echo connection strings in their errors, and their
-// own redaction is best effort (jackc/pgx#1271: a password with '@', '/' or
-// '%' leaks the pieces after them), so the redactor also masks each piece of
-// a secret between those characters.
+// Package redact keeps secrets out of what pgdispatch prints.
+//
+// A Filter masks known secrets in every byte written through its writers:
+// the command wraps stdout and stderr, its logs included, in one that knows
+// the secrets of the environment and the command line, and writes "xxxxx"
+// in their place. Libraries echo connection strings in their errors, and
+// their own redaction is best effort (jackc/pgx#1271: a password with '@',
+// '/' or '%' leaks the pieces after them), so the Filter also masks each
+// piece of a secret between those characters.
 //
 // A secret is:
 //   - the whole value of a variable whose name says it holds one (PASSWORD,
@@ -31,6 +21,22 @@ import (
 // that what any of them calls the password is masked. Pieces shorter than
 // minSecret are left, or every short word would be masked; a password made
 // of a common word masks that word everywhere.
+//
+// Secrets no one configured, such as those in a job's payload or in a
+// receiver's reply, are masked by what they look like: URLs masks the user
+// info and query values of URLs in text, and Payload the values of keys
+// such as Authorization in a JSON document.
+package redact
+
+import (
+	"cmp"
+	"io"
+	"net/url"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+)
 
 // minSecret is the length below which a secret, or a piece of one, is not
 // masked.
@@ -46,24 +52,25 @@ const pieceSeparators = "@/%:?#&=+"
 // string: password=secret or password='se cret'.
 var kvPassword = regexp.MustCompile(`(?i)\b(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+)`)
 
-// redactor replaces secrets in what is written through its writers.
-type redactor struct {
+// Filter replaces secrets in what is written through its writers. Its zero
+// value knows no secret.
+type Filter struct {
 	mu       sync.Mutex
 	secrets  []string
 	replacer *strings.Replacer // nil while there is no secret
 }
 
-// addEnv adds the secrets of environment entries, NAME=value.
-func (r *redactor) addEnv(environ []string) {
+// AddEnv adds the secrets of environment entries, NAME=value.
+func (r *Filter) AddEnv(environ []string) {
 	for _, kv := range environ {
 		name, value, _ := strings.Cut(kv, "=")
 		r.addValue(name, value)
 	}
 }
 
-// addArgs adds the secrets of command-line arguments: the URLs' passwords,
+// AddArgs adds the secrets of command-line arguments: the URLs' passwords,
 // and the values of flags whose names say they hold secrets.
-func (r *redactor) addArgs(args []string) {
+func (r *Filter) AddArgs(args []string) {
 	for i, a := range args {
 		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
 		switch {
@@ -78,7 +85,7 @@ func (r *redactor) addArgs(args []string) {
 }
 
 // addValue adds the secrets of the value of a variable or flag called name.
-func (r *redactor) addValue(name, value string) {
+func (r *Filter) addValue(name, value string) {
 	var found []string
 	if secretName.MatchString(name) {
 		found = append(found, value, strings.TrimPrefix(value, "whsec_"))
@@ -107,7 +114,7 @@ func (r *redactor) addValue(name, value string) {
 	r.secrets = slices.Compact(r.secrets)
 	pairs := make([]string, 0, 2*len(r.secrets))
 	for _, s := range r.secrets {
-		pairs = append(pairs, s, mask)
+		pairs = append(pairs, s, Mask)
 	}
 	r.replacer = strings.NewReplacer(pairs...)
 }
@@ -192,13 +199,13 @@ func connStringPasswords(s string) []string {
 	return out
 }
 
-// writer returns w with the secrets masked in every Write. A secret split
+// Writer returns w with the secrets masked in every Write. A secret split
 // across two Writes is not recognised; fmt, zap and flag write a line or
 // more at once.
-func (r *redactor) writer(w io.Writer) io.Writer { return redactingWriter{r, w} }
+func (r *Filter) Writer(w io.Writer) io.Writer { return redactingWriter{r, w} }
 
 type redactingWriter struct {
-	r *redactor
+	r *Filter
 	w io.Writer
 }
 

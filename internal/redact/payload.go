@@ -1,4 +1,4 @@
-package main
+package redact
 
 import (
 	"bytes"
@@ -9,77 +9,20 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
-// Rows are written by anyone allowed to INSERT a job, and last_error holds
-// the first bytes of a receiver's reply: the admin commands treat every
-// column as hostile. Human output passes each value through printable, so
-// that no escape sequence reaches the terminal; --json prints values as
-// they are, in JSON's own escaping. Payloads, last_error and trigger
-// payloads are masked (maskPayload, maskURLs) unless --reveal is given.
-
-// printable escapes what a terminal would act on in s: control characters
-// (C0, DEL and C1), line and paragraph separators, bidirectional and other
-// format characters, and bytes that are not UTF-8. They are written as
-// strconv.QuoteToGraphic writes them (\x1b, \a, \r, \u009b, \u202e);
-// everything else is kept as it is.
-func printable(s string) string {
-	return escape(s, false)
-}
-
-// printableLines is printable for text whose line breaks are its own, such
-// as indented JSON (where a raw line break cannot stand in a string).
-func printableLines(s string) string {
-	return escape(s, true)
-}
-
-func escape(s string, keepNewlines bool) string {
-	var (
-		b       strings.Builder
-		escaped bool // b holds s up to i, escaped
-	)
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		notUTF8 := r == utf8.RuneError && size == 1
-		switch {
-		case !notUTF8 && strconv.IsGraphic(r), r == '\n' && keepNewlines:
-			// Letters, marks, numbers, punctuation, symbols and spaces
-			// show as themselves.
-			if escaped {
-				b.WriteString(s[i : i+size])
-			}
-		default:
-			if !escaped {
-				b.WriteString(s[:i])
-				escaped = true
-			}
-			if notUTF8 {
-				fmt.Fprintf(&b, `\x%02x`, s[i])
-			} else {
-				q := strconv.QuoteRuneToGraphic(r)
-				b.WriteString(q[1 : len(q)-1])
-			}
-		}
-		i += size
-	}
-	if !escaped {
-		return s
-	}
-	return b.String()
-}
-
-const mask = "xxxxx"
+// Mask is what stands in place of a secret.
+const Mask = "xxxxx"
 
 // urlInText finds URLs in free text: a scheme, "://" and what follows up
 // to a space or a quote.
 var urlInText = regexp.MustCompile("[A-Za-z][A-Za-z0-9+.-]*://[^\\s\"'<>`]+")
 
-// maskURLs masks the user info and the query and fragment values of every
-// URL in s: https://bob:pw@host/p?token=t becomes
+// URLs masks the user info and the query and fragment values of every URL
+// in s: https://bob:pw@host/p?token=t becomes
 // https://bob:xxxxx@host/p?token=xxxxx. A user info without a password may
 // be a token, and is masked whole.
-func maskURLs(s string) string {
+func URLs(s string) string {
 	return urlInText.ReplaceAllStringFunc(s, maskURL)
 }
 
@@ -93,9 +36,9 @@ func maskURL(u string) string {
 	if at := strings.LastIndexByte(authority, '@'); at >= 0 {
 		user, _, hasPassword := strings.Cut(authority[:at], ":")
 		if hasPassword {
-			authority = user + ":" + mask + authority[at:]
+			authority = user + ":" + Mask + authority[at:]
 		} else {
-			authority = mask + authority[at:]
+			authority = Mask + authority[at:]
 		}
 	}
 	path, fragment, hasFragment := strings.Cut(tail, "#")
@@ -122,9 +65,9 @@ func maskPairs(q string) string {
 		k, v, ok := strings.Cut(p, "=")
 		switch {
 		case ok && v != "":
-			pairs[i] = k + "=" + mask
+			pairs[i] = k + "=" + Mask
 		case !ok && p != "":
-			pairs[i] = mask
+			pairs[i] = Mask
 		}
 	}
 	return strings.Join(pairs, "&")
@@ -161,10 +104,10 @@ func secretKey(k string) bool {
 	return false
 }
 
-// maskPayload returns the JSON document raw with every string and number
-// under a secret key (at any depth) replaced by "xxxxx", and the URLs in
-// every other string masked by maskURLs. Keys keep their order.
-func maskPayload(raw json.RawMessage) (json.RawMessage, error) {
+// Payload returns the JSON document raw with every string and number under
+// a secret key (at any depth) replaced by "xxxxx", and the URLs in every
+// other string masked by URLs. Keys keep their order.
+func Payload(raw json.RawMessage) (json.RawMessage, error) {
 	if len(raw) == 0 {
 		return raw, nil
 	}
@@ -220,12 +163,12 @@ func maskValue(dec *json.Decoder, out *bytes.Buffer, secret bool) error {
 		}
 	case string:
 		if secret {
-			t = mask
+			t = Mask
 		}
-		writeString(out, maskURLs(t))
+		writeString(out, URLs(t))
 	case json.Number:
 		if secret {
-			writeString(out, mask)
+			writeString(out, Mask)
 		} else {
 			out.WriteString(t.String())
 		}

@@ -1,4 +1,4 @@
-package main
+package redact
 
 import (
 	"bytes"
@@ -11,23 +11,23 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func redacted(r *redactor, s string) string {
+func redacted(r *Filter, s string) string {
 	var b bytes.Buffer
-	_, _ = fmt.Fprint(r.writer(&b), s)
+	_, _ = fmt.Fprint(r.Writer(&b), s)
 	return b.String()
 }
 
 func TestRedactor(t *testing.T) {
 	t.Parallel()
-	r := &redactor{}
-	r.addEnv([]string{
+	r := &Filter{}
+	r.AddEnv([]string{
 		"DATABASE_URL=postgres://app:Pa@ss/wo%rd@db.internal:5432/app",
 		"RABBITMQ_URL=amqp://demo:" + url.PathEscape("q:ueue/pw") + "@broker/",
 		"SMTP_PASSWORD=smtp-secret",
 		"HTTP_SIGNING_SECRET=whsec_c2lnbmluZy1rZXk=",
 		"PATH=/usr/bin:/bin", "LOG_LEVEL=debug", "SHORT_PASSWORD=abc",
 	})
-	r.addArgs([]string{
+	r.AddArgs([]string{
 		"jobs", "list", "--database-url=host=db password='kv pass' user=x", "--api-key", "apikeyvalue",
 		"--payload", `{"url": "https://bob:payloadpw@hook.test/x"}`,
 	})
@@ -41,11 +41,11 @@ func TestRedactor(t *testing.T) {
 	} {
 		require.Equal(t, want, redacted(r, in), in)
 	}
-	require.Equal(t, "anything", redacted(&redactor{}, "anything"), "no secrets, nothing masked")
+	require.Equal(t, "anything", redacted(&Filter{}, "anything"), "no secrets, nothing masked")
 }
 
 // Whatever the password, pgx's error for a URL that holds it unencoded
-// passes the redactor without a piece of it.
+// passes the Filter without a piece of it.
 func FuzzRedactConnectionErrors(f *testing.F) {
 	for _, pw := range []string{"Sekr1t@Part2/Part3%Part4", "abcd:efgh?ijkl#mnop", "wxyz%41bcde@@@fghi", "a b c defg"} {
 		f.Add(pw)
@@ -55,8 +55,8 @@ func FuzzRedactConnectionErrors(f *testing.F) {
 			return
 		}
 		dsn := "postgres://nobody:" + pw + "@127.0.0.1:1/none"
-		r := &redactor{}
-		r.addEnv([]string{"DATABASE_URL=" + dsn})
+		r := &Filter{}
+		r.AddEnv([]string{"DATABASE_URL=" + dsn})
 		_, err := pgx.ParseConfig(dsn)
 		out := dsn
 		if err != nil {

@@ -1,0 +1,229 @@
+// Package bench measures a pgdispatch worker against a real PostgreSQL:
+// latency from commit to start, drain throughput and its in-server floor,
+// webhook delivery, writers at full speed, the trigger's cost to them, what
+// an idle worker sends, and the jobs table's size over a long run.
+//
+// Each scenario migrates a schema of its own, named pgdispatch_bench_*, runs
+// workers built from the caller's pgdispatch.Config with a no-op executor
+// that records when each job started (http: a webhook receiver on loopback
+// that records when each request arrived), and drops the schema again. Run
+// returns the figures; the bench command prints them.
+package bench
+
+import (
+	"context"
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdispatch/pgdispatch"
+)
+
+// DefaultScenarios are the scenarios of a run that names none.
+var DefaultScenarios = []string{"latency", "drain", "floor", "http", "sustained", "writers", "idle"}
+
+// Scenarios are every scenario, in the order a run lists them. soak is
+// left out of the default set: it runs for minutes.
+var Scenarios = append(slices.Clone(DefaultScenarios), "soak")
+
+// Options says which scenarios run, and how big each is. Every count and
+// duration must be above 0; DefaultOptions has the sizes of a full run.
+type Options struct {
+	// Scenarios run in this order; each is one of Scenarios.
+	Scenarios []string
+	// Jobs is how many jobs the latency and http scenarios insert, one per
+	// transaction, Spacing apart (0: none).
+	Jobs    int
+	Spacing time.Duration
+	// DrainJobs is how many jobs the drain and floor scenarios insert
+	// before they start (http_drain: at most 20,000 of them).
+	DrainJobs int
+	// Writers are the writer connection counts of the sustained and
+	// writers scenarios, a run each.
+	Writers []int
+	// Duration is the length of each sustained run, and the time each side
+	// of a writers run gets, in four turns.
+	Duration time.Duration
+	// IdleDuration is how long the idle scenario counts transactions.
+	IdleDuration time.Duration
+	// SoakDuration and SoakWriters are how long and with how many writer
+	// connections the soak scenario runs.
+	SoakDuration time.Duration
+	SoakWriters  int
+	// Latencies, when set, receives a CSV row per job of the latency and
+	// sustained scenarios: its commit and start times.
+	Latencies io.Writer
+	// Log, when set, receives a line as each scenario starts, and what a
+	// scenario has to say while it runs.
+	Log io.Writer
+}
+
+// DefaultOptions are the default scenarios at the sizes of a full run.
+func DefaultOptions() Options {
+	return Options{
+		Scenarios:    slices.Clone(DefaultScenarios),
+		Jobs:         500,
+		Spacing:      5 * time.Millisecond,
+		DrainJobs:    100000,
+		Writers:      []int{4, 16},
+		Duration:     4 * time.Second,
+		IdleDuration: 60 * time.Second,
+		SoakDuration: 10 * time.Minute,
+		SoakWriters:  4,
+	}
+}
+
+func (o Options) validate(worker pgdispatch.Config) error {
+	var errs []error
+	if worker.Pool == nil {
+		errs = append(errs, errors.New("the worker config has no Pool"))
+	}
+	if worker.Concurrency <= 0 {
+		errs = append(errs, errors.New("the worker config's Concurrency must be above 0"))
+	}
+	for _, s := range o.Scenarios {
+		if !slices.Contains(Scenarios, s) {
+			errs = append(errs, fmt.Errorf("scenario %q: want some of %v", s, Scenarios))
+		}
+	}
+	if len(o.Writers) == 0 || slices.ContainsFunc(o.Writers, func(n int) bool { return n <= 0 }) {
+		errs = append(errs, fmt.Errorf("writers %v: want positive whole numbers", o.Writers))
+	}
+	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 {
+		errs = append(errs, errors.New("the options' Jobs, DrainJobs, Duration, IdleDuration, SoakDuration and SoakWriters must be above 0"))
+	}
+	if o.Spacing < 0 {
+		errs = append(errs, errors.New("the options' Spacing must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	return nil
+}
+
+// Result is one scenario's figures. Durations are in milliseconds.
+type Result struct {
+	Scenario   string             `json:"scenario"`
+	Conditions string             `json:"conditions"`
+	Figures    map[string]float64 `json:"figures"`
+	order      []string
+}
+
+// Names are the figures' names, in the order the scenario reports them.
+func (r *Result) Names() []string { return slices.Clone(r.order) }
+
+func (r *Result) set(name string, v float64) {
+	if math.IsInf(v, 0) || math.IsNaN(v) {
+		// A rate over nothing (a side that committed nothing on a starved
+		// machine): JSON has no such number, so the figure is left out.
+		r.Conditions += fmt.Sprintf("; %s not computable", name)
+		return
+	}
+	if r.Figures == nil {
+		r.Figures = map[string]float64{}
+	}
+	if _, ok := r.Figures[name]; !ok {
+		r.order = append(r.order, name)
+	}
+	r.Figures[name] = v
+}
+
+// Run runs the scenarios of o, one after another, and returns their
+// results. Every worker it starts is worker with a schema, an executor
+// registry and a logger of its own; worker.Pool is the database, reached
+// directly (not through a transaction pooler), where the scenarios create
+// their schemas and, for idle, a database.
+func Run(ctx context.Context, worker pgdispatch.Config, o Options) ([]*Result, error) {
+	if err := o.validate(worker); err != nil {
+		return nil, err
+	}
+	if worker.ListenConnConfig == nil {
+		worker.ListenConnConfig = worker.Pool.Config().ConnConfig.Copy()
+	}
+	b := &bench{pool: worker.Pool, base: worker, opts: o, log: o.Log}
+	if b.log == nil {
+		b.log = io.Discard
+	}
+	if o.Latencies != nil {
+		b.latencies = csv.NewWriter(o.Latencies)
+		if err := b.latencies.Write([]string{"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us"}); err != nil {
+			return nil, err
+		}
+	}
+	var results []*Result
+	for _, s := range o.Scenarios {
+		fmt.Fprintf(b.log, "bench: %s...\n", s)
+		var (
+			rs  []*Result
+			err error
+		)
+		switch s {
+		case "latency":
+			rs, err = b.latency(ctx)
+		case "drain":
+			rs, err = b.drain(ctx)
+		case "floor":
+			rs, err = b.floor(ctx)
+		case "http":
+			rs, err = b.httpScenario(ctx)
+		case "sustained":
+			rs, err = b.sustained(ctx)
+		case "writers":
+			rs, err = b.writers(ctx)
+		case "idle":
+			rs, err = b.idle(ctx)
+		case "soak":
+			rs, err = b.soak(ctx)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("bench %s: %w", s, err)
+		}
+		results = append(results, rs...)
+	}
+	if b.latencies != nil {
+		if b.latencies.Flush(); b.latencies.Error() != nil {
+			return nil, fmt.Errorf("--latencies: %w", b.latencies.Error())
+		}
+	}
+	return results, nil
+}
+
+// bench is one run: the database, the worker config its scenarios start
+// from, and its options.
+type bench struct {
+	pool      *pgxpool.Pool
+	base      pgdispatch.Config
+	opts      Options
+	log       io.Writer
+	latencies *csv.Writer // Options.Latencies, or nil
+}
+
+// recordLatencies writes each committed job's commit and start times to
+// Options.Latencies, in commit order, when it is set.
+func (b *bench) recordLatencies(scenario string, writers int, p *probe, committed map[int64]time.Time) error {
+	if b.latencies == nil {
+		return nil
+	}
+	ids := slices.SortedFunc(maps.Keys(committed), func(x, y int64) int { return committed[x].Compare(committed[y]) })
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		c, s := committed[id].UnixMicro(), p.started[id].UnixMicro()
+		row := []string{scenario, strconv.Itoa(writers), strconv.FormatInt(id, 10)}
+		for _, us := range []int64{c, s, s - c} {
+			row = append(row, strconv.FormatInt(us, 10))
+		}
+		if err := b.latencies.Write(row); err != nil {
+			return fmt.Errorf("--latencies: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,293 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/csv"
+	"encoding/hex"
+	"encoding/json"
+	"maps"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
+
+// setup gives a test a database of its own, dropped when it ends, and a
+// worker config on it as the bench command builds one. In a database of
+// its own, a schema a scenario failed to drop shows, whatever else runs on
+// the server.
+func setup(t *testing.T) (pgdispatch.Config, *pgxpool.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	buf := make([]byte, 4)
+	_, _ = rand.Read(buf)
+	name := "pgdispatch_benchtest_" + hex.EncodeToString(buf)
+	admin := pgtest.Pool(t)
+	_, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		require.NoError(t, err)
+	})
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.Database = name
+	cfg.MaxConns = 10
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "30000"
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pgdispatch.Config{
+		Pool: pool, WorkerID: "bench-test", Concurrency: 7,
+		PollInterval: 30 * time.Second, Lease: 30 * time.Second, SweepInterval: 30 * time.Second,
+		RetainDone: 24 * time.Hour, ShutdownTimeout: 30 * time.Second, StatementTimeout: 10 * time.Second,
+	}, pool
+}
+
+// tiny runs scenarios at sizes that prove the harness works, not how fast
+// anything is.
+func tiny(scenarios ...string) Options {
+	o := DefaultOptions()
+	o.Scenarios = scenarios
+	o.Jobs, o.Spacing, o.DrainJobs = 10, time.Millisecond, 300
+	o.Writers, o.Duration = []int{2}, 400*time.Millisecond
+	o.IdleDuration = 100 * time.Millisecond
+	o.SoakDuration, o.SoakWriters = 500*time.Millisecond, 2
+	return o
+}
+
+// run runs o and checks what every run must do: a line on the log as each
+// scenario starts, and every schema dropped after.
+func run(t *testing.T, o Options) ([]*Result, string) {
+	t.Helper()
+	worker, pool := setup(t)
+	var log bytes.Buffer
+	o.Log = &log
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	results, err := Run(ctx, worker, o)
+	require.NoError(t, err, log.String())
+	for _, s := range o.Scenarios {
+		require.Contains(t, log.String(), "bench: "+s+"...\n")
+	}
+	require.Zero(t, benchSchemas(ctx, t, pool), "every schema is dropped")
+	for _, r := range results {
+		require.NotEmpty(t, r.Conditions, r.Scenario)
+		require.ElementsMatch(t, slices.Collect(maps.Keys(r.Figures)), r.Names(), r.Scenario)
+	}
+	return results, log.String()
+}
+
+func benchSchemas(ctx context.Context, t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'pgdispatch\_bench\_%'`).Scan(&n))
+	return n
+}
+
+func byScenario(results []*Result) map[string][]*Result {
+	out := map[string][]*Result{}
+	for _, r := range results {
+		out[r.Scenario] = append(out[r.Scenario], r)
+	}
+	return out
+}
+
+// requirePercentiles checks that name's percentiles came in order.
+func requirePercentiles(t *testing.T, r *Result, name string) {
+	t.Helper()
+	f := r.Figures
+	require.Positive(t, f[name+"_p50_ms"], r.Scenario)
+	require.GreaterOrEqual(t, f[name+"_p90_ms"], f[name+"_p50_ms"], r.Scenario)
+	require.GreaterOrEqual(t, f[name+"_p99_ms"], f[name+"_p90_ms"], r.Scenario)
+	require.GreaterOrEqual(t, f[name+"_max_ms"], f[name+"_p99_ms"], r.Scenario)
+}
+
+// latencyRows reads the --latencies CSV and checks each row's arithmetic.
+func latencyRows(t *testing.T, raw []byte) map[string]int {
+	t.Helper()
+	rows, err := csv.NewReader(bytes.NewReader(raw)).ReadAll()
+	require.NoError(t, err)
+	require.Equal(t, []string{"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us"}, rows[0])
+	perScenario := map[string]int{}
+	for _, row := range rows[1:] {
+		perScenario[row[0]]++
+		commit, err := strconv.ParseInt(row[3], 10, 64)
+		require.NoError(t, err)
+		started, err := strconv.ParseInt(row[4], 10, 64)
+		require.NoError(t, err)
+		require.Equal(t, strconv.FormatInt(started-commit, 10), row[5], "row %v", row)
+	}
+	return perScenario
+}
+
+func TestLatency(t *testing.T) {
+	t.Parallel()
+	var latencies bytes.Buffer
+	o := tiny("latency")
+	o.Latencies = &latencies
+	results, _ := run(t, o)
+	require.Len(t, results, 1)
+	r := results[0]
+	require.Equal(t, "latency", r.Scenario)
+	require.Equal(t, []string{"latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_max_ms"}, r.Names())
+	requirePercentiles(t, r, "latency")
+	require.Equal(t, "10 jobs, one per transaction, 1ms apart, idle worker, CONCURRENCY=7, worker's synchronous_commit=on", r.Conditions)
+	require.Equal(t, map[string]int{"latency": 10}, latencyRows(t, latencies.Bytes()))
+}
+
+func TestDrainAndFloor(t *testing.T) {
+	t.Parallel()
+	results, _ := run(t, tiny("drain", "floor"))
+	got := byScenario(results)
+	require.Len(t, got["drain"], 2, "done jobs deleted, then kept")
+	for i, retain := range []string{"RETAIN_DONE=0 (done jobs deleted)", "RETAIN_DONE=24h (done jobs kept)"} {
+		r := got["drain"][i]
+		require.Equal(t, "300 jobs, one worker, CONCURRENCY=7, "+retain, r.Conditions)
+		require.Positive(t, r.Figures["jobs_per_s"])
+		require.GreaterOrEqual(t, r.Figures["jobs_per_s"], r.Figures["jobs_per_s_recorded"], "recording comes after executing")
+		require.Zero(t, r.Figures["not_done_after"], retain)
+		require.GreaterOrEqual(t, r.Figures["jobs_per_claim"], 1.0)
+		require.LessOrEqual(t, r.Figures["jobs_per_claim"], 7.0, "a claim takes at most CONCURRENCY jobs")
+	}
+	require.Len(t, got["floor"], 1)
+	require.Equal(t, "300 jobs claimed 7 at a time and recorded done (kept) by a PL/pgSQL procedure in the server", got["floor"][0].Conditions)
+	require.Positive(t, got["floor"][0].Figures["jobs_per_s"])
+}
+
+func TestHTTP(t *testing.T) {
+	t.Parallel()
+	results, _ := run(t, tiny("http"))
+	got := byScenario(results)
+	require.Len(t, got["http"], 1)
+	requirePercentiles(t, got["http"][0], "commit_to_request")
+	require.Len(t, got["http_drain"], 1)
+	require.Positive(t, got["http_drain"][0].Figures["jobs_per_s"])
+	require.Contains(t, got["http_drain"][0].Conditions, "300 http_callback jobs to a Go receiver on loopback, one worker, CONCURRENCY=7")
+}
+
+func TestSustainedAndWriters(t *testing.T) {
+	t.Parallel()
+	var latencies bytes.Buffer
+	o := tiny("sustained", "writers")
+	o.Latencies = &latencies
+	results, _ := run(t, o)
+	got := byScenario(results)
+	require.Len(t, got["sustained"], 1)
+	s := got["sustained"][0]
+	require.Equal(t, "2 writers for 400ms, one job per transaction, CONCURRENCY=7", s.Conditions)
+	require.Positive(t, s.Figures["inserts_per_s"])
+	require.Positive(t, s.Figures["completed_per_s"])
+	requirePercentiles(t, s, "latency")
+	requirePercentiles(t, s, "round_trip")
+	rows := latencyRows(t, latencies.Bytes())
+	require.InDelta(t, s.Figures["inserts_per_s"]*0.4, float64(rows["sustained"]), 0.5, "a row per job committed in the run")
+
+	require.Len(t, got["writers"], 1)
+	w := got["writers"][0].Figures
+	require.Positive(t, w["inserts_per_s_trigger"])
+	require.Positive(t, w["inserts_per_s_no_trigger"])
+	require.InDelta(t, w["inserts_per_s_trigger"]/w["inserts_per_s_no_trigger"], w["ratio"], 1e-9)
+	require.GreaterOrEqual(t, w["notified_share"], 0.0)
+	require.GreaterOrEqual(t, w["notify_queue_usage"], 0.0)
+}
+
+func TestIdle(t *testing.T) {
+	t.Parallel()
+	results, _ := run(t, tiny("idle"))
+	require.Len(t, results, 1)
+	r := results[0]
+	require.Equal(t, []string{"worker_transactions_per_min", "worker_statements_per_min", "transactions"}, r.Names())
+	m := regexp.MustCompile(`^one idle worker for 100ms, POLL_INTERVAL=30s, SWEEP_INTERVAL=30s, one queue, database (pgdispatch_bench_idle_[0-9a-f]+)$`).
+		FindStringSubmatch(r.Conditions)
+	require.NotNil(t, m, "counted in a database of its own: %s", r.Conditions)
+	var left int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM pg_database WHERE datname = $1", m[1]).Scan(&left))
+	require.Zero(t, left, "the idle scenario drops its database")
+}
+
+func TestSoak(t *testing.T) {
+	t.Parallel()
+	results, log := run(t, tiny("soak"))
+	require.Len(t, results, 1)
+	r := results[0]
+	require.Equal(t, "2 writers for 500ms, one job per transaction, RETAIN_DONE=24h0m0s, SWEEP_INTERVAL=30s", r.Conditions)
+	require.Positive(t, r.Figures["jobs_written"])
+	require.Positive(t, r.Figures["table_mb_end"])
+	require.GreaterOrEqual(t, r.Figures["table_mb_max"], r.Figures["table_mb_end"])
+	require.Contains(t, log, "bench: soak: table ")
+}
+
+// A run that cannot go on stops at once with the scenario's name, and
+// leaves no schema behind.
+func TestRunStopsWithItsContext(t *testing.T) {
+	t.Parallel()
+	worker, pool := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := Run(ctx, worker, tiny("latency", "drain"))
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorContains(t, err, "bench latency: ")
+	require.Zero(t, benchSchemas(context.Background(), t, pool))
+}
+
+func TestRunRefusesBadOptions(t *testing.T) {
+	t.Parallel()
+	worker := pgdispatch.Config{Pool: pgtest.Pool(t), Concurrency: 7}
+	for name, c := range map[string]struct {
+		change func(*pgdispatch.Config, *Options)
+		want   string
+	}{
+		"no pool":          {func(w *pgdispatch.Config, _ *Options) { w.Pool = nil }, "no Pool"},
+		"no concurrency":   {func(w *pgdispatch.Config, _ *Options) { w.Concurrency = 0 }, "Concurrency must be above 0"},
+		"unknown scenario": {func(_ *pgdispatch.Config, o *Options) { o.Scenarios = []string{"latency", "nope"} }, `scenario "nope"`},
+		"no writers":       {func(_ *pgdispatch.Config, o *Options) { o.Writers = nil }, "writers []: "},
+		"zero writers":     {func(_ *pgdispatch.Config, o *Options) { o.Writers = []int{4, 0} }, "writers [4 0]: "},
+		"no jobs":          {func(_ *pgdispatch.Config, o *Options) { o.Jobs = 0 }, "must be above 0"},
+		"no idle duration": {func(_ *pgdispatch.Config, o *Options) { o.IdleDuration = 0 }, "must be above 0"},
+		"negative spacing": {func(_ *pgdispatch.Config, o *Options) { o.Spacing = -time.Millisecond }, "Spacing must not be negative"},
+	} {
+		w, o := worker, tiny("latency")
+		c.change(&w, &o)
+		_, err := Run(context.Background(), w, o)
+		require.ErrorContains(t, err, c.want, name)
+		require.True(t, strings.HasPrefix(err.Error(), "bench: "), name)
+	}
+	require.NoError(t, DefaultOptions().validate(worker), "the defaults are valid")
+}
+
+// A figure that is not a number (a rate over a side that committed nothing)
+// is left out, and said so, since JSON has no such number.
+func TestResultLeavesOutWhatIsNotANumber(t *testing.T) {
+	t.Parallel()
+	r := &Result{Scenario: "s", Conditions: "c"}
+	r.set("b", 2)
+	r.set("inf", math.Inf(1))
+	r.set("a", 1)
+	r.set("nan", math.NaN())
+	r.set("b", 3)
+	require.Equal(t, []string{"b", "a"}, r.Names(), "in the order first set")
+	require.Equal(t, map[string]float64{"a": 1, "b": 3}, r.Figures)
+	require.Equal(t, "c; inf not computable; nan not computable", r.Conditions)
+	out, err := json.Marshal(r)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"scenario": "s", "conditions": "c; inf not computable; nan not computable", "figures": {"a": 1, "b": 3}}`, string(out))
+}
