@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/internal/pgbouncertest"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
@@ -160,7 +161,7 @@ func (b *bundle) bouncerConfig(t *testing.T, bouncer *pgbouncertest.Bouncer, id 
 		Schema:           b.schema,
 		WorkerID:         id,
 		Registry:         b.registry,
-		PollInterval:     hour,
+		Options:          claimer.Options{PollInterval: hour},
 		Logger:           zaptest.NewLogger(t),
 	}
 }

@@ -37,7 +37,8 @@ const DefaultQueue = "default"
 // Queue is a queue a worker serves, with its own executor slots.
 type Queue struct {
 	Name string
-	// Concurrency is how many of its jobs run at once. Default: Config.Concurrency.
+	// Concurrency is how many of its jobs run at once. Default:
+	// Config.Concurrency.
 	Concurrency int
 }
 
@@ -59,43 +60,22 @@ type Config struct {
 	WorkerID string
 	// Queues lists the queues to serve. Default: the "default" queue.
 	Queues []Queue
-	// Concurrency is each queue's executor slots unless it sets its own.
-	// Default: 100.
-	Concurrency int
 	// Registry picks executors by kind. Default: executors.NewRegistry().
 	Registry *executors.Registry
 
-	// PollInterval is the fallback tick. Default: 30s.
-	PollInterval time.Duration
-	// Lease is how long a claimed job stays this worker's without a
-	// heartbeat. Default: 30s.
-	Lease time.Duration
-	// JobTimeout bounds one attempt unless the payload's "timeout" says
-	// otherwise. Default: 5m.
-	JobTimeout time.Duration
-	// MaxJobTimeout bounds the payload's "timeout" (see
-	// claimer.Config.MaxJobTimeout). Default: 1h.
-	MaxJobTimeout time.Duration
-	// ClaimBytes bounds the payloads one claim loads (see
-	// claimer.Config.ClaimBytes). Default: 16 MiB.
-	ClaimBytes int
-	// MaxAttempts applies to jobs whose max_attempts is NULL. Default: 5.
-	MaxAttempts int
-	// RetryBackoff is the delay before the retry after attempt n. Default:
-	// claimer.DefaultRetryBackoff.
-	RetryBackoff func(attempt int) time.Duration
+	// Options are each queue's claimer's: its executor slots (unless the
+	// queue sets its own), lease, fallback tick, timeouts, attempts, retry
+	// backoff and shutdown grace (see claimer.Options, whose zero values
+	// mean its defaults).
+	claimer.Options
+
 	// SweepInterval is how often expired leases are given back and finished
 	// jobs purged. Default: 30s.
 	SweepInterval time.Duration
 	// RetainDone is how long done jobs are kept. Default: 24h.
 	RetainDone time.Duration
-	// DeleteDone deletes jobs as soon as they are done (RETAIN_DONE=0).
-	DeleteDone bool
 	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
 	RetainDead time.Duration
-	// ShutdownTimeout is how long running jobs may finish after Run's
-	// context ends. Default: 30s.
-	ShutdownTimeout time.Duration
 	// StatementTimeout bounds each database call. Default: 10s.
 	StatementTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the listener's reconnect backoff.
@@ -149,12 +129,11 @@ func NewWorker(cfg Config) (*Worker, error) {
 		if _, dup := w.claimers[q.Name]; dup {
 			return nil, fmt.Errorf("pgdispatch: queue %q is listed twice", q.Name)
 		}
+		opts := cfg.Options
+		opts.Concurrency = cmp.Or(q.Concurrency, cfg.Concurrency)
 		c, err := claimer.New(claimer.Config{
 			Pool: cfg.Pool, Schema: cfg.Schema, SleepConnConfig: cfg.ListenConnConfig, Queue: q.Name,
-			WorkerID: cfg.WorkerID, Registry: cfg.Registry, Concurrency: cmp.Or(q.Concurrency, cfg.Concurrency),
-			Lease: cfg.Lease, PollInterval: cfg.PollInterval, JobTimeout: cfg.JobTimeout, MaxJobTimeout: cfg.MaxJobTimeout,
-			ClaimBytes: cfg.ClaimBytes, MaxAttempts: cfg.MaxAttempts, RetryBackoff: cfg.RetryBackoff,
-			DeleteDone: cfg.DeleteDone, ShutdownTimeout: cfg.ShutdownTimeout, StatementTimeout: cfg.StatementTimeout,
+			WorkerID: cfg.WorkerID, Registry: cfg.Registry, Options: opts, StatementTimeout: cfg.StatementTimeout,
 			Observer: cfg.Observer, Logger: logger,
 		})
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
@@ -61,12 +62,12 @@ func setupUnwatched(t *testing.T) *bundle {
 // an hour, so that nothing the test sees comes from polling.
 func (b *bundle) config(t *testing.T, id string) pgdispatch.Config {
 	return pgdispatch.Config{
-		Pool:         pgtest.Pool(t),
-		Schema:       b.schema,
-		WorkerID:     id,
-		Registry:     b.registry,
-		PollInterval: hour,
-		Logger:       zaptest.NewLogger(t),
+		Pool:     pgtest.Pool(t),
+		Schema:   b.schema,
+		WorkerID: id,
+		Registry: b.registry,
+		Options:  claimer.Options{PollInterval: hour},
+		Logger:   zaptest.NewLogger(t),
 	}
 }
 

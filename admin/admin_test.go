@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
@@ -135,7 +136,7 @@ func worker(t *testing.T, schema string, reg *executors.Registry) *pgdispatch.Wo
 	t.Helper()
 	w, err := pgdispatch.NewWorker(pgdispatch.Config{
 		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "admin-test", Registry: reg,
-		PollInterval: time.Hour, Logger: zaptest.NewLogger(t),
+		Options: claimer.Options{PollInterval: time.Hour}, Logger: zaptest.NewLogger(t),
 	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -63,19 +63,23 @@ import (
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
+// The defaults of Options and Config.
 const (
-	defaultConcurrency      = 100
-	defaultLease            = 30 * time.Second
-	defaultPollInterval     = 30 * time.Second
-	defaultJobTimeout       = 5 * time.Minute
-	defaultMaxJobTimeout    = time.Hour
-	defaultMaxAttempts      = 5
-	defaultShutdownTimeout  = 30 * time.Second
-	defaultStatementTimeout = 10 * time.Second
-	defaultRetryBackoff     = 30 * time.Second
-	defaultClaimBytes       = 16 << 20
-	maxRetryBackoff         = 24 * time.Hour
-	maxCompletionBatch      = 1000
+	DefaultConcurrency      = 100
+	DefaultLease            = 30 * time.Second
+	DefaultPollInterval     = 30 * time.Second
+	DefaultJobTimeout       = 5 * time.Minute
+	DefaultMaxJobTimeout    = time.Hour
+	DefaultMaxAttempts      = 5
+	DefaultShutdownTimeout  = 30 * time.Second
+	DefaultStatementTimeout = 10 * time.Second
+	DefaultRetryBase        = 30 * time.Second // the first retry's delay; see DefaultRetryBackoff
+	DefaultClaimBytes       = 16 << 20
+)
+
+const (
+	maxRetryBackoff    = 24 * time.Hour
+	maxCompletionBatch = 1000
 	// maxUnwritten is how many outcomes may wait to be written before
 	// the claimer stops taking new jobs.
 	maxUnwritten = 2 * maxCompletionBatch
@@ -102,27 +106,44 @@ type Config struct {
 	// Registry picks the executor for each job's kind. Required.
 	Registry *executors.Registry
 
-	// Concurrency is how many jobs run at once. Default: 100.
+	Options
+
+	// StatementTimeout bounds each database call. Default: 10s.
+	StatementTimeout time.Duration
+	// Observer, when set, is told of each job's start and outcome, for
+	// metrics. Its methods must not block.
+	Observer Observer
+	// Logger receives the claimer's logs. Default: no logging.
+	Logger *zap.Logger
+}
+
+// Options are how a claimer claims and runs its jobs: the settings a worker
+// passes to each of its claimers, and a user of a worker sets. The zero
+// value of each means its default.
+type Options struct {
+	// Concurrency is how many jobs run at once. Default: DefaultConcurrency (100).
 	Concurrency int
 	// Lease is how long a claimed job stays this worker's without a
-	// heartbeat. The heartbeat renews it every Lease/3. Default: 30s.
+	// heartbeat. The heartbeat renews it every Lease/3. Default: DefaultLease (30s).
 	Lease time.Duration
 	// PollInterval is the fallback tick that claims even when no
-	// notification came. Default: 30s.
+	// notification came. Default: DefaultPollInterval (30s).
 	PollInterval time.Duration
 	// JobTimeout bounds one attempt unless the payload's "timeout" field says
-	// otherwise. Default: 5m.
+	// otherwise. Default: DefaultJobTimeout (5m).
 	JobTimeout time.Duration
 	// MaxJobTimeout bounds the payload's "timeout": a job that asks for more
 	// is dead at once. An attempt cut short by shutdown after it ran longer
 	// than JobTimeout counts, so that a job that hangs cannot be given back
-	// uncounted at every restart. Default: 1h.
+	// uncounted at every restart. Default: DefaultMaxJobTimeout (1h).
 	MaxJobTimeout time.Duration
-	// ClaimBytes bounds the payloads one claim loads, by their stored size
-	// (pg_column_size): a claim stops adding jobs once it has passed it, and
-	// takes one job at least. Default: 16 MiB.
+	// ClaimBytes bounds the payloads one claim loads: a claim stops adding
+	// jobs once their size has passed it (a compressed payload counts
+	// decompressed), and takes one job at least. Default: DefaultClaimBytes
+	// (16 MiB).
 	ClaimBytes int
-	// MaxAttempts applies to jobs whose max_attempts is NULL. Default: 5.
+	// MaxAttempts applies to jobs whose max_attempts is NULL. Default:
+	// DefaultMaxAttempts (5).
 	MaxAttempts int
 	// RetryBackoff is the delay before the retry that follows attempt n.
 	// Default: 30s * 4^(n-1), capped at 24h, plus up to 10 % jitter.
@@ -131,15 +152,9 @@ type Config struct {
 	// them for the sweeper to purge.
 	DeleteDone bool
 	// ShutdownTimeout is how long running jobs may go on after Run's context
-	// ends before they are cancelled and given back. Default: 30s.
+	// ends before they are cancelled and given back. Default:
+	// DefaultShutdownTimeout (30s).
 	ShutdownTimeout time.Duration
-	// StatementTimeout bounds each database call. Default: 10s.
-	StatementTimeout time.Duration
-	// Observer, when set, is told of each job's start and outcome, for
-	// metrics. Its methods must not block.
-	Observer Observer
-	// Logger receives the claimer's logs. Default: no logging.
-	Logger *zap.Logger
 }
 
 // Observer watches a claimer's jobs. Its methods are called from the jobs'
@@ -187,7 +202,7 @@ func (c *Config) validate() error {
 	case c.Concurrency < 0, c.Lease < 0, c.PollInterval < 0, c.JobTimeout < 0, c.MaxJobTimeout < 0, c.ClaimBytes < 0,
 		c.MaxAttempts < 0, c.ShutdownTimeout < 0, c.StatementTimeout < 0:
 		return errors.New("claimer: durations and counts must not be negative")
-	case c.JobTimeout > cmp.Or(c.MaxJobTimeout, defaultMaxJobTimeout):
+	case c.JobTimeout > cmp.Or(c.MaxJobTimeout, DefaultMaxJobTimeout):
 		return errors.New("claimer: JobTimeout must not exceed MaxJobTimeout")
 	case c.MaxAttempts > migrations.AttemptsLimit:
 		return fmt.Errorf("claimer: MaxAttempts must not exceed %d, the jobs table's bound", migrations.AttemptsLimit)
@@ -231,15 +246,15 @@ func New(cfg Config) (*Claimer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, defaultConcurrency)
-	cfg.Lease = cmp.Or(cfg.Lease, defaultLease)
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, defaultPollInterval)
-	cfg.JobTimeout = cmp.Or(cfg.JobTimeout, defaultJobTimeout)
-	cfg.MaxJobTimeout = cmp.Or(cfg.MaxJobTimeout, defaultMaxJobTimeout)
-	cfg.ClaimBytes = cmp.Or(cfg.ClaimBytes, defaultClaimBytes)
-	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
-	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, defaultShutdownTimeout)
-	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	cfg.JobTimeout = cmp.Or(cfg.JobTimeout, DefaultJobTimeout)
+	cfg.MaxJobTimeout = cmp.Or(cfg.MaxJobTimeout, DefaultMaxJobTimeout)
+	cfg.ClaimBytes = cmp.Or(cfg.ClaimBytes, DefaultClaimBytes)
+	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
+	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout)
 	if cfg.RetryBackoff == nil {
 		cfg.RetryBackoff = DefaultRetryBackoff
 	}
@@ -265,7 +280,7 @@ func New(cfg Config) (*Claimer, error) {
 // after each one after (30s, 2m, 8m, 32m, ...), capped at 24h, plus up to 10 %
 // jitter so that jobs that failed together do not retry together.
 func DefaultRetryBackoff(attempt int) time.Duration {
-	return ExponentialBackoff(defaultRetryBackoff)(attempt)
+	return ExponentialBackoff(DefaultRetryBase)(attempt)
 }
 
 // ExponentialBackoff returns a RetryBackoff that starts at base and grows

@@ -181,7 +181,7 @@ func TestClaimBytesBoundAClaim(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, pool, jobs := newTestClaimer(ctx, t, Config{ClaimBytes: 250_000})
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Options: Options{ClaimBytes: 250_000}})
 	// 100 kB payloads of random hex: they do not compress.
 	_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, payload)
 		SELECT 'noop', jsonb_build_object('pad', string_agg(md5(random()::text), ''))
@@ -263,7 +263,7 @@ func TestRowTellsTheTruthDuringADrain(t *testing.T) {
 		}
 		return nil
 	}))
-	c, pool, table := newTestClaimer(ctx, t, Config{Registry: registry, Concurrency: 50})
+	c, pool, table := newTestClaimer(ctx, t, Config{Registry: registry, Options: Options{Concurrency: 50}})
 	jobs = table
 	insertJobs(ctx, t, pool, jobs, n)
 
@@ -382,7 +382,7 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 	const lease = 6 * time.Second
 	c, err := New(Config{
 		Pool: pool, Schema: schema, SleepConnConfig: pool.Config().ConnConfig, Queue: "default", WorkerID: "w",
-		Registry: registry, Logger: zap.New(core), Concurrency: 1, Lease: lease,
+		Registry: registry, Logger: zap.New(core), Options: Options{Concurrency: 1, Lease: lease},
 	})
 	require.NoError(t, err)
 	stop := runClaimer(ctx, t, c)
@@ -436,7 +436,7 @@ func TestPayloadTimeoutIsCapped(t *testing.T) {
 	ran := make(chan struct{}, 1)
 	registry := executors.NewRegistry()
 	registry.Register("noop", executors.Func(func(context.Context, *executors.Job) error { ran <- struct{}{}; return nil }))
-	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: registry, JobTimeout: time.Second, MaxJobTimeout: time.Minute})
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: registry, Options: Options{JobTimeout: time.Second, MaxJobTimeout: time.Minute}})
 	var id int64
 	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+jobs+` (kind, payload) VALUES ('noop', '{"timeout": "100000h"}') RETURNING id`).Scan(&id))
 	stop := runClaimer(ctx, t, c)
@@ -468,7 +468,7 @@ func TestShutdownCountsLongAttempts(t *testing.T) {
 		return ctx.Err()
 	}))
 	c, pool, jobs := newTestClaimer(ctx, t, Config{
-		Registry: registry, JobTimeout: 300 * time.Millisecond, ShutdownTimeout: time.Nanosecond,
+		Registry: registry, Options: Options{JobTimeout: 300 * time.Millisecond, ShutdownTimeout: time.Nanosecond},
 	})
 	var long, short int64
 	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+jobs+` (kind, payload) VALUES ('noop', '{"timeout": "1h"}') RETURNING id`).Scan(&long))

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
@@ -104,9 +105,9 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	listening := make(chan struct{}, 8)
 	asleep := make(chan struct{}, 8)
 	w, err := pgdispatch.NewWorker(pgdispatch.Config{
-		Pool: pool, Schema: schema, WorkerID: "metrics", Registry: reg, PollInterval: time.Hour,
-		RetryBackoff: func(int) time.Duration { return 10 * time.Millisecond },
-		Observer:     m, Logger: zaptest.NewLogger(t),
+		Pool: pool, Schema: schema, WorkerID: "metrics", Registry: reg,
+		Options:  claimer.Options{PollInterval: time.Hour, RetryBackoff: func(int) time.Duration { return 10 * time.Millisecond }},
+		Observer: m, Logger: zaptest.NewLogger(t),
 		OnListen: func() {
 			select {
 			case listening <- struct{}{}:

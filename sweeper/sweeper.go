@@ -28,10 +28,14 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/retry"
 )
 
+// The defaults of Config.
 const (
-	defaultInterval         = 30 * time.Second
-	defaultRetainDone       = 24 * time.Hour
-	defaultRetainDead       = 7 * 24 * time.Hour
+	DefaultInterval   = 30 * time.Second
+	DefaultRetainDone = 24 * time.Hour
+	DefaultRetainDead = 7 * 24 * time.Hour
+)
+
+const (
 	defaultMaxAttempts      = 5
 	defaultBatchSize        = 1000
 	defaultStatementTimeout = 10 * time.Second
@@ -107,12 +111,12 @@ func New(cfg Config) (*Sweeper, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cfg.Interval = cmp.Or(cfg.Interval, defaultInterval)
-	cfg.RetainDone = cmp.Or(cfg.RetainDone, defaultRetainDone)
+	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
+	cfg.RetainDone = cmp.Or(cfg.RetainDone, DefaultRetainDone)
 	if cfg.PurgeDoneAtOnce {
 		cfg.RetainDone = 0
 	}
-	cfg.RetainDead = cmp.Or(cfg.RetainDead, defaultRetainDead)
+	cfg.RetainDead = cmp.Or(cfg.RetainDead, DefaultRetainDead)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)

@@ -16,7 +16,9 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/migrations"
+	"github.com/pgdispatch/pgdispatch/sweeper"
 )
 
 // setting is one configuration value: an environment variable and the flag
@@ -24,42 +26,93 @@ import (
 // Secrets have no flag, so that they never show in a process listing.
 // Usage shows a flag's built-in default, never the environment's value,
 // which may hold a password (DATABASE_URL); what is printed passes through
-// the filter of package redact.
+// the filter of package redact. A worker's setting carries apply, which
+// parses its value into the worker's config; its default is the package's
+// own, so that it is written once.
 type setting struct {
 	env, flag, def, help string
+	apply                func(v *values, cfg *pgdispatch.Config, errs *[]error)
 }
 
 // The settings every command that talks to the database reads.
 var connSettings = []setting{
-	{"DATABASE_URL", "database-url", "", "PostgreSQL connection string; when empty, built from DB_HOST, DB_PORT, DB_USER, DB_PASSWORD, DB_NAME and DB_SSLMODE"},
-	{"LISTEN_DATABASE_URL", "listen-database-url", "", "PostgreSQL itself, past a transaction-pooling proxy such as PgBouncer on DATABASE_URL: the listener, the sleep keys and migrations connect here, and DATABASE_URL then gets no startup parameters and no prepared statements (default: DATABASE_URL)"},
-	{"DB_SCHEMA", "schema", pgdispatch.DefaultSchema, "schema that holds pgdispatch's tables"},
-	{"STATEMENT_TIMEOUT", "statement-timeout", "10s", "bound on every database call (also the server's statement_timeout)"},
-	{"LOG_LEVEL", "log-level", "info", "debug, info, warn or error"},
-	{"LOG_FORMAT", "log-format", "json", "json or console"},
+	{env: "DATABASE_URL", flag: "database-url", help: "PostgreSQL connection string; when empty, built from DB_HOST, DB_PORT, DB_USER, DB_PASSWORD, DB_NAME and DB_SSLMODE"},
+	{env: "LISTEN_DATABASE_URL", flag: "listen-database-url", help: "PostgreSQL itself, past a transaction-pooling proxy such as PgBouncer on DATABASE_URL: the listener, the sleep keys and migrations connect here, and DATABASE_URL then gets no startup parameters and no prepared statements (default: DATABASE_URL)"},
+	{env: "DB_SCHEMA", flag: "schema", def: pgdispatch.DefaultSchema, help: "schema that holds pgdispatch's tables"},
+	{env: "STATEMENT_TIMEOUT", flag: "statement-timeout", def: durationText(claimer.DefaultStatementTimeout), help: "bound on every database call (also the server's statement_timeout)"},
+	{env: "LOG_LEVEL", flag: "log-level", def: "info", help: "debug, info, warn or error"},
+	{env: "LOG_FORMAT", flag: "log-format", def: "json", help: "json or console"},
 }
 
 // The worker's settings, for run and demo.
 var workerSettings = []setting{
-	{"WORKER_ID", "worker-id", "", "this worker's name in locked_by and the logs (default: the hostname)"},
-	{"QUEUES", "queues", "default", "comma-separated queues to serve, each optionally name:concurrency"},
-	{"CONCURRENCY", "concurrency", "100", "jobs run at once per queue; a claim takes at most the free ones"},
-	{"POLL_INTERVAL", "poll-interval", "30s", "fallback tick that claims even without a notification"},
-	{"LEASE", "lease", "30s", "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)"},
-	{"SWEEP_INTERVAL", "sweep-interval", "30s", "how often expired leases are given back and old jobs purged"},
-	{"MAX_ATTEMPTS", "max-attempts", "5", "attempts for jobs whose max_attempts is NULL (at most 1000000)"},
-	{"JOB_TIMEOUT", "job-timeout", "5m", "bound on one attempt unless the payload's \"timeout\" says otherwise; an attempt cut short by shutdown after running longer counts"},
-	{"MAX_JOB_TIMEOUT", "max-job-timeout", "1h", "the longest \"timeout\" a payload may ask for; a job that asks for more is dead at once"},
-	{"RETRY_BACKOFF", "retry-backoff", "30s", "delay before the first retry; each later one waits 4x longer (capped at 24h), plus up to 10% jitter"},
-	{"RETAIN_DONE", "retain-done", "24h", "how long done jobs are kept; 0 deletes a job as soon as it is done"},
-	{"RETAIN_DEAD", "retain-dead", "168h", "how long dead and cancelled jobs are kept"},
-	{"SHUTDOWN_TIMEOUT", "shutdown-timeout", "30s", "how long running jobs may finish after SIGINT/SIGTERM before they are given back"},
-	{"SYNCHRONOUS_COMMIT", "synchronous-commit", "on", "synchronous_commit of the worker's own connections (on, off, local, remote_write, remote_apply); off saves a WAL flush per claim, and a server crash may then re-run jobs whose claim or outcome was not yet flushed"},
+	{env: "WORKER_ID", flag: "worker-id", help: "this worker's name in locked_by and the logs (default: the hostname)",
+		apply: func(v *values, cfg *pgdispatch.Config, _ *[]error) { cfg.WorkerID = v.str("WORKER_ID") }},
+	{env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally name:concurrency",
+		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
+			var err error
+			cfg.Queues, err = parseQueues(v.str("QUEUES"))
+			*errs = append(*errs, err)
+		}},
+	countSetting("CONCURRENCY", "concurrency", claimer.DefaultConcurrency, "jobs run at once per queue; a claim takes at most the free ones",
+		func(c *pgdispatch.Config) *int { return &c.Concurrency }),
+	durationSetting("POLL_INTERVAL", "poll-interval", claimer.DefaultPollInterval, "fallback tick that claims even without a notification",
+		func(c *pgdispatch.Config) *time.Duration { return &c.PollInterval }),
+	durationSetting("LEASE", "lease", claimer.DefaultLease, "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)",
+		func(c *pgdispatch.Config) *time.Duration { return &c.Lease }),
+	durationSetting("SWEEP_INTERVAL", "sweep-interval", sweeper.DefaultInterval, "how often expired leases are given back and old jobs purged",
+		func(c *pgdispatch.Config) *time.Duration { return &c.SweepInterval }),
+	countSetting("MAX_ATTEMPTS", "max-attempts", claimer.DefaultMaxAttempts, fmt.Sprintf("attempts for jobs whose max_attempts is NULL (at most %d)", migrations.AttemptsLimit),
+		func(c *pgdispatch.Config) *int { return &c.MaxAttempts }),
+	durationSetting("JOB_TIMEOUT", "job-timeout", claimer.DefaultJobTimeout, "bound on one attempt unless the payload's \"timeout\" says otherwise; an attempt cut short by shutdown after running longer counts",
+		func(c *pgdispatch.Config) *time.Duration { return &c.JobTimeout }),
+	durationSetting("MAX_JOB_TIMEOUT", "max-job-timeout", claimer.DefaultMaxJobTimeout, "the longest \"timeout\" a payload may ask for; a job that asks for more is dead at once",
+		func(c *pgdispatch.Config) *time.Duration { return &c.MaxJobTimeout }),
+	{env: "RETRY_BACKOFF", flag: "retry-backoff", def: durationText(claimer.DefaultRetryBase), help: "delay before the first retry; each later one waits 4x longer (capped at 24h), plus up to 10% jitter",
+		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
+			cfg.RetryBackoff = claimer.ExponentialBackoff(v.positiveDuration("RETRY_BACKOFF", errs))
+		}},
+	{env: "RETAIN_DONE", flag: "retain-done", def: durationText(sweeper.DefaultRetainDone), help: "how long done jobs are kept; 0 deletes a job as soon as it is done",
+		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
+			cfg.RetainDone = v.duration("RETAIN_DONE", errs)
+			cfg.DeleteDone = cfg.RetainDone == 0 && v.str("RETAIN_DONE") != ""
+		}},
+	durationSetting("RETAIN_DEAD", "retain-dead", sweeper.DefaultRetainDead, "how long dead and cancelled jobs are kept",
+		func(c *pgdispatch.Config) *time.Duration { return &c.RetainDead }),
+	durationSetting("SHUTDOWN_TIMEOUT", "shutdown-timeout", claimer.DefaultShutdownTimeout, "how long running jobs may finish after SIGINT/SIGTERM before they are given back",
+		func(c *pgdispatch.Config) *time.Duration { return &c.ShutdownTimeout }),
+	{env: "SYNCHRONOUS_COMMIT", flag: "synchronous-commit", def: "on", help: "synchronous_commit of the worker's own connections (on, off, local, remote_write, remote_apply); off saves a WAL flush per claim, and a server crash may then re-run jobs whose claim or outcome was not yet flushed"},
+}
+
+// durationSetting is a setting of a positive duration, field of the
+// worker's config.
+func durationSetting(env, flag string, def time.Duration, help string, field func(*pgdispatch.Config) *time.Duration) setting {
+	return setting{env: env, flag: flag, def: durationText(def), help: help,
+		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) { *field(cfg) = v.positiveDuration(env, errs) }}
+}
+
+// countSetting is a setting of a whole number above 0, field of the
+// worker's config.
+func countSetting(env, flag string, def int, help string, field func(*pgdispatch.Config) *int) setting {
+	return setting{env: env, flag: flag, def: strconv.Itoa(def), help: help,
+		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) { *field(cfg) = v.positiveInt(env, errs) }}
+}
+
+// durationText writes d as a setting's default is written: "30s", "5m",
+// "1h", "168h".
+func durationText(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	}
+	return d.String()
 }
 
 // The settings of run alone.
 var serveSettings = []setting{
-	{"METRICS_ADDR", "metrics-addr", "", "address of the HTTP server for /metrics, /healthz and /readyz, such as :9090 (empty: off)"},
+	{env: "METRICS_ADDR", flag: "metrics-addr", def: "", help: "address of the HTTP server for /metrics, /healthz and /readyz, such as :9090 (empty: off)"},
 }
 
 // withDefaults returns a copy of settings with other defaults, by variable.

@@ -17,21 +17,21 @@ import (
 
 // The executors' settings, for run.
 var executorSettings = []setting{
-	{"HTTP_SIGNING_SECRET", "", "", "sign http_callback requests per Standard Webhooks with this base64 secret (whsec_ prefix optional)"},
-	{"HTTP_ALLOW_HOSTS", "http-allow-hosts", "", "comma-separated hosts http_callback may reach (exact, IP, or *.domain); empty allows any name, and HTTP_ALLOW_NETWORKS applies too"},
-	{"HTTP_ALLOW_NETWORKS", "http-allow-networks", httpcallback.NetworksPublic, "comma-separated networks http_callback may dial, checked on each address after DNS: CIDRs, IPs, and public, private or loopback"},
-	{"HTTP_MAX_CONNECTIONS_PER_HOST", "http-max-connections-per-host", strconv.Itoa(httpcallback.DefaultMaxConnsPerHost), "connections open to one host at once; http_callback jobs beyond it wait for one"},
-	{"RABBITMQ_URL", "", "", "broker of the rabbitmq executor, as amqp://user:password@host:5672/vhost"},
-	{"SMTP_HOST", "smtp-host", "", "SMTP server of the email executor"},
-	{"SMTP_PORT", "smtp-port", "", "SMTP port (default: 25 for none, 587 for starttls, 465 for tls)"},
-	{"SMTP_USERNAME", "smtp-username", "", "SMTP user for AUTH PLAIN"},
-	{"SMTP_PASSWORD", "", "", "SMTP password"},
-	{"SMTP_TLS", "smtp-tls", "starttls", "none, starttls or tls"},
-	{"SMTP_FROM", "smtp-from", "", "sender of email jobs whose payload has no from; payloads may always name its address"},
-	{"SMTP_ALLOW_FROM", "smtp-allow-from", "", "comma-separated other senders a payload's from may name: addresses, or domains for any address at them; * allows any (empty: SMTP_FROM's address only)"},
-	{"SMTP_MAX_RECIPIENTS", "smtp-max-recipients", strconv.Itoa(email.DefaultMaxRecipients), "most recipients of one email job, in to, cc and bcc together"},
-	{"SMTP_ALLOW_PLAINTEXT_AUTH", "smtp-allow-plaintext-auth", "false", "true lets SMTP_TLS=none send SMTP_USERNAME and SMTP_PASSWORD unencrypted; without it that setting is refused"},
-	{"SMTP_MAX_CONNECTIONS", "smtp-max-connections", strconv.Itoa(email.DefaultMaxConnections), "SMTP sessions open at once; email jobs beyond it wait for one"},
+	{env: "HTTP_SIGNING_SECRET", flag: "", def: "", help: "sign http_callback requests per Standard Webhooks with this base64 secret (whsec_ prefix optional)"},
+	{env: "HTTP_ALLOW_HOSTS", flag: "http-allow-hosts", def: "", help: "comma-separated hosts http_callback may reach (exact, IP, or *.domain); empty allows any name, and HTTP_ALLOW_NETWORKS applies too"},
+	{env: "HTTP_ALLOW_NETWORKS", flag: "http-allow-networks", def: httpcallback.NetworksPublic, help: "comma-separated networks http_callback may dial, checked on each address after DNS: CIDRs, IPs, and public, private or loopback"},
+	{env: "HTTP_MAX_CONNECTIONS_PER_HOST", flag: "http-max-connections-per-host", def: strconv.Itoa(httpcallback.DefaultMaxConnsPerHost), help: "connections open to one host at once; http_callback jobs beyond it wait for one"},
+	{env: "RABBITMQ_URL", flag: "", def: "", help: "broker of the rabbitmq executor, as amqp://user:password@host:5672/vhost"},
+	{env: "SMTP_HOST", flag: "smtp-host", def: "", help: "SMTP server of the email executor"},
+	{env: "SMTP_PORT", flag: "smtp-port", def: "", help: "SMTP port (default: 25 for none, 587 for starttls, 465 for tls)"},
+	{env: "SMTP_USERNAME", flag: "smtp-username", def: "", help: "SMTP user for AUTH PLAIN"},
+	{env: "SMTP_PASSWORD", flag: "", def: "", help: "SMTP password"},
+	{env: "SMTP_TLS", flag: "smtp-tls", def: "starttls", help: "none, starttls or tls"},
+	{env: "SMTP_FROM", flag: "smtp-from", def: "", help: "sender of email jobs whose payload has no from; payloads may always name its address"},
+	{env: "SMTP_ALLOW_FROM", flag: "smtp-allow-from", def: "", help: "comma-separated other senders a payload's from may name: addresses, or domains for any address at them; * allows any (empty: SMTP_FROM's address only)"},
+	{env: "SMTP_MAX_RECIPIENTS", flag: "smtp-max-recipients", def: strconv.Itoa(email.DefaultMaxRecipients), help: "most recipients of one email job, in to, cc and bcc together"},
+	{env: "SMTP_ALLOW_PLAINTEXT_AUTH", flag: "smtp-allow-plaintext-auth", def: "false", help: "true lets SMTP_TLS=none send SMTP_USERNAME and SMTP_PASSWORD unencrypted; without it that setting is refused"},
+	{env: "SMTP_MAX_CONNECTIONS", flag: "smtp-max-connections", def: strconv.Itoa(email.DefaultMaxConnections), help: "SMTP sessions open at once; email jobs beyond it wait for one"},
 }
 
 // buildRegistry registers the built-in executors that the settings

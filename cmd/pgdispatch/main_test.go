@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
@@ -511,7 +512,7 @@ func TestPoolSize(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for url, want := range map[string]int32{
-		pgtest.URL(): defaultMaxConns,
+		pgtest.URL(): pgdispatch.DefaultMaxConns,
 		withParam(pgtest.URL(), "pool_max_conns=3"): 3,
 	} {
 		pool, err := newPool(ctx, poolOptions{url: url, timeout: 5 * time.Second})

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +17,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch"
-	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/metrics"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
@@ -81,24 +78,8 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 }
 
 // behindPooler reports whether DATABASE_URL goes through a transaction
-// pooler such as PgBouncer: LISTEN_DATABASE_URL, which exists to bypass one,
-// names another host or port. Invalid URLs are reported by whoever parses
-// them for use.
-func behindPooler(dbURL, direct string) bool {
-	if direct == "" {
-		return false
-	}
-	a, errA := pgconn.ParseConfig(dbURL)
-	b, errB := pgconn.ParseConfig(direct)
-	if errA != nil || errB != nil {
-		return dbURL != direct
-	}
-	return a.Host != b.Host || a.Port != b.Port
-}
-
-// defaultMaxConns is the pool's size unless DATABASE_URL sets
-// pool_max_conns.
-const defaultMaxConns = 10
+// pooler: LISTEN_DATABASE_URL names another server (pgdispatch.BehindPooler).
+func behindPooler(dbURL, direct string) bool { return pgdispatch.BehindPooler(dbURL, direct) }
 
 // poolOptions says how newPool connects.
 type poolOptions struct {
@@ -106,76 +87,22 @@ type poolOptions struct {
 	setting string // where url came from, for errors; default DATABASE_URL
 	timeout time.Duration
 	params  map[string]string // more runtime parameters, unless the URL sets them
-	// pooled means url goes through a transaction pooler: no session state
-	// outlives a transaction, and PgBouncer refuses startup parameters it does
-	// not know.
-	pooled bool
+	pooled  bool              // url goes through a transaction pooler
 }
 
-// newPool connects with every call bounded.
-//
-// Directly, by connect_timeout and the server-side statement, lock and
-// idle-in-transaction timeouts, unless the URL sets them itself, and with
-// pgx's default mode, which prepares each statement once per connection.
-//
-// Through a transaction pooler it sends no startup parameter but
-// application_name (PgBouncer 1.18 refuses the others unless its
-// ignore_startup_parameters lists them), and the pool describes each
-// statement once per connection and runs it unnamed (pgx's cache_describe
-// mode, unless the URL sets default_query_exec_mode): a named prepared
-// statement lives on one server connection, and the pooler hands the next
-// transaction another. Each call stays bounded by its context, whose end
-// makes pgx send a cancel request, which PgBouncer forwards to the server
-// connection running the statement, and close the connection.
+// newPool connects as pgdispatch.NewPool does, naming the setting in its
+// errors.
 func newPool(ctx context.Context, o poolOptions) (*pgxpool.Pool, error) {
 	setting := cmp.Or(o.setting, "DATABASE_URL")
-	cfg, err := pgxpool.ParseConfig(o.url)
-	if err != nil {
+	if _, err := pgxpool.ParseConfig(o.url); err != nil {
 		return nil, fmt.Errorf("invalid %s: %w", setting, err) // pgx's message never repeats the password
 	}
-	if cfg.ConnConfig.ConnectTimeout == 0 {
-		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	pool, err := pgdispatch.NewPool(ctx, o.url, pgdispatch.PoolConfig{StatementTimeout: o.timeout, BehindPooler: o.pooled, RuntimeParams: o.params})
+	if err != nil && refusedStartupParameter(err) {
+		return nil, fmt.Errorf("%w (%s leads to a proxy such as PgBouncer, %s; "+
+			"see Behind PgBouncer in docs/operations.md)", err, setting, proxyHint[setting])
 	}
-	// Each queue's claims, outcome writes and heartbeats run beside one
-	// another, and the sweeper and the metrics beside them: pgxpool's
-	// default (the larger of 4 and the CPUs) would make a busy worker of
-	// two queues wait for connections. Connections open as they are needed.
-	if !strings.Contains(o.url, "pool_max_conns") {
-		cfg.MaxConns = max(cfg.MaxConns, defaultMaxConns)
-	}
-	params := cfg.ConnConfig.RuntimeParams
-	setDefault(params, "application_name", "pgdispatch")
-	if o.pooled {
-		if !strings.Contains(o.url, "default_query_exec_mode") {
-			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
-		}
-	} else {
-		setDefault(params, "statement_timeout", strconv.FormatInt(o.timeout.Milliseconds(), 10))
-		setDefault(params, "lock_timeout", strconv.FormatInt(min(o.timeout, 5*time.Second).Milliseconds(), 10))
-		setDefault(params, "idle_in_transaction_session_timeout", "60000")
-		for k, v := range o.params {
-			setDefault(params, k, v)
-		}
-	}
-	// pgxpool pings a connection idle for over a second before handing it
-	// out: one more statement per tick of an idle worker. A dead connection
-	// fails its call instead, which every caller retries.
-	cfg.ShouldPing = func(_ context.Context, p pgxpool.ShouldPingParams) bool { return p.IdleDuration > 5*time.Minute }
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, cfg.ConnConfig.ConnectTimeout+o.timeout)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		if refusedStartupParameter(err) {
-			return nil, fmt.Errorf("connect to database: %w (%s leads to a proxy such as PgBouncer, %s; "+
-				"see Behind PgBouncer in docs/operations.md)", err, setting, proxyHint[setting])
-		}
-		return nil, fmt.Errorf("connect to database: %w", err)
-	}
-	return pool, nil
+	return pool, err
 }
 
 // proxyHint says what to do when the URL of a setting leads to a proxy
@@ -194,57 +121,22 @@ func refusedStartupParameter(err error) bool {
 		strings.HasPrefix(pgErr.Message, "unsupported startup parameter")
 }
 
-func setDefault(m map[string]string, k, v string) {
-	if _, ok := m[k]; !ok {
-		m[k] = v
-	}
-}
-
 var synchronousCommit = map[string]bool{"on": true, "off": true, "local": true, "remote_write": true, "remote_apply": true}
 
 // workerConfig builds the worker's config from its settings.
 func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 	var errs []error
-
-	queues, err := parseQueues(v.str("QUEUES"))
-	errs = append(errs, err)
-	cfg := pgdispatch.Config{
-		Pool:             c.pool,
-		Schema:           c.schema,
-		WorkerID:         v.str("WORKER_ID"),
-		Queues:           queues,
-		Concurrency:      v.positiveInt("CONCURRENCY", &errs),
-		PollInterval:     v.positiveDuration("POLL_INTERVAL", &errs),
-		Lease:            v.positiveDuration("LEASE", &errs),
-		SweepInterval:    v.positiveDuration("SWEEP_INTERVAL", &errs),
-		MaxAttempts:      v.positiveInt("MAX_ATTEMPTS", &errs),
-		JobTimeout:       v.positiveDuration("JOB_TIMEOUT", &errs),
-		MaxJobTimeout:    v.positiveDuration("MAX_JOB_TIMEOUT", &errs),
-		RetryBackoff:     claimer.ExponentialBackoff(v.positiveDuration("RETRY_BACKOFF", &errs)),
-		RetainDone:       v.duration("RETAIN_DONE", &errs),
-		RetainDead:       v.positiveDuration("RETAIN_DEAD", &errs),
-		ShutdownTimeout:  v.duration("SHUTDOWN_TIMEOUT", &errs),
-		StatementTimeout: c.timeout,
-		Logger:           c.logger,
+	cfg := pgdispatch.Config{Pool: c.pool, Schema: c.schema, StatementTimeout: c.timeout, Logger: c.logger}
+	for _, s := range workerSettings {
+		if s.apply != nil {
+			s.apply(v, &cfg, &errs)
+		}
 	}
 	if cfg.MaxAttempts > migrations.AttemptsLimit {
 		errs = append(errs, fmt.Errorf("invalid MAX_ATTEMPTS %d: at most %d, as the jobs table allows", cfg.MaxAttempts, migrations.AttemptsLimit))
 	}
-	if cfg.WorkerID == "" {
-		host, err := os.Hostname()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("WORKER_ID is not set and the hostname is unknown: %w", err))
-		}
-		cfg.WorkerID = host
-	}
-	if cfg.RetainDone == 0 && errors.Join(errs...) == nil { // errs holds nils
-		cfg.DeleteDone = true
-	}
-	if cfg.JobTimeout > cfg.MaxJobTimeout && cfg.MaxJobTimeout > 0 {
+	if cfg.JobTimeout > cfg.MaxJobTimeout {
 		errs = append(errs, fmt.Errorf("JOB_TIMEOUT (%s) must not exceed MAX_JOB_TIMEOUT (%s)", cfg.JobTimeout, cfg.MaxJobTimeout))
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = time.Nanosecond // give jobs back at once
 	}
 	if u := v.str("LISTEN_DATABASE_URL"); u != "" {
 		lc, err := pgx.ParseConfig(u)

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 )
 
@@ -56,9 +57,9 @@ func setup(t *testing.T) (pgdispatch.Config, *pgxpool.Pool) {
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pgdispatch.Config{
-		Pool: pool, WorkerID: "bench-test", Concurrency: 7,
-		PollInterval: 30 * time.Second, Lease: 30 * time.Second, SweepInterval: 30 * time.Second,
-		RetainDone: 24 * time.Hour, ShutdownTimeout: 30 * time.Second, StatementTimeout: 10 * time.Second,
+		Pool: pool, WorkerID: "bench-test", SweepInterval: 30 * time.Second,
+		Options:    claimer.Options{Concurrency: 7, PollInterval: 30 * time.Second, Lease: 30 * time.Second, ShutdownTimeout: 30 * time.Second},
+		RetainDone: 24 * time.Hour, StatementTimeout: 10 * time.Second,
 	}, pool
 }
 
@@ -251,7 +252,7 @@ func TestRunStopsWithItsContext(t *testing.T) {
 
 func TestRunRefusesBadOptions(t *testing.T) {
 	t.Parallel()
-	worker := pgdispatch.Config{Pool: pgtest.Pool(t), Concurrency: 7}
+	worker := pgdispatch.Config{Pool: pgtest.Pool(t), Options: claimer.Options{Concurrency: 7}}
 	for name, c := range map[string]struct {
 		change func(*pgdispatch.Config, *Options)
 		want   string

@@ -21,10 +21,10 @@ import (
 func Start(t *testing.T, id string, registry *executors.Registry) string {
 	t.Helper()
 	schema := pgtest.Schema(t)
-	w, err := pgdispatch.NewWorker(pgdispatch.Config{
-		Pool: pgtest.Pool(t), Schema: schema, WorkerID: id, Registry: registry, PollInterval: time.Hour,
-		RetryBackoff: func(int) time.Duration { return 100 * time.Millisecond }, Logger: zaptest.NewLogger(t),
-	})
+	cfg := pgdispatch.Config{Pool: pgtest.Pool(t), Schema: schema, WorkerID: id, Registry: registry, Logger: zaptest.NewLogger(t)}
+	cfg.PollInterval = time.Hour
+	cfg.RetryBackoff = func(int) time.Duration { return 100 * time.Millisecond }
+	w, err := pgdispatch.NewWorker(cfg)
 	if err != nil {
 		t.Fatalf("workertest: %v", err)
 	}
