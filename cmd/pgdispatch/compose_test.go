@@ -45,7 +45,7 @@ func TestComposeFile(t *testing.T) {
 	require.Equal(t, []string{"run", "--migrate"}, []string(worker.Command), "each replica migrates safely at start")
 
 	var known []string
-	for _, g := range [][]setting{connSettings, workerSettings, executorSettings, serveSettings} {
+	for _, g := range settingGroups {
 		for _, s := range g {
 			known = append(known, s.env)
 		}
