@@ -4,7 +4,7 @@
 // enqueue() SQL function, or Enqueue from Go. A trigger sends NOTIFY; a
 // Worker's listener wakes the claimer of the job's queue, which claims due
 // jobs with FOR UPDATE SKIP LOCKED and runs each through the executor
-// registered for its kind. See the README for the SQL interface.
+// registered for its kind. docs/reference.md describes the SQL interface.
 package pgdispatch
 
 import (

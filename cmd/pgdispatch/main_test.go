@@ -406,7 +406,7 @@ func TestHelp(t *testing.T) {
 }
 
 // bench runs end to end with tiny sizes: it proves the harness works, not
-// how fast anything is. The URL sets the pool's size, as the README tells
+// how fast anything is. The URL sets the pool's size, as docs/reference.md tells
 // users to: the producers' connections must not send it to the server.
 func TestBenchRuns(t *testing.T) {
 	t.Parallel()
