@@ -11,7 +11,7 @@ test: ## run every test with the race detector, against a real PostgreSQL (TEST_
 	$(GO) test -race -count=1 ./...
 
 .PHONY: demo
-demo: ## run a worker on a throwaway PostgreSQL (or DATABASE_URL) and print each dispatch
+demo: ## deliver sample webhooks and mail to receivers in the process, on a throwaway PostgreSQL (or DATABASE_URL)
 	$(GO) run ./cmd/pgdispatch demo
 
 .PHONY: bench

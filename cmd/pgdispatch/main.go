@@ -3,7 +3,7 @@
 //	pgdispatch run        serve the queues until SIGINT or SIGTERM
 //	pgdispatch migrate    create or upgrade the schema
 //	pgdispatch enqueue    add a job
-//	pgdispatch demo       a worker on a throwaway PostgreSQL, printing each dispatch
+//	pgdispatch demo       deliver sample jobs to receivers in the process, printing each attempt
 //	pgdispatch bench      measure latency, throughput, writer overhead and idle cost
 //	pgdispatch triggers   add, list and remove dispatch triggers on any table
 //
@@ -33,7 +33,7 @@ Usage:
   pgdispatch run [flags]       serve the queues until SIGINT or SIGTERM
   pgdispatch migrate [flags]   create or upgrade the schema
   pgdispatch enqueue [flags]   add a job
-  pgdispatch demo [flags]      run a worker on a throwaway PostgreSQL and print each dispatch
+  pgdispatch demo [flags]      deliver sample webhooks and mail to receivers in the process, printing each attempt
   pgdispatch bench [flags]     measure latency, throughput, writer overhead and idle cost
   pgdispatch triggers add|list|remove   dispatch jobs from row changes in any table
   pgdispatch stats [flags]     jobs by queue, kind and status, the oldest due job, the last minute's throughput
