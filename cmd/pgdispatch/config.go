@@ -77,6 +77,8 @@ var workerSettings = []setting{
 			cfg.RetainDone = v.duration("RETAIN_DONE", errs)
 			cfg.DeleteDone = cfg.RetainDone == 0 && v.str("RETAIN_DONE") != ""
 		}},
+	countSetting("CLAIM_BYTES", "claim-bytes", claimer.DefaultClaimBytes, "bound on the payloads one claim loads, in bytes (a compressed payload counts decompressed); a claim takes one job at least",
+		func(c *pgdispatch.Config) *int { return &c.ClaimBytes }),
 	durationSetting("RETAIN_DEAD", "retain-dead", sweeper.DefaultRetainDead, "how long dead and cancelled jobs are kept",
 		func(c *pgdispatch.Config) *time.Duration { return &c.RetainDead }),
 	durationSetting("SHUTDOWN_TIMEOUT", "shutdown-timeout", claimer.DefaultShutdownTimeout, "how long running jobs may finish after SIGINT/SIGTERM before they are given back",
