@@ -59,6 +59,9 @@ func run(m interface{ Run() int }) (int, error) {
 		return 1, err
 	}
 	defer func() {
+		if err := ddl.report(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
 		closePool()
 		if cluster != nil {
 			if err := cluster.Stop(); err != nil {
@@ -219,7 +222,10 @@ func Schema(t testing.TB) string {
 	schema := EmptySchemaName(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, _, err := migrations.Migrate(ctx, Pool(t), migrations.Config{Schema: schema}); err != nil {
+	began := time.Now()
+	_, _, err := migrations.Migrate(ctx, Pool(t), migrations.Config{Schema: schema})
+	ddl.add(&ddl.migrate, began)
+	if err != nil {
 		t.Fatalf("pgtest: migrate %s: %v", schema, err)
 	}
 	return schema
@@ -236,7 +242,10 @@ func EmptySchemaName(t testing.TB) string {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := p.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		began := time.Now()
+		_, err := p.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+		ddl.add(&ddl.drop, began)
+		if err != nil {
 			t.Errorf("pgtest: drop schema %s: %v", schema, err)
 		}
 	})
