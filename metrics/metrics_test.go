@@ -86,7 +86,7 @@ func get(t *testing.T, url string) (int, string) {
 
 // Real jobs run on a real worker; /metrics then shows what happened.
 func TestMetricsAfterRealJobs(t *testing.T) {
-	schema := pgtest.Schema(t)
+	schema := pgtest.FreshSchema(t) // the server's counters of its jobs table start at 0
 	pool := pgtest.Pool(t)
 	reg := executors.NewRegistry()
 	reg.Register("ok", executors.Func(func(context.Context, *executors.Job) error { return nil }))

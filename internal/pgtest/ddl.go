@@ -4,20 +4,23 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 )
 
-// ddl is the time the test binary spent on schema DDL: migrating schemas,
-// and dropping them. With PGTEST_DDL_LOG set to a file, Main appends one
-// line of these figures to it when the binary ends, so that a run of
-// `go test ./...` can be summed up (go test shows a passing package's output
-// only with -v).
+// ddl is the time the test binary spent on schema DDL: migrating schemas
+// (and noting what a reused one is made of), readying a schema for the next
+// test (the Watch trigger's removal included), and dropping schemas. With
+// PGTEST_DDL_LOG set to a file, Main appends one line of these figures to
+// it when the binary ends, so that a run of `go test ./...` can be summed
+// up (go test shows a passing package's output only with -v).
 var ddl ddlStats
 
 type ddlStats struct {
-	mu            sync.Mutex
-	migrate, drop ddlStat
+	mu                            sync.Mutex
+	migrate, inspect, reset, drop ddlStat
+	notReused                     map[string]int // why schemas were dropped instead of reused
 }
 
 type ddlStat struct {
@@ -25,12 +28,26 @@ type ddlStat struct {
 	took time.Duration
 }
 
-func (d *ddlStats) add(s *ddlStat, began time.Time) {
+func (d *ddlStats) add(s *ddlStat, began time.Time) { d.addN(s, 1, began) }
+
+func (d *ddlStats) addN(s *ddlStat, n int, began time.Time) {
 	took := time.Since(began)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	s.n++
+	s.n += n
 	s.took += took
+}
+
+// discarded counts a schema dropped instead of reused, by the first words
+// of the reason.
+func (d *ddlStats) discarded(reason string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.notReused == nil {
+		d.notReused = map[string]int{}
+	}
+	kind, _, _ := strings.Cut(reason, ":")
+	d.notReused[kind]++
 }
 
 func (d *ddlStats) report() error {
@@ -43,8 +60,9 @@ func (d *ddlStats) report() error {
 		return err
 	}
 	d.mu.Lock()
-	line := fmt.Sprintf("%s migrate=%d/%.0fms drop=%d/%.0fms total=%.0fms\n", pkg,
-		d.migrate.n, ms(d.migrate.took), d.drop.n, ms(d.drop.took), ms(d.migrate.took+d.drop.took))
+	line := fmt.Sprintf("%s migrate=%d/%.0fms inspect=%d/%.0fms reset=%d/%.0fms drop=%d/%.0fms total=%.0fms not_reused=%v\n", pkg,
+		d.migrate.n, ms(d.migrate.took), d.inspect.n, ms(d.inspect.took), d.reset.n, ms(d.reset.took), d.drop.n, ms(d.drop.took),
+		ms(d.migrate.took+d.inspect.took+d.reset.took+d.drop.took), d.notReused)
 	d.mu.Unlock()
 	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {

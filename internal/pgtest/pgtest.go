@@ -6,15 +6,17 @@
 // package pgcluster). With none of them the tests fail with a clear message;
 // they never pass by skipping.
 //
-// Each test gets its own schema, migrated, and dropped when the test ends.
-// The NOTIFY channel and the advisory locks are keyed by the schema, so tests
-// running in parallel never hear or block each other.
+// Each test gets a migrated schema of its own (Schema). The NOTIFY channel
+// and the advisory locks are keyed by the schema, so tests running in
+// parallel never hear or block each other. Migrating a schema is most of a
+// short test's time, so a test binary keeps the schemas its tests are done
+// with and hands them, emptied, to later tests, as River's
+// riverdbtest.TestSchema does, and drops them when it ends. A test that
+// needs a schema nothing ran on asks for FreshSchema.
 package pgtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
@@ -27,7 +29,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
-	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -59,6 +60,9 @@ func run(m interface{ Run() int }) (int, error) {
 		return 1, err
 	}
 	defer func() {
+		if err := disown(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
 		if err := ddl.report(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest:", err)
 		}
@@ -69,6 +73,9 @@ func run(m interface{ Run() int }) (int, error) {
 			}
 		}
 	}()
+	if err := own(ctx, url); err != nil {
+		return 1, fmt.Errorf("own the test schemas: %w", err)
+	}
 	return m.Run(), nil
 }
 
@@ -213,43 +220,6 @@ func Conn(t testing.TB) *pgx.Conn {
 func closeConn(conn *pgx.Conn) {
 	_ = conn.Close(context.Background())
 	<-conn.PgConn().CleanupDone()
-}
-
-// Schema creates a migrated schema for this test alone and drops it when the
-// test ends.
-func Schema(t testing.TB) string {
-	t.Helper()
-	schema := EmptySchemaName(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	began := time.Now()
-	_, _, err := migrations.Migrate(ctx, Pool(t), migrations.Config{Schema: schema})
-	ddl.add(&ddl.migrate, began)
-	if err != nil {
-		t.Fatalf("pgtest: migrate %s: %v", schema, err)
-	}
-	return schema
-}
-
-// EmptySchemaName returns a fresh schema name, and drops that schema, if
-// anything created it, when the test ends.
-func EmptySchemaName(t testing.TB) string {
-	t.Helper()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "pgdt_" + hex.EncodeToString(b)
-	p := Pool(t)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		began := time.Now()
-		_, err := p.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-		ddl.add(&ddl.drop, began)
-		if err != nil {
-			t.Errorf("pgtest: drop schema %s: %v", schema, err)
-		}
-	})
-	return schema
 }
 
 // MainNoLeaks is Main for packages that start goroutines: after the tests
