@@ -324,24 +324,50 @@ func (s *pooledSchema) make(p *pgxpool.Pool) error {
 	}
 	began := time.Now()
 	defer ddl.add(&ddl.inspect, began)
-	err := p.QueryRow(ctx, `SELECT n.oid,
-		ARRAY(SELECT c.oid FROM pg_class c WHERE c.relnamespace = n.oid),
-		ARRAY(SELECT c.relname FROM pg_class c WHERE c.relnamespace = n.oid AND c.relkind = 'r' AND c.relname <> 'schema_version' ORDER BY c.relname),
-		ARRAY(SELECT c.oid FROM pg_class c WHERE c.relnamespace = n.oid AND c.relkind = 'r' AND c.relname <> 'schema_version' ORDER BY c.relname),
-		ARRAY(SELECT p.oid FROM pg_proc p WHERE p.pronamespace = n.oid),
-		ARRAY(SELECT c.oid FROM pg_class c WHERE c.relnamespace = n.oid AND c.relkind = 'S')
-		FROM pg_namespace n WHERE n.nspname = $1`, s.name).Scan(&s.oid, &s.relations, &s.tableNames, &s.tableOIDs, &s.functions, &s.sequences)
-	if err != nil {
-		return fmt.Errorf("inspect %s: %w", s.name, err)
-	}
-	for _, name := range s.tableNames {
-		s.tables = append(s.tables, pgx.Identifier{s.name, name}.Sanitize())
-	}
 	conn, err := p.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("inspect %s: %w", s.name, err)
 	}
 	defer conn.Release()
+	if err := conn.QueryRow(ctx, "SELECT oid FROM pg_namespace WHERE nspname = $1", s.name).Scan(&s.oid); err != nil {
+		return fmt.Errorf("inspect %s: %w", s.name, err)
+	}
+	// What is in the schema depends on it: read by pg_depend's index, not
+	// by a scan of the catalogs, which many tests swell with dead rows.
+	rows, err := conn.Query(ctx, `
+		SELECT c.oid, c.relname, c.relkind::text, 'pg_class' FROM pg_depend d JOIN pg_class c ON c.oid = d.objid
+		WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = $1 AND d.classid = 'pg_class'::regclass
+		UNION ALL
+		SELECT i.indexrelid, '', 'i', 'pg_class' FROM pg_index i JOIN pg_depend d ON d.objid = i.indrelid
+		WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = $1 AND d.classid = 'pg_class'::regclass
+		UNION ALL
+		SELECT d.objid, '', '', 'pg_proc' FROM pg_depend d
+		WHERE d.refclassid = 'pg_namespace'::regclass AND d.refobjid = $1 AND d.classid = 'pg_proc'::regclass
+		ORDER BY 2`, s.oid)
+	if err != nil {
+		return fmt.Errorf("inspect %s: %w", s.name, err)
+	}
+	var (
+		oid              uint32
+		name, kind, from string
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&oid, &name, &kind, &from}, func() error {
+		switch {
+		case from == "pg_proc":
+			s.functions = append(s.functions, oid)
+			return nil
+		case kind == "r" && name != "schema_version":
+			s.tableNames = append(s.tableNames, name)
+			s.tableOIDs = append(s.tableOIDs, oid)
+			s.tables = append(s.tables, pgx.Identifier{s.name, name}.Sanitize())
+		case kind == "S":
+			s.sequences = append(s.sequences, oid)
+		}
+		s.relations = append(s.relations, oid)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("inspect %s: %w", s.name, err)
+	}
 	s.made, err = s.fingerprint(ctx, conn.Conn())
 	return err
 }
