@@ -38,6 +38,10 @@ var (
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool
 	poolMu  sync.Mutex
+	// ddlConns makes, readies and drops the test schemas. Its commits do
+	// not wait for the WAL to reach the disk: a crash of the server loses
+	// nothing a test needs, and a migration commits at every step.
+	ddlConns *pgxpool.Pool
 )
 
 // Main is for TestMain: it finds or starts a server, runs the tests, and
@@ -108,13 +112,15 @@ func ping(ctx context.Context, u string) error {
 	return conn.Close(ctx)
 }
 
-// closePool closes the shared pool, if a test opened it.
+// closePool closes the shared pools, if a test opened them.
 func closePool() {
 	poolMu.Lock()
 	defer poolMu.Unlock()
-	if pool != nil {
-		pool.Close()
-		pool = nil
+	for _, p := range []**pgxpool.Pool{&pool, &ddlConns} {
+		if *p != nil {
+			(*p).Close()
+			*p = nil
+		}
 	}
 }
 
@@ -143,6 +149,29 @@ func Pool(t testing.TB) *pgxpool.Pool {
 		}
 	}
 	return pool
+}
+
+// ddlPool is the pool of ddlConns.
+func ddlPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	poolMu.Lock()
+	defer poolMu.Unlock()
+	if ddlConns == nil {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		cfg.MaxConns = 4
+		cfg.ConnConfig.RuntimeParams["application_name"] = "pgtest-schemas"
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "60s"
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = "10s"
+		ddlConns, err = pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
+	return ddlConns
 }
 
 // UnpingedPool is a pool of maxConns connections named app (returned) in

@@ -246,7 +246,7 @@ func (p *schemaPool) drain() []string {
 // changes the schema's definition, asks for FreshSchema.
 func Schema(t testing.TB) string {
 	t.Helper()
-	p := Pool(t)
+	p := ddlPool(t)
 	s := idle.take()
 	if s == nil {
 		s = &pooledSchema{name: schemaName()}
@@ -278,7 +278,7 @@ func FreshSchema(t testing.TB) string {
 	schema := EmptySchemaName(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := migrate(ctx, Pool(t), schema); err != nil {
+	if err := migrate(ctx, ddlPool(t), schema); err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
 	return schema
@@ -289,7 +289,7 @@ func FreshSchema(t testing.TB) string {
 func EmptySchemaName(t testing.TB) string {
 	t.Helper()
 	schema := schemaName()
-	p := Pool(t)
+	p := ddlPool(t)
 	t.Cleanup(func() { dropSchema(t, p, schema) })
 	return schema
 }
@@ -402,9 +402,7 @@ func reset(p *pgxpool.Pool, s *pooledSchema) string {
 const smallTable = 1000
 
 func (s *pooledSchema) reset(ctx context.Context, tx pgx.Tx) (string, error) {
-	// Nothing waits on the commit: a crash of the server loses nothing a
-	// test needs.
-	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true), set_config('synchronous_commit', 'off', true)",
+	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)",
 		fmt.Sprintf("%dms", resetLockTimeout.Milliseconds())); err != nil {
 		return "", err
 	}

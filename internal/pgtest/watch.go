@@ -92,7 +92,7 @@ CREATE TRIGGER test_watch AFTER INSERT OR UPDATE OR DELETE ON `+jobs+`
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		began := time.Now()
-		_, err := Pool(t).Exec(ctx, "DROP FUNCTION IF EXISTS "+fn+"() CASCADE")
+		_, err := ddlPool(t).Exec(ctx, "DROP FUNCTION IF EXISTS "+fn+"() CASCADE")
 		ddl.add(&ddl.reset, began)
 		if err != nil {
 			t.Logf("pgtest: remove the watch trigger: %v", err)
