@@ -282,10 +282,15 @@ func TestPeerTakesOverSleepKey(t *testing.T) {
 	holder, other, stopHolder := w1, w2, stop1
 	s1, s2 := statesOf(w1), statesOf(w2)
 	deadline := time.After(waitFor)
-	for !s1.asleep(pgdispatch.DefaultQueue) && !s2.asleep(pgdispatch.DefaultQueue) {
+	for {
+		// Taken before the look, so that a change after it is not missed.
+		changed1, changed2 := s1.changes(), s2.changes()
+		if s1.asleep(pgdispatch.DefaultQueue) || s2.asleep(pgdispatch.DefaultQueue) {
+			break
+		}
 		select {
-		case <-s1.changed:
-		case <-s2.changed:
+		case <-changed1:
+		case <-changed2:
 		case <-deadline:
 			t.Fatal("neither worker went to sleep")
 		}

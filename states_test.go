@@ -31,6 +31,13 @@ func (s *claimerStates) hooks() *testhook.Hooks {
 	}}
 }
 
+// changes returns a channel that is closed at the next change of state.
+func (s *claimerStates) changes() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
 // asleep reports whether the claimer of queue sleeps: it holds its sleep
 // key and found nothing due, so writers notify.
 func (s *claimerStates) asleep(queue string) bool {

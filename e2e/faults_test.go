@@ -78,6 +78,7 @@ func strike(n int, interval time.Duration, fault func()) int {
 // steady stream, restarting it each time. The dead worker's jobs come back
 // when their leases expire (the sweeper), their attempts counted.
 func TestKillWorkers(t *testing.T) {
+	skipShort(t)
 	st := startStream(t, "kill9", nil)
 	s, ws := st.s, st.ws
 	restarts := 0
@@ -109,6 +110,7 @@ func TestKillWorkers(t *testing.T) {
 // Scenario 2: terminate every pgdispatch session again and again: the pool's
 // connections, the listener's and the sleep key's.
 func TestTerminateConnections(t *testing.T) {
+	skipShort(t)
 	st := startStream(t, "terminate", nil)
 	s := st.s
 	var sessions []int
@@ -136,6 +138,7 @@ func TestTerminateConnections(t *testing.T) {
 // Scenario 3: restart PostgreSQL (pg_ctl restart -m fast) mid-stream. The
 // workers reconnect on their own.
 func TestRestartPostgres(t *testing.T) {
+	skipShort(t)
 	st := startStream(t, "restart", nil)
 	restarts := strike(2, streamFor/3, func() {
 		st.s.fault(func() {
@@ -152,6 +155,7 @@ func TestRestartPostgres(t *testing.T) {
 // timeout, then recovers. Every job ends done with its attempts recorded,
 // and no slot stays stuck on a hung request.
 func TestFailingReceiver(t *testing.T) {
+	skipShort(t)
 	st := startStream(t, "receiver", map[string]string{"JOB_TIMEOUT": "1s"})
 	s, r := st.s, st.r
 	phase := time.NewTicker(streamFor / 4)
@@ -189,6 +193,7 @@ func TestFailingReceiver(t *testing.T) {
 // jobs. A job is done only when the broker confirmed its message, so every
 // done job's message is in the queue.
 func TestCloseBrokerConnections(t *testing.T) {
+	skipShort(t)
 	b := newBroker(t, "pgdispatch_e2e")
 	s := newScenario(t, "rabbit", map[string]string{"RABBITMQ_URL": b.url})
 	s.dumpLogsOnFailure()

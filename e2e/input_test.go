@@ -32,6 +32,7 @@ import (
 // that the sweeper rescues its jobs, and a third of the callbacks fail and
 // retry. No statement of pgdispatch's may deadlock.
 func TestDeadlockHunt(t *testing.T) {
+	skipShort(t)
 	s := newScenario(t, "deadlock", map[string]string{
 		"LEASE": "600ms", "SWEEP_INTERVAL": "100ms", "RETAIN_DONE": "0", "MAX_ATTEMPTS": "3",
 	})
@@ -125,6 +126,7 @@ type corpusCase struct {
 // last_error; the good jobs all run; no worker exits or spins, and no
 // worker's memory grows past a bound.
 func TestBadInput(t *testing.T) {
+	skipShort(t)
 	mail := smtptest.Start(t, "mailer", "s3cret-pass")
 	s := newScenario(t, "badinput", map[string]string{
 		"RABBITMQ_URL":              amqptest.URL(t),

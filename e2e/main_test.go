@@ -11,12 +11,14 @@
 // Each prints one summary line (go test -v ./e2e/ | grep summary).
 //
 // E2E_DURATION sets how long each stream runs (default 8s); make soak runs
-// them longer.
+// them longer. go test -short skips the suite, for a quick loop over the
+// other packages; make test runs it.
 package e2e
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -46,6 +48,10 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) (int, error) {
+	flag.Parse()
+	if testing.Short() {
+		return m.Run(), nil // each test skips itself
+	}
 	if d := os.Getenv("E2E_DURATION"); d != "" {
 		v, err := time.ParseDuration(d)
 		if err != nil || v <= 0 {
@@ -81,4 +87,13 @@ func run(m *testing.M) (int, error) {
 		fmt.Fprintln(os.Stderr, "e2e: stop the cluster:", err)
 	}
 	return code, nil
+}
+
+// skipShort skips the test under go test -short: the suite builds the binary,
+// starts a cluster and runs each scenario for seconds.
+func skipShort(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("the end-to-end suite does not run under -short")
+	}
 }

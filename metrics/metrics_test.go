@@ -87,7 +87,7 @@ func get(t *testing.T, url string) (int, string) {
 
 // Real jobs run on a real worker; /metrics then shows what happened.
 func TestMetricsAfterRealJobs(t *testing.T) {
-	schema := pgtest.Schema(t)
+	schema := pgtest.FreshSchema(t) // the server's counters of its jobs table start at 0
 	pool := pgtest.Pool(t)
 	reg := executors.NewRegistry()
 	reg.Register("ok", executors.Func(func(context.Context, *executors.Job) error { return nil }))
@@ -154,9 +154,13 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	}
 
 	jobs := `"` + schema + `".jobs`
-	_, err = pool.Exec(context.Background(), `INSERT INTO `+jobs+` (kind, max_attempts)
+	// The writer's backend reports its inserts to the statistics system as
+	// it exits; idle, it could wait seconds to.
+	writer := pgtest.Conn(t)
+	_, err = writer.Exec(context.Background(), `INSERT INTO `+jobs+` (kind, max_attempts)
 		SELECT k, 3 FROM unnest(ARRAY['ok', 'ok', 'ok', 'flaky', 'refused', 'no_such_kind']) k`)
 	require.NoError(t, err)
+	require.NoError(t, writer.Close(context.Background()))
 	// Every attempt is counted once it is written: 3 ok, flaky twice,
 	// refused once, the unknown kind once.
 	require.Eventually(t, func() bool {
@@ -164,7 +168,7 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	}, 30*time.Second, 5*time.Millisecond)
 
 	// The statistics system counts the six inserts once the writer's backend
-	// flushes them (within about a second); the scrape samples after that.
+	// has reported them; the scrape samples after that.
 	require.Eventually(t, func() bool {
 		var n int64
 		err := pool.QueryRow(context.Background(), "SELECT pg_stat_get_tuples_inserted($1::regclass)", jobs).Scan(&n)

@@ -49,7 +49,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 func TestCheckOutdated(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
+	schema := pgtest.FreshSchema(t)
 	version := pgx.Identifier{schema, "schema_version"}.Sanitize()
 	_, err := pgtest.Pool(t).Exec(ctx, "UPDATE "+version+" SET version = version - 1")
 	require.NoError(t, err)
@@ -126,7 +126,7 @@ func TestTableConstraints(t *testing.T) {
 func TestFiniteRunAt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
+	schema := pgtest.FreshSchema(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	_, err := pgtest.Pool(t).Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', 'infinity')")
 	var pgErr *pgconn.PgError

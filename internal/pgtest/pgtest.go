@@ -6,15 +6,17 @@
 // package pgcluster). With none of them the tests fail with a clear message;
 // they never pass by skipping.
 //
-// Each test gets its own schema, migrated, and dropped when the test ends.
-// The NOTIFY channel and the advisory locks are keyed by the schema, so tests
-// running in parallel never hear or block each other.
+// Each test gets a migrated schema of its own (Schema). The NOTIFY channel
+// and the advisory locks are keyed by the schema, so tests running in
+// parallel never hear or block each other. Migrating a schema is most of a
+// short test's time, so a test binary keeps the schemas its tests are done
+// with and hands them, emptied, to later tests, as River's
+// riverdbtest.TestSchema does, and drops them when it ends. A test that
+// needs a schema nothing ran on asks for FreshSchema.
 package pgtest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"strings"
@@ -27,7 +29,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
-	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -37,6 +38,10 @@ var (
 	cluster *pgcluster.Cluster
 	pool    *pgxpool.Pool
 	poolMu  sync.Mutex
+	// ddlConns makes, readies and drops the test schemas. Its commits do
+	// not wait for the WAL to reach the disk: a crash of the server loses
+	// nothing a test needs, and a migration commits at every step.
+	ddlConns *pgxpool.Pool
 )
 
 // Main is for TestMain: it finds or starts a server, runs the tests, and
@@ -59,6 +64,12 @@ func run(m interface{ Run() int }) (int, error) {
 		return 1, err
 	}
 	defer func() {
+		if err := disown(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
+		if err := ddl.report(); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+		}
 		closePool()
 		if cluster != nil {
 			if err := cluster.Stop(); err != nil {
@@ -66,6 +77,9 @@ func run(m interface{ Run() int }) (int, error) {
 			}
 		}
 	}()
+	if err := own(ctx, url); err != nil {
+		return 1, fmt.Errorf("own the test schemas: %w", err)
+	}
 	return m.Run(), nil
 }
 
@@ -98,13 +112,15 @@ func ping(ctx context.Context, u string) error {
 	return conn.Close(ctx)
 }
 
-// closePool closes the shared pool, if a test opened it.
+// closePool closes the shared pools, if a test opened them.
 func closePool() {
 	poolMu.Lock()
 	defer poolMu.Unlock()
-	if pool != nil {
-		pool.Close()
-		pool = nil
+	for _, p := range []**pgxpool.Pool{&pool, &ddlConns} {
+		if *p != nil {
+			(*p).Close()
+			*p = nil
+		}
 	}
 }
 
@@ -133,6 +149,29 @@ func Pool(t testing.TB) *pgxpool.Pool {
 		}
 	}
 	return pool
+}
+
+// ddlPool is the pool of ddlConns.
+func ddlPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	poolMu.Lock()
+	defer poolMu.Unlock()
+	if ddlConns == nil {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		cfg.MaxConns = 4
+		cfg.ConnConfig.RuntimeParams["application_name"] = "pgtest-schemas"
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "60s"
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = "10s"
+		ddlConns, err = pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
+	return ddlConns
 }
 
 // UnpingedPool is a pool of maxConns connections named app (returned) in
@@ -210,37 +249,6 @@ func Conn(t testing.TB) *pgx.Conn {
 func closeConn(conn *pgx.Conn) {
 	_ = conn.Close(context.Background())
 	<-conn.PgConn().CleanupDone()
-}
-
-// Schema creates a migrated schema for this test alone and drops it when the
-// test ends.
-func Schema(t testing.TB) string {
-	t.Helper()
-	schema := EmptySchemaName(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, _, err := migrations.Migrate(ctx, Pool(t), migrations.Config{Schema: schema}); err != nil {
-		t.Fatalf("pgtest: migrate %s: %v", schema, err)
-	}
-	return schema
-}
-
-// EmptySchemaName returns a fresh schema name, and drops that schema, if
-// anything created it, when the test ends.
-func EmptySchemaName(t testing.TB) string {
-	t.Helper()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	schema := "pgdt_" + hex.EncodeToString(b)
-	p := Pool(t)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := p.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("pgtest: drop schema %s: %v", schema, err)
-		}
-	})
-	return schema
 }
 
 // MainNoLeaks is Main for packages that start goroutines: after the tests

@@ -31,7 +31,7 @@ type Watcher struct {
 }
 
 // Watch installs a test-only trigger on schema's jobs table and listens to it
-// until the test ends.
+// until the test ends, when it removes the trigger.
 func Watch(t testing.TB, schema string) *Watcher {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -87,6 +87,16 @@ CREATE TRIGGER test_watch AFTER INSERT OR UPDATE OR DELETE ON `+jobs+`
 		stop() // cuts the wait short: the connection closes in the background
 		<-done
 		closeConn(conn)
+		// The schema may serve another test: the trigger goes with its
+		// function. Should this fail, the schema's reset drops it.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		began := time.Now()
+		_, err := ddlPool(t).Exec(ctx, "DROP FUNCTION IF EXISTS "+fn+"() CASCADE")
+		ddl.add(&ddl.reset, began)
+		if err != nil {
+			t.Logf("pgtest: remove the watch trigger: %v", err)
+		}
 	})
 	return w
 }

@@ -16,8 +16,9 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 )
 
-// Start runs a worker on a fresh migrated schema with registry, the fallback
-// tick an hour away and retries 100 ms apart, and returns the schema.
+// Start runs a worker on a migrated schema of the test's own (pgtest.Schema)
+// with registry, the fallback tick an hour away and retries 100 ms apart,
+// and returns the schema. The worker stops before the schema is handed on.
 func Start(t *testing.T, id string, registry *executors.Registry) string {
 	t.Helper()
 	schema := pgtest.Schema(t)
