@@ -46,14 +46,18 @@ var connSettings = []setting{
 
 // The worker's settings, for run and demo.
 var workerSettings = []setting{
-	{env: "WORKER_ID", flag: "worker-id", help: "this worker's name in locked_by and the logs (default: the hostname)",
-		apply: func(v *values, cfg *pgdispatch.Config, _ *[]error) { cfg.WorkerID = v.str("WORKER_ID") }},
-	{env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally name:concurrency",
+	{
+		env: "WORKER_ID", flag: "worker-id", help: "this worker's name in locked_by and the logs (default: the hostname)",
+		apply: func(v *values, cfg *pgdispatch.Config, _ *[]error) { cfg.WorkerID = v.str("WORKER_ID") },
+	},
+	{
+		env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally name:concurrency",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
 			var err error
 			cfg.Queues, err = parseQueues(v.str("QUEUES"))
 			*errs = append(*errs, err)
-		}},
+		},
+	},
 	countSetting("CONCURRENCY", "concurrency", claimer.DefaultConcurrency, "jobs run at once per queue; a claim takes at most the free ones",
 		func(c *pgdispatch.Config) *int { return &c.Concurrency }),
 	durationSetting("POLL_INTERVAL", "poll-interval", claimer.DefaultPollInterval, "fallback tick that claims even without a notification",
@@ -68,15 +72,19 @@ var workerSettings = []setting{
 		func(c *pgdispatch.Config) *time.Duration { return &c.JobTimeout }),
 	durationSetting("MAX_JOB_TIMEOUT", "max-job-timeout", claimer.DefaultMaxJobTimeout, "the longest \"timeout\" a payload may ask for; a job that asks for more is dead at once",
 		func(c *pgdispatch.Config) *time.Duration { return &c.MaxJobTimeout }),
-	{env: "RETRY_BACKOFF", flag: "retry-backoff", def: durationText(claimer.DefaultRetryBase), help: "delay before the first retry; each later one waits 4x longer (capped at 24h), plus up to 10% jitter",
+	{
+		env: "RETRY_BACKOFF", flag: "retry-backoff", def: durationText(claimer.DefaultRetryBase), help: "delay before the first retry; each later one waits 4x longer (capped at 24h), plus up to 10% jitter",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
 			cfg.RetryBackoff = claimer.ExponentialBackoff(v.positiveDuration("RETRY_BACKOFF", errs))
-		}},
-	{env: "RETAIN_DONE", flag: "retain-done", def: durationText(sweeper.DefaultRetainDone), help: "how long done jobs are kept; 0 deletes a job as soon as it is done",
+		},
+	},
+	{
+		env: "RETAIN_DONE", flag: "retain-done", def: durationText(sweeper.DefaultRetainDone), help: "how long done jobs are kept; 0 deletes a job as soon as it is done",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
 			cfg.RetainDone = v.duration("RETAIN_DONE", errs)
 			cfg.DeleteDone = cfg.RetainDone == 0 && v.str("RETAIN_DONE") != ""
-		}},
+		},
+	},
 	countSetting("CLAIM_BYTES", "claim-bytes", claimer.DefaultClaimBytes, "bound on the payloads one claim loads, in bytes (a compressed payload counts decompressed); a claim takes one job at least",
 		func(c *pgdispatch.Config) *int { return &c.ClaimBytes }),
 	durationSetting("RETAIN_DEAD", "retain-dead", sweeper.DefaultRetainDead, "how long dead and cancelled jobs are kept",
@@ -89,15 +97,19 @@ var workerSettings = []setting{
 // durationSetting is a setting of a positive duration, field of the
 // worker's config.
 func durationSetting(env, flag string, def time.Duration, help string, field func(*pgdispatch.Config) *time.Duration) setting {
-	return setting{env: env, flag: flag, def: durationText(def), help: help,
-		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) { *field(cfg) = v.positiveDuration(env, errs) }}
+	return setting{
+		env: env, flag: flag, def: durationText(def), help: help,
+		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) { *field(cfg) = v.positiveDuration(env, errs) },
+	}
 }
 
 // countSetting is a setting of a whole number above 0, field of the
 // worker's config.
 func countSetting(env, flag string, def int, help string, field func(*pgdispatch.Config) *int) setting {
-	return setting{env: env, flag: flag, def: strconv.Itoa(def), help: help,
-		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) { *field(cfg) = v.positiveInt(env, errs) }}
+	return setting{
+		env: env, flag: flag, def: strconv.Itoa(def), help: help,
+		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) { *field(cfg) = v.positiveInt(env, errs) },
+	}
 }
 
 // durationText writes d as a setting's default is written: "30s", "5m",
