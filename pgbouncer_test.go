@@ -92,12 +92,7 @@ func TestPgBouncer(t *testing.T) {
 
 		s := b.watch.Status(t, flaky, "done", waitFor)
 		require.Equal(t, 3, s.Attempts)
-		var delays []float64
-		for _, h := range b.watch.History(flaky) {
-			if h.Status == "pending" && h.Attempts > 0 {
-				delays = append(delays, h.Delay)
-			}
-		}
+		delays := b.retryDelays(flaky)
 		require.Len(t, delays, 2, "two retries")
 		require.InDelta(t, 0.2, delays[0], 0.01, "backoff after attempt 1")
 		require.InDelta(t, 0.4, delays[1], 0.01, "backoff after attempt 2")

@@ -203,6 +203,17 @@ func (r *recorder) waitStart(t *testing.T, id int64, timeout time.Duration) time
 	}
 }
 
+// retryDelays are the backoffs job id got at each retry, from the watcher.
+func (b *bundle) retryDelays(id int64) []float64 {
+	var delays []float64
+	for _, h := range b.watch.History(id) {
+		if h.Status == "pending" && h.Attempts > 0 {
+			delays = append(delays, h.Delay)
+		}
+	}
+	return delays
+}
+
 // waitStarts waits until n jobs have started, failing the test after two
 // minutes.
 func (r *recorder) waitStarts(t *testing.T, n int64) {
@@ -380,12 +391,7 @@ func TestRetriesAndDeadJobs(t *testing.T) {
 
 	s := b.watch.Status(t, flaky, "done", waitFor)
 	require.Equal(t, 3, s.Attempts)
-	var delays []float64
-	for _, h := range b.watch.History(flaky) {
-		if h.Status == "pending" && h.Attempts > 0 {
-			delays = append(delays, h.Delay)
-		}
-	}
+	delays := b.retryDelays(flaky)
 	require.Len(t, delays, 2, "two retries")
 	require.InDelta(t, 0.3, delays[0], 0.01, "backoff after attempt 1")
 	require.InDelta(t, 0.6, delays[1], 0.01, "backoff after attempt 2")

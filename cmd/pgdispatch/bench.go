@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/internal/bench"
 	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
 )
@@ -74,7 +75,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		defer pprof.StopCPUProfile()
 	}
 	dbURL := v.databaseURL()
-	if direct := v.str("LISTEN_DATABASE_URL"); behindPooler(dbURL, direct) {
+	if direct := v.str("LISTEN_DATABASE_URL"); pgdispatch.BehindPooler(dbURL, direct) {
 		// The scenarios create databases, prepare statements and measure
 		// PostgreSQL: past the pooler.
 		fmt.Fprintln(stderr, "bench connects to LISTEN_DATABASE_URL, past the pooler of DATABASE_URL")

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/internal/pgbouncertest"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
@@ -160,6 +161,6 @@ func TestBehindPooler(t *testing.T) {
 		{"postgres://app@db:6432/app", direct, true},
 		{"host=pgbouncer port=5432 user=app", direct, true},
 	} {
-		require.Equal(t, tc.want, behindPooler(tc.db, tc.listen), "%s, %s", tc.db, tc.listen)
+		require.Equal(t, tc.want, pgdispatch.BehindPooler(tc.db, tc.listen), "%s, %s", tc.db, tc.listen)
 	}
 }

@@ -28,7 +28,7 @@ type conn struct {
 	timeout time.Duration
 	logger  *zap.Logger
 	// direct is LISTEN_DATABASE_URL when DATABASE_URL goes through a
-	// transaction pooler (behindPooler): migrations take their session lock
+	// transaction pooler (pgdispatch.BehindPooler): migrations take their session lock
 	// there.
 	direct string
 }
@@ -47,7 +47,7 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 		errs = append(errs, errors.New("no database: set DATABASE_URL (or DB_HOST and friends), or pass --database-url"))
 	}
 	direct := v.str("LISTEN_DATABASE_URL")
-	pooled := behindPooler(dbURL, direct)
+	pooled := pgdispatch.BehindPooler(dbURL, direct)
 	params := map[string]string{}
 	if v.has("SYNCHRONOUS_COMMIT") { // the worker commands: their own bookkeeping only
 		sc := v.str("SYNCHRONOUS_COMMIT")
@@ -76,10 +76,6 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	}
 	return c, nil
 }
-
-// behindPooler reports whether DATABASE_URL goes through a transaction
-// pooler: LISTEN_DATABASE_URL names another server (pgdispatch.BehindPooler).
-func behindPooler(dbURL, direct string) bool { return pgdispatch.BehindPooler(dbURL, direct) }
 
 // poolOptions says how newPool connects.
 type poolOptions struct {
