@@ -1,0 +1,85 @@
+package executors
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// MaxResultBytes bounds a result, as JSON.
+const MaxResultBytes = 4096
+
+// ErrNoAttempt is returned by RecordResult outside an attempt: ctx does not
+// come from a worker (or from WithAttempt).
+var ErrNoAttempt = errors.New("executors: the context carries no attempt to record a result in")
+
+// Attempt collects what an executor reports of one attempt besides its
+// error. The worker makes one per attempt (WithAttempt) and reads it when
+// the executor has returned: a done job keeps the result in its result
+// column; a failed attempt's entry in the job's errors holds it.
+type Attempt struct {
+	mu     sync.Mutex
+	result json.RawMessage
+}
+
+type attemptKey struct{}
+
+// WithAttempt returns a context that carries a new Attempt, and the Attempt.
+// Workers call it; tests of executors may too.
+func WithAttempt(ctx context.Context) (context.Context, *Attempt) {
+	a := &Attempt{}
+	return context.WithValue(ctx, attemptKey{}, a), a
+}
+
+// Result is the last result recorded, or nil.
+func (a *Attempt) Result() json.RawMessage {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.result
+}
+
+// RecordResult records v, marshalled to JSON, as the result of the attempt
+// ctx belongs to, replacing any recorded before. A result is at most
+// MaxResultBytes; a larger one, or one that does not marshal, is refused
+// with an error and the one before is kept. Outside an attempt it returns
+// ErrNoAttempt.
+//
+// The result of an attempt that succeeds is stored on the job for as long
+// as done jobs are kept (RETAIN_DONE); that of an attempt that fails goes
+// into its entry in the job's errors. Results are shown to operators as
+// they are, so record no secret.
+func RecordResult(ctx context.Context, v any) error {
+	a, ok := ctx.Value(attemptKey{}).(*Attempt)
+	if !ok {
+		return ErrNoAttempt
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("executors: result: %w", err)
+	}
+	if len(b) > MaxResultBytes {
+		return fmt.Errorf("executors: result of %d bytes is larger than %d", len(b), MaxResultBytes)
+	}
+	a.mu.Lock()
+	a.result = b
+	a.mu.Unlock()
+	return nil
+}
+
+// SnoozeError asks for the job to run again after Delay, without spending
+// an attempt. See Snooze.
+type SnoozeError struct{ Delay time.Duration }
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.Delay) }
+
+// Snooze returns an error that puts the job back to pending, due after d
+// (0 when d is negative), and gives back the attempt it was running: its
+// attempts count is what it was before the claim, last_error and errors are
+// left as they were, and the result is dropped. Use it for "not now", as
+// River's JobSnooze; use RetryAfter for a failure that should count.
+func Snooze(d time.Duration) error {
+	return &SnoozeError{Delay: max(d, 0)}
+}
