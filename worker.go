@@ -10,6 +10,7 @@ package pgdispatch
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -145,7 +146,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	var err error
 	w.listener, err = listener.New(listener.Config{
 		ConnConfig: cfg.ListenConnConfig, Channel: triggers.Channel(cfg.Schema),
-		Wake: w.wake, WakeAll: w.wakeAll,
+		Wake: w.wake, WakeAll: w.wakeAll, ControlChannel: triggers.ControlChannel, Control: w.control,
 		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, OnListen: cfg.OnListen, Logger: logger,
 	})
 	if err != nil {
@@ -165,6 +166,23 @@ func NewWorker(cfg Config) (*Worker, error) {
 func (w *Worker) wake(queue string) {
 	if c, ok := w.claimers[queue]; ok {
 		c.Wake()
+	}
+}
+
+// control acts on a message of pgdispatch's SQL functions (triggers.Control):
+// cancel() names the running jobs it cancelled, whose runs here stop once
+// their claimers have found the rows cancelled (claimer.Cancel).
+func (w *Worker) control(payload string) {
+	var msg triggers.Control
+	if err := json.Unmarshal([]byte(payload), &msg); err != nil {
+		w.logger.Warn("a control notification did not parse; ignored", zap.Error(err), zap.Int("bytes", len(payload)))
+		return
+	}
+	if msg.Schema != w.cfg.Schema || len(msg.Cancel) == 0 {
+		return
+	}
+	for _, c := range w.claimers {
+		c.Cancel(msg.Cancel)
 	}
 }
 

@@ -74,8 +74,8 @@ func (c *Claimer) execPinned(ctx context.Context, sql string, args ...any) (pgco
 }
 
 // readClaim reads a claim's results: the settings', then the claimed jobs,
-// and into r the wait until the next run_at and whether due rows were
-// skipped.
+// and into r the wait until the next run_at, whether due rows were skipped
+// and whether the queue is paused.
 func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*run, error) {
 	if _, err := results.Exec(); err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)
@@ -97,13 +97,13 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*run, e
 		runAt, createdAt     pgtype.Timestamptz
 		claimedAt            pgtype.Timestamptz
 		nextIn               pgtype.Float8
-		stranded             pgtype.Bool
+		stranded, paused     pgtype.Bool
 		payload              []byte
 	)
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
-			&claimedAt, &nextIn, &stranded); err != nil {
+			&claimedAt, &nextIn, &stranded, &paused); err != nil {
 			return nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn.Valid {
@@ -111,6 +111,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *claimResult) ([]*run, e
 			r.next = &d
 		}
 		r.stranded = stranded.Valid && stranded.Bool
+		r.paused = paused.Valid && paused.Bool
 		if !id.Valid {
 			continue // the one row of a claim that found nothing
 		}
@@ -138,6 +139,9 @@ func scheduleWait(seconds float64) time.Duration {
 }
 
 // runHeartbeat renews the leases of this claimer's jobs every Lease/3.
+// A run whose row it did not renew is no longer this worker's attempt (an
+// operator cancelled it and the notice was missed, or its lease was lost
+// to the sweeper): its context is cancelled and its outcome dropped.
 func (c *Claimer) runHeartbeat(ctx context.Context, onBeat func(renewed int64)) {
 	t := time.NewTicker(max(c.cfg.Lease/3, 10*time.Millisecond))
 	defer t.Stop()
@@ -147,59 +151,89 @@ func (c *Claimer) runHeartbeat(ctx context.Context, onBeat func(renewed int64)) 
 			return
 		case <-t.C:
 		}
-		ids := c.inflightIDs()
+		runs, ids := c.inflightRuns()
 		if len(ids) == 0 {
 			continue
 		}
-		if n := c.renewLeases(ctx, ids); onBeat != nil {
-			onBeat(n)
+		renewed, ok := c.renewLeases(ctx, ids)
+		if !ok {
+			continue
+		}
+		if len(renewed) < len(ids) {
+			lost := slices.DeleteFunc(ids, func(id int64) bool { _, found := slices.BinarySearch(renewed, id); return found })
+			if n := c.cancelRuns(lost, errLeaseLost, runs); n > 0 {
+				c.logger.Warn("the heartbeat found jobs no longer this worker's: their runs are cancelled",
+					zap.Int("num_runs", n))
+			}
+		}
+		if onBeat != nil {
+			onBeat(int64(len(renewed)))
 		}
 	}
 }
 
-// renewLeases runs one heartbeat and returns how many leases it renewed. A
-// heartbeat that meets a dead connection is tried again at once, as a claim
-// is (retry.Backoff): while every slot is busy with long jobs, nothing else
-// uses the pool, and after a restart or a mass termination each of its idle
-// connections is dead. One dead connection per tick would let the leases
-// lapse after three (Lease/3 apart), and the sweeper would hand the running
-// jobs to another worker. Any other failure waits for the next tick, within
-// the lease.
-func (c *Claimer) renewLeases(ctx context.Context, ids []int64) int64 {
+// renewLeases runs one heartbeat and returns the ids it renewed, in order,
+// and false when it failed. A heartbeat that meets a dead connection is
+// tried again at once, as a claim is (retry.Backoff): while every slot is
+// busy with long jobs, nothing else uses the pool, and after a restart or a
+// mass termination each of its idle connections is dead. One dead
+// connection per tick would let the leases lapse after three (Lease/3
+// apart), and the sweeper would hand the running jobs to another worker.
+// Any other failure waits for the next tick, within the lease.
+func (c *Claimer) renewLeases(ctx context.Context, ids []int64) ([]int64, bool) {
 	backoff := retry.New(c.poolSize)
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
-		tag, err := c.execPinned(callCtx, c.heartbeatSQL, ids, c.cfg.WorkerID, c.cfg.Lease.Seconds())
+		renewed, err := c.heartbeat(callCtx, ids)
 		cancel()
 		if err == nil {
-			if n := tag.RowsAffected(); n < int64(len(ids)) {
-				c.logger.Debug("heartbeat renewed fewer leases than jobs held",
-					zap.Int64("renewed", n), zap.Int("num_jobs", len(ids)))
-			}
-			return tag.RowsAffected()
+			slices.Sort(renewed)
+			return renewed, true
 		}
 		if ctx.Err() != nil {
-			return 0
+			return nil, false
 		}
 		again := backoff.Next(err) == 0
 		c.logger.Warn("heartbeat failed", zap.Error(err), zap.Int("num_jobs", len(ids)),
 			zap.Int("failures", backoff.Failures()), zap.Bool("retry_now", again))
 		if !again {
-			return 0
+			return nil, false
 		}
 	}
 }
 
-// inflightIDs are the ids of the jobs this claimer runs, each once, in
-// order: the heartbeat locks their rows in id order anyway, and a job may
-// run twice at once here, when its lease was lost and it was claimed again.
-func (c *Claimer) inflightIDs() []int64 {
+// heartbeat sends one heartbeat, after planSQL, and returns the ids it
+// renewed once the transaction has committed.
+func (c *Claimer) heartbeat(ctx context.Context, ids []int64) ([]int64, error) {
+	results := c.sendPinned(ctx, planSQL, c.heartbeatSQL, ids, c.cfg.WorkerID, c.cfg.Lease.Seconds())
+	var renewed []int64
+	_, err := results.Exec()
+	if err == nil {
+		var rows pgx.Rows
+		rows, err = results.Query()
+		if err == nil {
+			renewed, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		}
+	}
+	if closeErr := results.Close(); err == nil {
+		err = closeErr
+	}
+	return renewed, err
+}
+
+// inflightRuns are the runs this claimer holds, and their jobs' ids, each
+// once, in order: the heartbeat locks their rows in id order anyway, and a
+// job may run twice at once here, when its lease was lost and it was
+// claimed again.
+func (c *Claimer) inflightRuns() (map[*run]bool, []int64) {
 	c.mu.Lock()
+	runs := make(map[*run]bool, len(c.inflight))
 	ids := make([]int64, 0, len(c.inflight))
 	for r := range c.inflight {
+		runs[r] = true
 		ids = append(ids, r.job.ID)
 	}
 	c.mu.Unlock()
 	slices.Sort(ids)
-	return slices.Compact(ids)
+	return runs, slices.Compact(ids)
 }

@@ -29,8 +29,11 @@
 //	(holds     stranded rows; the tick; the key lost
 //	the key)   (and goes to drowsy)
 //	backoff    its timer (the retry); the tick        saturated   lingering lingering
+//	paused     a notification (resume_queue sends     saturated   lingering lingering
+//	           one); the tick
 //
-//	any state: a failed claim ─▶ backoff; no free slot ─▶ saturated;
+//	any state: a failed claim ─▶ backoff; a claim that finds the queue
+//	           paused ─▶ paused; no free slot ─▶ saturated;
 //	           Run's context ends ─▶ stopping
 //
 // Writers notify only while the claimer holds its queue's sleep key (see
@@ -38,6 +41,8 @@
 // the earliest future run_at, and whether it skipped due rows another
 // transaction held locked ("stranded rows"): their lock may end without a
 // change that notifies, so the claimer looks again, 10 ms to 1 s later.
+// Paused, the claimer gives the key back, so writers to a paused queue do
+// not notify.
 //
 // Stopping is in two steps, as in River's producer: the claimer stops
 // claiming and lets running jobs finish for ShutdownTimeout, then cancels
@@ -172,10 +177,12 @@ type Outcome string
 
 // The outcomes of an attempt.
 const (
-	OutcomeDone     Outcome = "done"
-	OutcomeRetry    Outcome = "retry"    // the job is pending again, due after a backoff
-	OutcomeDead     Outcome = "dead"     // no attempt is left, or the error was permanent
-	OutcomeReleased Outcome = "released" // given back at shutdown, its attempt uncounted
+	OutcomeDone      Outcome = "done"
+	OutcomeRetry     Outcome = "retry"     // the job is pending again, due after a backoff
+	OutcomeDead      Outcome = "dead"      // no attempt is left, or the error was permanent
+	OutcomeReleased  Outcome = "released"  // given back at shutdown, its attempt uncounted
+	OutcomeSnoozed   Outcome = "snoozed"   // pending again after the executor's delay, its attempt uncounted
+	OutcomeCancelled Outcome = "cancelled" // cancelled by an operator (or its lease lost) while it ran: no outcome written
 )
 
 // The statuses of a job's row that the claimer writes.
@@ -225,18 +232,21 @@ type Claimer struct {
 	cfg    Config
 	logger *zap.Logger
 
-	claimSQL, heartbeatSQL, completeSQL, deleteDoneSQL string
-	sleep                                              *sleepLock
-	poolSize                                           int // the pool's MaxConns, read once: Pool.Config copies the whole config
+	claimSQL, heartbeatSQL, completeSQL, deleteDoneSQL, notOwnedSQL string
+	sleep                                                           *sleepLock
+	poolSize                                                        int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	notified  chan struct{} // notifications, and Wake; capacity 1
 	slotFreed chan struct{} // an executor slot came free; capacity 1
 	flush     chan struct{} // outcomes wait in pending; capacity 1
 
+	checkCancels chan struct{} // toCheck holds jobs; capacity 1
+
 	mu        sync.Mutex
 	executing int               // executors running now
 	inflight  map[*run]struct{} // runs claimed and not yet recorded
 	unwritten []outcome         // outcomes not yet written
+	toCheck   map[int64]bool    // jobs said to be cancelled, to check (Cancel)
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
 }
@@ -259,20 +269,22 @@ func New(cfg Config) (*Claimer, error) {
 		cfg.RetryBackoff = DefaultRetryBackoff
 	}
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
-	jobsTable := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Claimer{
 		cfg:           cfg,
 		logger:        logger,
-		claimSQL:      withTable(claimSQL, jobsTable),
-		heartbeatSQL:  withTable(heartbeatSQL, jobsTable),
-		completeSQL:   withTable(completeSQL, jobsTable),
-		deleteDoneSQL: withTable(deleteDoneSQL, jobsTable),
+		claimSQL:      withSchema(claimSQL, cfg.Schema),
+		heartbeatSQL:  withSchema(heartbeatSQL, cfg.Schema),
+		completeSQL:   withSchema(completeSQL, cfg.Schema),
+		deleteDoneSQL: withSchema(deleteDoneSQL, cfg.Schema),
+		notOwnedSQL:   withSchema(notOwnedSQL, cfg.Schema),
 		sleep:         newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		poolSize:      int(cfg.Pool.Config().MaxConns),
 		notified:      make(chan struct{}, 1),
 		slotFreed:     make(chan struct{}, 1),
 		flush:         make(chan struct{}, 1),
 		inflight:      map[*run]struct{}{},
+		checkCancels:  make(chan struct{}, 1),
+		toCheck:       map[int64]bool{},
 	}, nil
 }
 
@@ -333,8 +345,9 @@ func (c *Claimer) Run(ctx context.Context) error {
 	// outcomes must still be written and their leases kept meanwhile.
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var bg sync.WaitGroup
-	bg.Add(3)
+	bg.Add(4)
 	go func() { defer bg.Done(); c.runCompleter(bgCtx) }()
+	go func() { defer bg.Done(); c.runCancelChecks(bgCtx) }()
 	go func() { defer bg.Done(); c.runHeartbeat(bgCtx, heartbeatHook(ctx, c.cfg.Queue)) }()
 	go func() { defer bg.Done(); c.runWatchdog(bgCtx, workCtx) }()
 

@@ -105,7 +105,8 @@ func (c *Claimer) complete(ctx context.Context, batch []outcome) error {
 		written += n
 	}
 	if len(rest.ids) > 0 {
-		n, err := c.write(ctx, c.completeSQL, rest.ids, rest.claims, rest.statuses, rest.delays, rest.errs, rest.releases, c.cfg.WorkerID)
+		n, err := c.write(ctx, c.completeSQL, rest.ids, rest.claims, rest.statuses, rest.delays, rest.errs, rest.releases,
+			rest.entries, rest.results, c.cfg.WorkerID)
 		if err != nil {
 			return err
 		}
@@ -136,6 +137,8 @@ type outcomeArrays struct {
 	delays   []float64
 	errs     []*string
 	releases []bool
+	entries  []*string
+	results  []*string
 }
 
 func (a *outcomeArrays) add(o outcome) {
@@ -145,4 +148,6 @@ func (a *outcomeArrays) add(o outcome) {
 	a.delays = append(a.delays, o.delay.Seconds())
 	a.errs = append(a.errs, o.err)
 	a.releases = append(a.releases, o.release)
+	a.entries = append(a.entries, o.entry)
+	a.results = append(a.results, o.result)
 }

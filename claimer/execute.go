@@ -2,6 +2,7 @@ package claimer
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime/debug"
@@ -24,10 +25,15 @@ const maxErrorLen = 2000
 // same worker while its first run still goes on.
 type run struct {
 	job       *executors.Job
-	claimedAt time.Time    // the row's updated_at as the claim wrote it: the claim's mark
-	started   atomic.Int64 // when the executor started, in Unix nanoseconds; 0 until then
-	deadline  atomic.Int64 // when the attempt times out, in Unix nanoseconds; 0 until it starts
-	reported  bool         // its outcome is in unwritten (or was written)
+	claimedAt time.Time                         // the row's updated_at as the claim wrote it: the claim's mark
+	started   atomic.Int64                      // when the executor started, in Unix nanoseconds; 0 until then
+	deadline  atomic.Int64                      // when the attempt times out, in Unix nanoseconds; 0 until it starts
+	attempt   atomic.Pointer[executors.Attempt] // what the executor records; nil until it starts
+
+	// Guarded by the claimer's mu.
+	reported  bool                    // its outcome is in unwritten (or was written, or dropped)
+	cancelled error                   // why the run was cancelled (cancel), nil while it was not
+	stop      context.CancelCauseFunc // cancels the executor's context; nil until it starts
 }
 
 // outcome is what becomes of one attempt.
@@ -36,7 +42,11 @@ type outcome struct {
 	status  string        // done, pending (retry or release) or dead
 	delay   time.Duration // before the retry
 	err     *string       // last_error; nil keeps the one before
-	release bool          // interrupted by shutdown: give the attempt back
+	release bool          // interrupted by shutdown, or snoozed: give the attempt back
+	snooze  bool          // snoozed by the executor
+	entry   *string       // the failed attempt's entry in errors, as JSON; nil for none
+	result  *string       // the done attempt's result, as JSON; nil for none
+	drop    bool          // the run was cancelled: nothing is written
 }
 
 // execute runs one claimed job and queues its outcome, unless the job was
@@ -44,7 +54,7 @@ type outcome struct {
 func (c *Claimer) execute(workCtx context.Context, r *run) {
 	job := r.job
 	o, took := c.attempt(workCtx, r)
-	if c.report(r, o) {
+	if o, ok := c.report(r, o); ok {
 		c.observe(job, o, took)
 		return
 	}
@@ -52,21 +62,32 @@ func (c *Claimer) execute(workCtx context.Context, r *run) {
 		zap.Int64("job_id", job.ID), zap.Int("attempt", job.Attempt))
 }
 
-// report queues o as the outcome of r and frees its slot. It reports false,
-// and does nothing, when r has an outcome already: it was given up on.
-func (c *Claimer) report(r *run, o outcome) bool {
+// report queues o as the outcome of r and frees its slot; a run that was
+// cancelled meanwhile has its outcome dropped instead. It returns the
+// outcome as reported, and false, having done nothing, when r has an
+// outcome already: it was given up on.
+func (c *Claimer) report(r *run, o outcome) (outcome, bool) {
 	c.mu.Lock()
 	if r.reported {
 		c.mu.Unlock()
-		return false
+		return o, false
 	}
 	r.reported = true
 	c.executing--
-	c.unwritten = append(c.unwritten, o)
+	if r.cancelled != nil {
+		o.drop = true
+		delete(c.inflight, r)
+	} else {
+		c.unwritten = append(c.unwritten, o)
+	}
 	c.mu.Unlock()
-	signal(c.flush)
+	if !o.drop {
+		signal(c.flush)
+	} else {
+		c.jobLogger(r.job).Info("job cancelled while it ran: its outcome is dropped", zap.NamedError("cause", r.cancelled))
+	}
 	signal(c.slotFreed)
-	return true
+	return o, true
 }
 
 // attempt runs one attempt and returns its outcome and how long the executor
@@ -93,12 +114,24 @@ func (c *Claimer) attempt(workCtx context.Context, r *run) (outcome, time.Durati
 	}
 	job.Timeout = timeout
 
+	runCtx, attempt := executors.WithAttempt(workCtx)
+	r.attempt.Store(attempt)
+	runCtx, stop := context.WithCancelCause(runCtx)
+	defer stop(nil)
+	c.mu.Lock()
+	r.stop = stop
+	cancelled := r.cancelled
+	c.mu.Unlock()
+	if cancelled != nil {
+		return outcome{run: r, drop: true}, 0
+	}
+
 	log.Debug("job started")
 	if c.cfg.Observer != nil {
 		c.cfg.Observer.JobStarted(job)
 	}
 	start := time.Now()
-	ctx, cancel := context.WithDeadline(workCtx, start.Add(timeout))
+	ctx, cancel := context.WithDeadline(runCtx, start.Add(timeout))
 	r.started.Store(start.UnixNano())
 	// The watchdog gives up on the job if the executor ignores ctx.
 	r.deadline.Store(start.Add(timeout).UnixNano())
@@ -107,6 +140,9 @@ func (c *Claimer) attempt(workCtx context.Context, r *run) (outcome, time.Durati
 	cancel()
 	if err != nil && timedOut {
 		err = fmt.Errorf("timed out after %s: %w", timeout, err)
+	}
+	if cause := context.Cause(runCtx); cause != nil && workCtx.Err() == nil {
+		return outcome{run: r, drop: true}, time.Since(start)
 	}
 	// workCtx ends only at the hard stop: a failure then is the shutdown's.
 	released := err != nil && workCtx.Err() != nil
@@ -122,6 +158,10 @@ func (c *Claimer) observe(job *executors.Job, o outcome, took time.Duration) {
 	}
 	result := Outcome(o.status)
 	switch {
+	case o.drop:
+		result = OutcomeCancelled
+	case o.snooze:
+		result = OutcomeSnoozed
 	case o.release:
 		result = OutcomeReleased
 	case o.status == statusPending:
@@ -172,7 +212,7 @@ func (c *Claimer) unreported(match func(*run) bool) []*run {
 // executor's goroutine is left to finish or not, and its result is dropped.
 func (c *Claimer) abandon(r *run, err error, released bool) {
 	o := c.classify(c.jobLogger(r.job), r, err, released, r.ran())
-	if c.report(r, o) {
+	if o, ok := c.report(r, o); ok {
 		c.observe(r.job, o, r.ran())
 	}
 }
@@ -213,17 +253,37 @@ func safeExecute(ctx context.Context, exec executors.Executor, job *executors.Jo
 
 // classify turns an attempt's error into its outcome. released: the
 // attempt was cut short by the worker's shutdown after it ran for took.
+// A done attempt's outcome carries its result, and a counted failure's
+// its entry in the job's errors.
 func (c *Claimer) classify(log jobLog, r *run, err error, released bool, took time.Duration) outcome {
+	o := c.decide(log, r, err, released, took)
+	switch {
+	case o.status == statusDone:
+		if res := r.result(); res != nil {
+			o.result = ptr(string(res))
+		}
+	case !o.release:
+		o.entry = c.entry(r, *o.err)
+	}
+	return o
+}
+
+func (c *Claimer) decide(log jobLog, r *run, err error, released bool, took time.Duration) outcome {
 	job := r.job
 	o := outcome{run: r}
 	var (
 		permanent  *executors.PermanentError
 		retryAfter *executors.RetryAfterError
+		snooze     *executors.SnoozeError
 	)
 	switch {
 	case err == nil:
 		o.status = statusDone
 		log.Debug("job done")
+		return o
+	case errors.As(err, &snooze):
+		o.status, o.release, o.snooze, o.delay = statusPending, true, true, snooze.Delay
+		log.Debug("job snoozed", zap.Duration("delay", snooze.Delay))
 		return o
 	case released && took <= c.cfg.JobTimeout:
 		o.status, o.release = statusPending, true
@@ -258,6 +318,41 @@ func (c *Claimer) classify(log jobLog, r *run, err error, released bool, took ti
 	log.Warn("job failed: will retry", zap.Error(err), zap.Duration("retry_in", o.delay))
 	return o
 }
+
+// historyEntry is a failed attempt's entry in the job's errors.
+type historyEntry struct {
+	Attempt    int             `json:"attempt"`
+	StartedAt  *time.Time      `json:"started_at"` // nil when the executor did not start
+	FinishedAt time.Time       `json:"finished_at"`
+	Worker     string          `json:"worker"`
+	Error      string          `json:"error"`
+	Result     json.RawMessage `json:"result,omitempty"`
+}
+
+// entry is r's entry in the job's errors, as JSON.
+func (c *Claimer) entry(r *run, errText string) *string {
+	e := historyEntry{Attempt: r.job.Attempt, FinishedAt: time.Now().UTC(), Worker: c.cfg.WorkerID,
+		Error: errText, Result: r.result()}
+	if s := r.started.Load(); s != 0 {
+		e.StartedAt = ptr(time.Unix(0, s).UTC())
+	}
+	b, err := json.Marshal(e)
+	if err != nil { // a result is valid JSON (executors.RecordResult); this cannot happen
+		c.logger.Error("a history entry did not marshal", zap.Error(err))
+		return nil
+	}
+	return ptr(string(b))
+}
+
+// result is what r's executor recorded, or nil.
+func (r *run) result() json.RawMessage {
+	if a := r.attempt.Load(); a != nil {
+		return a.Result()
+	}
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // ran is how long r's executor has run; 0 before it started.
 func (r *run) ran() time.Duration {

@@ -21,10 +21,11 @@ const (
 	drowsy                 // asked for the sleep key; look once more when it is granted
 	asleep                 // holds the key and found nothing: writers notify
 	backoff                // the last claim failed: try again after a delay
+	paused                 // the queue is paused: look again when woken or at the tick
 	stopping               // Run's context ended
 )
 
-var stateNames = [...]string{"awake", "saturated", "lingering", "drowsy", "asleep", "backoff", "stopping"}
+var stateNames = [...]string{"awake", "saturated", "lingering", "drowsy", "asleep", "backoff", "paused", "stopping"}
 
 func (s state) String() string { return stateNames[s] }
 
@@ -73,9 +74,11 @@ type claimResult struct {
 	// stranded: the claim came up short, yet skipped due rows that another
 	// transaction held locked.
 	stranded bool
-	err      error
-	delay    time.Duration // before the next try, after err
-	at       time.Time     // when the claim ended
+	// paused: the queue is paused, and nothing was claimed.
+	paused bool
+	err    error
+	delay  time.Duration // before the next try, after err
+	at     time.Time     // when the claim ended
 }
 
 // machine decides, for each event, whether the loop claims, and after each
@@ -133,6 +136,11 @@ func (m *machine) claimed(ev event, r claimResult) {
 	switch {
 	case r.err != nil:
 		m.state, m.timer, m.looks = backoff, r.delay, 0
+		return
+	case r.paused:
+		// Without the sleep key, so writers do not notify for the queue:
+		// resume_queue() does.
+		m.state, m.timer, m.looks, m.stranded = paused, noTimer, 0, time.Time{}
 		return
 	case r.claimed == r.limit:
 		m.state, m.timer, m.looks, m.stranded = saturated, noTimer, 0, time.Time{}

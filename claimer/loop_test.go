@@ -23,6 +23,7 @@ func TestMachineEvents(t *testing.T) {
 		drowsy:    {evWake, evTimer, evTick, evKeyGranted, evKeyLost},
 		asleep:    {evWake, evTimer, evTick, evKeyGranted, evKeyLost},
 		backoff:   {evTimer, evTick},
+		paused:    {evWake, evTimer, evTick, evKeyGranted, evKeyLost},
 	}
 	for s, want := range claims {
 		for _, ev := range all {
@@ -114,6 +115,12 @@ func TestMachineClaimed(t *testing.T) {
 		{"a run_at later than the look", lingering, evTimer, claimResult{limit: 5, next: &next}, 1, lingering, 2 * lookMin},
 		{"stranded while asleep", asleep, evWake, claimResult{limit: 5, stranded: true}, 0, asleep, strandedMin},
 		{"stranded, a run_at ahead", drowsy, evKeyGranted, claimResult{limit: 5, stranded: true, next: &next}, 0, asleep, strandedMin},
+		{"paused while asleep", asleep, evWake, claimResult{limit: 5, paused: true}, 0, paused, noTimer},
+		{"paused while lingering", lingering, evTimer, claimResult{limit: 5, paused: true}, 1, paused, noTimer},
+		{"still paused", paused, evTick, claimResult{limit: 5, paused: true}, 0, paused, noTimer},
+		{"resumed, some", paused, evWake, claimResult{claimed: 2, limit: 5}, 0, lingering, lookMin},
+		{"resumed, all", paused, evWake, claimResult{claimed: 5, limit: 5}, 0, saturated, noTimer},
+		{"resumed, none", paused, evWake, claimResult{limit: 5}, 0, lingering, lookMin},
 	}
 	for _, c := range cases {
 		m := &machine{state: c.from, looks: c.looks, timer: noTimer}

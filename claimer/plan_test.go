@@ -49,13 +49,12 @@ func checkPlans(t *testing.T, setup []string) {
 	t.Helper()
 	ctx := context.Background()
 	schema := pgtest.FreshSchema(t) // a table never analyzed, as after a migration
-	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	conn, err := pgtest.Pool(t).Acquire(ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	exec := func(sql string) {
 		t.Helper()
-		_, err := conn.Exec(ctx, withTable(sql, jobs))
+		_, err := conn.Exec(ctx, withSchema(sql, schema))
 		require.NoError(t, err, sql)
 	}
 	defer exec("RESET enable_tidscan") // the connection goes back to the pool
@@ -73,9 +72,10 @@ func checkPlans(t *testing.T, setup []string) {
 		"heartbeat":   {heartbeatSQL, "bigint[], text, float8", idArray + ", 'w', 30"},
 		"delete_done": {deleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
 		"complete": {
-			completeSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text",
+			completeSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text[], text[], text",
 			idArray + ", array_fill(now(), ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
-				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), 'w'",
+				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]), " +
+				"array_fill(NULL::text, ARRAY[1000]), 'w'",
 		},
 	}
 	explain := func(name string) string {

@@ -1,9 +1,13 @@
 package claimer
 
-import "strings"
+import (
+	"strings"
 
-// The queries name the jobs table through {jobs}, replaced once per claimer
-// by the quoted identifier. Every multi-row write first locks its rows in id
+	"github.com/jackc/pgx/v5"
+)
+
+// The queries name the tables through {jobs} and {queues}, replaced once
+// per claimer by the quoted identifiers. Every multi-row write first locks its rows in id
 // order, so two writers can never deadlock on them.
 
 // claimSQL claims up to $2 due jobs of queue $1 for worker $3, under a lease
@@ -13,6 +17,9 @@ import "strings"
 // attempts stops at 1,000,000, the constraint's bound, so that no row the
 // table accepts makes the claim fail. Its updated_at, now(), marks the claim:
 // the outcome is written only while the row still carries it.
+//
+// It claims nothing while the queue is paused (a row in the queues table
+// with paused_at set), and says so.
 //
 // When it claims fewer than asked, it also returns the seconds until the
 // earliest future run_at, on the database's clock, and whether it skipped
@@ -24,12 +31,14 @@ import "strings"
 // finds its rows by the ctids c locked rather than by joining c, whose
 // generic plan, blind to LIMIT $2, was a hash join over the whole table.
 const claimSQL = `
-WITH c AS (
+WITH p AS (
+    SELECT EXISTS (SELECT FROM {queues} WHERE name = $1 AND paused_at IS NOT NULL) AS paused
+), c AS (
     SELECT ctid, priority, run_at, id,
            CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
                 ELSE pg_column_size(payload || '{}'::jsonb) END AS size
     FROM {jobs}
-    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused FROM p)
     ORDER BY priority, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -49,19 +58,20 @@ WITH c AS (
 ), k AS (
     SELECT count(*) AS claimed FROM u
 ), n AS (
-    SELECT CASE WHEN k.claimed < $2 THEN
+    SELECT CASE WHEN k.claimed < $2 AND NOT p.paused THEN
                (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
                 WHERE status = 'pending' AND queue = $1 AND run_at > now())
            END AS next_in,
-           CASE WHEN k.claimed < $2 THEN
+           CASE WHEN k.claimed < $2 AND NOT p.paused THEN
                (SELECT count(*) FROM (SELECT FROM {jobs}
                                       WHERE status = 'pending' AND queue = $1 AND run_at <= now()
                                       LIMIT $2 + 1) d) > k.claimed
-           END AS stranded
-    FROM k
+           END AS stranded,
+           p.paused
+    FROM k, p
 )
 SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at,
-       u.updated_at, n.next_in, n.stranded
+       u.updated_at, n.next_in, n.stranded, n.paused
 FROM n LEFT JOIN u ON true`
 
 // planSQL goes before each claim, heartbeat and completion, in the same
@@ -95,27 +105,35 @@ const claimPlanSQL = planSQL + `,
 // with the same attempt number, and the first run's outcome must not pass
 // for the second's.
 
-// heartbeatSQL extends the leases of this worker's running jobs $1.
+// heartbeatSQL extends the leases of this worker's running jobs $1, and
+// returns the ids it renewed.
 const heartbeatSQL = `
 UPDATE {jobs} j SET locked_until = now() + make_interval(secs => $3::float8)
 FROM unnest($1::bigint[]) AS v(id)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $2) IS TRUE`
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $2) IS TRUE
+RETURNING j.id`
 
 // completeSQL records a batch of outcomes: $3 is done, pending (a retry,
-// or a release: an attempt given back at shutdown, $6) or dead.
+// or a release: an attempt given back at shutdown or snoozed, $6) or dead.
+// A failed attempt's entry ($7, JSON) is appended to errors after the last
+// 19 before it, so that errors holds the last 20 (as cancel() in migration
+// 010 does); a done job's result ($8, JSON) is stored.
 const completeSQL = `
 UPDATE {jobs} j
 SET status = v.status,
     run_at = CASE WHEN v.status = 'pending' THEN now() + make_interval(secs => v.delay) ELSE j.run_at END,
     attempts = CASE WHEN v.release THEN j.attempts - 1 ELSE j.attempts END,
     last_error = coalesce(v.err, j.last_error),
+    errors = CASE WHEN v.entry IS NULL THEN j.errors
+                  ELSE jsonb_path_query_array(coalesce(j.errors, '[]'), '$[last - 18 to last]') || v.entry::jsonb END,
+    result = CASE WHEN v.status = 'done' THEN v.result::jsonb ELSE j.result END,
     finished_at = CASE WHEN v.status IN ('done', 'dead') THEN now() END,
     locked_by = NULL,
     locked_until = NULL,
     updated_at = now()
-FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::float8[], $5::text[], $6::bool[])
-    AS v(id, claimed_at, status, delay, err, release)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $7 AND j.updated_at = v.claimed_at) IS TRUE`
+FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::float8[], $5::text[], $6::bool[], $7::text[], $8::text[])
+    AS v(id, claimed_at, status, delay, err, release, entry, result)
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $9 AND j.updated_at = v.claimed_at) IS TRUE`
 
 // deleteDoneSQL deletes done jobs $1 of claims $2, when done jobs are not
 // kept (RETAIN_DONE=0).
@@ -124,7 +142,14 @@ DELETE FROM {jobs} j
 USING unnest($1::bigint[], $2::timestamptz[]) AS v(id, claimed_at)
 WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at) IS TRUE`
 
-// withTable names the jobs table in sql.
-func withTable(sql, jobsTable string) string {
-	return strings.ReplaceAll(sql, "{jobs}", jobsTable)
+// notOwnedSQL returns those of the jobs $1 whose rows are no longer
+// running under worker $2: cancelled, given back or gone.
+const notOwnedSQL = `
+SELECT v.id FROM unnest($1::bigint[]) AS v(id)
+WHERE NOT EXISTS (SELECT FROM {jobs} j WHERE j.id = v.id AND j.status = 'running' AND j.locked_by = $2)`
+
+// withSchema names schema's tables in sql: {jobs} and {queues}.
+func withSchema(sql, schema string) string {
+	return strings.NewReplacer("{jobs}", pgx.Identifier{schema, "jobs"}.Sanitize(),
+		"{queues}", pgx.Identifier{schema, "queues"}.Sanitize()).Replace(sql)
 }

@@ -42,6 +42,10 @@ type Config struct {
 	// WakeAll is called after every (re)connect, once LISTEN is in place.
 	// It must not block. Required.
 	WakeAll func()
+	// ControlChannel, when set, is listened on too, and its notifications'
+	// payloads go to Control, which must not block.
+	ControlChannel string
+	Control        func(payload string)
 	// ReconnectMin and ReconnectMax bound the delay between reconnects, which
 	// doubles from min to max with jitter. Defaults: 100ms and 10s.
 	ReconnectMin time.Duration
@@ -64,6 +68,8 @@ func (c *Config) validate() error {
 		return errors.New("listener: Channel is required")
 	case c.Wake == nil || c.WakeAll == nil:
 		return errors.New("listener: Wake and WakeAll are required")
+	case (c.ControlChannel == "") != (c.Control == nil):
+		return errors.New("listener: ControlChannel and Control go together")
 	case c.ReconnectMin < 0 || c.ReconnectMax < 0:
 		return errors.New("listener: reconnect delays must not be negative")
 	}
@@ -78,6 +84,8 @@ type Listener struct {
 	// failures counts connection attempts since the last good connection.
 	failures      atomic.Int32
 	notifications atomic.Int64
+	// listens counts the LISTENs in place on the current connection.
+	listens atomic.Int32
 }
 
 // New checks cfg and returns a Listener.
@@ -115,6 +123,9 @@ func (l *Listener) Run(ctx context.Context) error {
 		ReconnectDelay: -1,
 	}
 	pl.Handle(l.cfg.Channel, handler{l})
+	if l.cfg.ControlChannel != "" {
+		pl.Handle(l.cfg.ControlChannel, controlHandler{l})
+	}
 	err := pl.Listen(ctx)
 	l.connected.Store(false)
 	if ctx.Err() != nil {
@@ -124,6 +135,7 @@ func (l *Listener) Run(ctx context.Context) error {
 }
 
 func (l *Listener) connect(ctx context.Context) (*pgx.Conn, error) {
+	l.listens.Store(0)
 	if n := l.failures.Add(1); n > 1 {
 		t := time.NewTimer(l.backoff(int(n - 1)))
 		defer t.Stop()
@@ -157,15 +169,42 @@ func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _
 	return nil
 }
 
-// HandleBacklog runs after LISTEN on every new connection: whatever was
-// notified while no one listened is found by waking every claimer.
+// HandleBacklog runs after each LISTEN on every new connection. Once every
+// channel is listened on, whatever was notified while no one listened is
+// found by waking every claimer.
 func (h handler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.l.failures.Store(0)
-	h.l.connected.Store(true)
-	h.l.logger.Info("listening", zap.String("channel", h.l.cfg.Channel))
-	h.l.cfg.WakeAll()
-	if h.l.cfg.OnListen != nil {
-		h.l.cfg.OnListen()
+	h.l.listened()
+	return nil
+}
+
+func (h controlHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+	h.l.listened()
+	return nil
+}
+
+// listened counts a LISTEN in place on the current connection, and when
+// they all are, wakes every claimer.
+func (l *Listener) listened() {
+	channels := int32(1)
+	if l.cfg.ControlChannel != "" {
+		channels = 2
 	}
+	if l.listens.Add(1) != channels {
+		return
+	}
+	l.failures.Store(0)
+	l.connected.Store(true)
+	l.logger.Info("listening", zap.String("channel", l.cfg.Channel))
+	l.cfg.WakeAll()
+	if l.cfg.OnListen != nil {
+		l.cfg.OnListen()
+	}
+}
+
+type controlHandler struct{ l *Listener }
+
+func (h controlHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.l.notifications.Add(1)
+	h.l.cfg.Control(n.Payload)
 	return nil
 }

@@ -39,6 +39,19 @@ import (
 // Channel is the NOTIFY channel of the pgdispatch installation in schema.
 func Channel(schema string) string { return schema }
 
+// ControlChannel is the channel on which pgdispatch's SQL functions tell
+// workers what an operator did, for every schema: the payload is a JSON
+// object naming the schema (see Control). Its name cannot be a schema's
+// channel cut short, as a schema name of 63 bytes and a suffix would be.
+const ControlChannel = "pgdispatch.control"
+
+// Control is a message on ControlChannel: cancel() sends the ids of the
+// running jobs it cancelled, at most 500 a message.
+type Control struct {
+	Schema string  `json:"schema"`
+	Cancel []int64 `json:"cancel"`
+}
+
 // DefaultLockWait bounds how long Add and Remove wait for the table's lock.
 const DefaultLockWait = time.Second
 
