@@ -49,18 +49,24 @@ func (s *claimerStates) asleep(queue string) bool {
 // waitAsleep waits until the claimer of queue sleeps.
 func (s *claimerStates) waitAsleep(t *testing.T, queue string) {
 	t.Helper()
+	s.wait(t, queue, "asleep")
+}
+
+// wait waits until the claimer of queue is in state want.
+func (s *claimerStates) wait(t *testing.T, queue, want string) {
+	t.Helper()
 	deadline := time.After(waitFor)
 	for {
 		s.mu.Lock()
 		state, changed := s.state[queue], s.changed
 		s.mu.Unlock()
-		if state == "asleep" {
+		if state == want {
 			return
 		}
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("the claimer of queue %q did not go to sleep; it is %q", queue, state)
+			t.Fatalf("the claimer of queue %q did not reach %q; it is %q", queue, want, state)
 		}
 	}
 }

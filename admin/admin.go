@@ -35,6 +35,7 @@ var ErrNotFound = errors.New("no such job")
 // Admin works on one schema's jobs.
 type Admin struct {
 	pool    *pgxpool.Pool
+	schema  string
 	jobs    string // the quoted table name
 	timeout time.Duration
 }
@@ -42,11 +43,13 @@ type Admin struct {
 // New returns an Admin for schema's jobs on pool. timeout bounds each
 // statement (default 10s).
 func New(pool *pgxpool.Pool, schema string, timeout time.Duration) *Admin {
-	return &Admin{pool: pool, jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), timeout: cmp.Or(timeout, defaultTimeout)}
+	return &Admin{pool: pool, schema: schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), timeout: cmp.Or(timeout, defaultTimeout)}
 }
 
+// sql names the schema's objects in s: {jobs}, and {schema}.name for the
+// others.
 func (a *Admin) sql(s string) string {
-	return strings.ReplaceAll(s, "{jobs}", a.jobs)
+	return strings.NewReplacer("{jobs}", a.jobs, "{schema}", pgx.Identifier{a.schema}.Sanitize()).Replace(s)
 }
 
 // QueueStats are the numbers of one queue and kind.
@@ -71,6 +74,8 @@ type QueueStats struct {
 	// (RETAIN_DONE above a minute).
 	DoneLastMinute int64 `json:"done_last_minute"`
 	DeadLastMinute int64 `json:"dead_last_minute"`
+	// Paused is true while the queue is paused (pause_queue).
+	Paused bool `json:"paused"`
 }
 
 // The stats read the table three times in one snapshot. The active jobs and
@@ -156,6 +161,15 @@ func (a *Admin) Stats(ctx context.Context, budget time.Duration) (stats []QueueS
 		return nil, false, fmt.Errorf("stats: the last minute: %w", err)
 	}
 
+	paused := map[string]bool{}
+	rows, _ = tx.Query(ctx, a.sql(`SELECT name FROM {schema}.queues WHERE paused_at IS NOT NULL`))
+	if _, err := pgx.ForEachRow(rows, []any{&queue}, func() error {
+		paused[queue] = true
+		return nil
+	}); err != nil {
+		return nil, false, fmt.Errorf("stats: paused queues: %w", err)
+	}
+
 	// The budget is the server's statement_timeout, so that the scan stops
 	// when it runs out and the transaction can tell why.
 	budget = min(cmp.Or(budget, DefaultFinishedBudget), a.timeout)
@@ -184,6 +198,7 @@ func (a *Admin) Stats(ctx context.Context, budget time.Duration) (stats []QueueS
 		s.Done, s.Dead, s.Cancelled = f.Done, f.Dead, f.Cancelled
 	}
 	for _, s := range byKey {
+		s.Paused = paused[s.Queue]
 		if finishedCounted && s.Done == nil { // no finished jobs of its own
 			s.Done, s.Dead, s.Cancelled = ptr[int64](0), ptr[int64](0), ptr[int64](0)
 		}
@@ -215,15 +230,54 @@ type Job struct {
 	CreatedAt   time.Time       `json:"created_at"`
 	UpdatedAt   time.Time       `json:"updated_at"`
 	FinishedAt  *time.Time      `json:"finished_at"`
+	// Errors are the failed attempts, oldest first (the last 20): see
+	// Attempt. Null until an attempt fails.
+	Errors json.RawMessage `json:"errors"`
+	// Result is what the attempt that succeeded recorded; null for none.
+	Result json.RawMessage `json:"result"`
+}
+
+// Attempt is an entry of a job's errors, as the worker writes it. A row's
+// errors are written by whoever may write the row: read them leniently
+// (History).
+type Attempt struct {
+	Attempt    int             `json:"attempt"`
+	StartedAt  *time.Time      `json:"started_at"`
+	FinishedAt *time.Time      `json:"finished_at"`
+	Worker     string          `json:"worker"`
+	Error      string          `json:"error"`
+	Result     json.RawMessage `json:"result,omitempty"`
+}
+
+// History decodes j.Errors. Entries that are not objects of the worker's
+// shape are left out, and counted in skipped.
+func (j Job) History() (entries []Attempt, skipped int) {
+	var raw []json.RawMessage
+	if len(j.Errors) == 0 || json.Unmarshal(j.Errors, &raw) != nil {
+		if len(j.Errors) > 0 && string(j.Errors) != "null" {
+			skipped = 1
+		}
+		return nil, skipped
+	}
+	for _, r := range raw {
+		var e Attempt
+		if json.Unmarshal(r, &e) != nil {
+			skipped++
+			continue
+		}
+		entries = append(entries, e)
+	}
+	return entries, skipped
 }
 
 const jobColumns = `id, queue, kind, payload, priority, run_at, status, attempts, max_attempts, dedup_key,
-       last_error, locked_by, locked_until, created_at, updated_at, finished_at`
+       last_error, locked_by, locked_until, created_at, updated_at, finished_at, errors, result`
 
 func scanJob(row pgx.CollectableRow) (Job, error) {
 	var j Job
 	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.RunAt, &j.Status, &j.Attempts,
-		&j.MaxAttempts, &j.DedupKey, &j.LastError, &j.LockedBy, &j.LockedUntil, &j.CreatedAt, &j.UpdatedAt, &j.FinishedAt)
+		&j.MaxAttempts, &j.DedupKey, &j.LastError, &j.LockedBy, &j.LockedUntil, &j.CreatedAt, &j.UpdatedAt, &j.FinishedAt,
+		&j.Errors, &j.Result)
 	return j, err
 }
 
@@ -324,30 +378,24 @@ func (a *Admin) Retry(ctx context.Context, ids []int64) ([]Change, error) {
 	FROM s LEFT JOIN l ON l.id = s.id LEFT JOIN u ON u.id = s.id ORDER BY s.id`)
 }
 
-// Cancel makes the pending and running jobs among ids cancelled. A running
-// job's executor is not interrupted: the worker finds the job cancelled when
-// it records the outcome, and leaves it so.
+// Cancel makes the pending and running jobs among ids cancelled, through
+// the SQL function cancel(). A running job's worker is notified: it
+// cancels the executor's context within milliseconds and drops its
+// outcome, and the attempt goes into the job's errors.
 func (a *Admin) Cancel(ctx context.Context, ids []int64) ([]Change, error) {
-	return a.change(ctx, ids, "cancel", `WITH l AS (
-	    SELECT id, status FROM {jobs} WHERE id = ANY($1) ORDER BY id FOR UPDATE
-	), u AS (
-	    UPDATE {jobs} j
-	    SET status = 'cancelled', finished_at = now(), locked_by = NULL, locked_until = NULL, updated_at = now()
-	    FROM l WHERE j.id = l.id AND l.status IN ('pending', 'running')
-	    RETURNING j.id
-	)
-	SELECT l.id, l.status, u.id IS NOT NULL FROM l LEFT JOIN u ON u.id = l.id ORDER BY l.id`)
+	return a.change(ctx, ids, "cancel", `SELECT id, previous_status, cancelled FROM {schema}.cancel(VARIADIC $1::bigint[])`)
 }
 
 // change runs a per-id statement over ids in batches, in id order, and
-// reports each id, found or not.
-func (a *Admin) change(ctx context.Context, ids []int64, what, stmt string) ([]Change, error) {
+// reports each id, found or not. The statement takes the batch as $1, and
+// args after it.
+func (a *Admin) change(ctx context.Context, ids []int64, what, stmt string, args ...any) ([]Change, error) {
 	ids = slices.Clone(ids)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	out := make([]Change, 0, len(ids))
 	for batch := range slices.Chunk(ids, BatchSize) {
-		found, err := a.changeBatch(ctx, batch, what, stmt)
+		found, err := a.changeBatch(ctx, batch, what, stmt, args...)
 		if err != nil {
 			return out, err
 		}
@@ -362,10 +410,10 @@ func (a *Admin) change(ctx context.Context, ids []int64, what, stmt string) ([]C
 	return out, nil
 }
 
-func (a *Admin) changeBatch(ctx context.Context, ids []int64, what, stmt string) (map[int64]Change, error) {
+func (a *Admin) changeBatch(ctx context.Context, ids []int64, what, stmt string, args ...any) (map[int64]Change, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	rows, err := a.pool.Query(ctx, a.sql(stmt), ids)
+	rows, err := a.pool.Query(ctx, a.sql(stmt), append([]any{ids}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}

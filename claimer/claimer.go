@@ -225,6 +225,7 @@ type Stats struct {
 	Ticks     int64 // fallback ticks
 	TickHits  int64 // fallback ticks that found due work: missed notifications
 	Sleeps    int64 // times the claimer went to sleep holding its sleep key: writers then notify
+	Paused    bool  // the last claim found the queue paused, and no claim has found it active since
 }
 
 // Claimer claims and runs the jobs of one queue. Create it with New.
@@ -249,6 +250,7 @@ type Claimer struct {
 	toCheck   map[int64]bool    // jobs said to be cancelled, to check (Cancel)
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
+	paused                                              atomic.Bool
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -331,6 +333,7 @@ func (c *Claimer) Stats() Stats {
 		Ticks:     c.ticks.Load(),
 		TickHits:  c.tickHits.Load(),
 		Sleeps:    c.sleeps.Load(),
+		Paused:    c.paused.Load(),
 	}
 }
 

@@ -282,6 +282,14 @@ func (c *Claimer) enter(from, to state, hooks *testhook.Hooks) {
 	if to == asleep {
 		c.sleeps.Add(1)
 	}
+	switch {
+	case to == paused:
+		c.paused.Store(true)
+		c.logger.Info("the queue is paused: no claims until it is resumed")
+	case from == paused && to != stopping:
+		c.paused.Store(false)
+		c.logger.Info("the queue is active again")
+	}
 	c.logger.Debug("claimer state", zap.Stringer("from", from), zap.Stringer("to", to))
 	if hooks.ClaimerState != nil {
 		hooks.ClaimerState(c.cfg.Queue, from.String(), to.String())

@@ -91,7 +91,7 @@ func New(pool *pgxpool.Pool, kinds *executors.Registry) *Metrics {
 		kinds: kinds,
 		completed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "jobs_completed_total",
-			Help: "Attempts finished, by queue, kind and outcome (done, retry, dead or released at shutdown).",
+			Help: "Attempts finished, by queue, kind and outcome (done, retry, dead, released at shutdown, snoozed, or cancelled while running).",
 		}, []string{"queue", "kind", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: namespace, Name: "job_duration_seconds",
@@ -271,6 +271,8 @@ var (
 		"Fallback ticks, by queue.", []string{"queue"}, nil)
 	descTickHits = prometheus.NewDesc(namespace+"_fallback_ticks_found_work_total",
 		"Fallback ticks that found due jobs, by queue: notifications that were missed.", []string{"queue"}, nil)
+	descPaused = prometheus.NewDesc(namespace+"_queue_paused",
+		"1 while the worker's last claim of the queue found it paused (pause_queue), else 0.", []string{"queue"}, nil)
 	descSleeps = prometheus.NewDesc(namespace+"_claimer_sleeps_total",
 		"Times a claimer went to sleep holding its queue's sleep key, after which writers notify.", []string{"queue"}, nil)
 	descNotifications = prometheus.NewDesc(namespace+"_notifications_received_total",
@@ -297,7 +299,7 @@ type workerCollector struct{ m *Metrics }
 
 func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps,
+		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps, descPaused,
 		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp,
 		descNotifyUsage, descInserts,
 	} {
@@ -318,6 +320,11 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descTicks, prometheus.CounterValue, float64(s.Ticks), q)
 		ch <- prometheus.MustNewConstMetric(descTickHits, prometheus.CounterValue, float64(s.TickHits), q)
 		ch <- prometheus.MustNewConstMetric(descSleeps, prometheus.CounterValue, float64(s.Sleeps), q)
+		paused := 0.0
+		if s.Paused {
+			paused = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descPaused, prometheus.GaugeValue, paused, q)
 	}
 	l := w.Listener()
 	ch <- prometheus.MustNewConstMetric(descNotifications, prometheus.CounterValue, float64(l.Notifications()))

@@ -76,12 +76,16 @@ const jobsUsage = `Usage:
   pgdispatch jobs show [--json] [--reveal] ID
   pgdispatch jobs retry ID... | --all-dead [--queue Q] [--kind K]
   pgdispatch jobs cancel ID...
+  pgdispatch jobs snooze --for D ID...
 
-retry makes dead or cancelled jobs pending and due now, with one more attempt
-if theirs are used up. cancel makes pending or running jobs cancelled; a
-running job's executor is not interrupted, and its outcome is dropped. Both
-work in batches with rows locked in id order, so they are safe while workers
-run. Run 'pgdispatch jobs COMMAND --help' for the flags.
+show prints the job's failed attempts (its errors, the last 20) and the
+result of the attempt that succeeded. retry makes dead or cancelled jobs
+pending and due now, with one more attempt if theirs are used up. cancel
+makes pending or running jobs cancelled; the worker running one cancels its
+executor's context within milliseconds and drops its outcome. snooze makes
+pending jobs due later without spending an attempt. All work in batches
+with rows locked in id order, so they are safe while workers run. Run
+'pgdispatch jobs COMMAND --help' for the flags.
 
 Rows are written by anyone who may insert a job, so list and show escape
 control characters (ESC as \x1b), and mask what looks like a secret in
@@ -92,7 +96,7 @@ the values as they are, masked the same way; --reveal turns masking off.
 
 func jobsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return subcommand(ctx, "jobs", jobsUsage, map[string]commandFunc{
-		"list": jobsList, "show": jobsShow, "retry": jobsRetry, "cancel": jobsCancel,
+		"list": jobsList, "show": jobsShow, "retry": jobsRetry, "cancel": jobsCancel, "snooze": jobsSnooze,
 	}, args, stdout, stderr)
 }
 
@@ -182,7 +186,8 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if !*reveal {
 			before := j
 			maskJob(&j)
-			masked = !bytes.Equal(before.Payload, j.Payload) || !reflect.DeepEqual(before.LastError, j.LastError)
+			masked = !bytes.Equal(before.Payload, j.Payload) || !reflect.DeepEqual(before.LastError, j.LastError) ||
+				!bytes.Equal(before.Errors, j.Errors) || !bytes.Equal(before.Result, j.Result)
 		}
 		if *asJSON {
 			return printJSON(stdout, j)
@@ -227,6 +232,9 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		if _, err := fmt.Fprintf(stdout, "payload\n  %s\n", termsafe.Lines(payload.String())); err != nil {
+			return err
+		}
+		if err := printHistory(stdout, j); err != nil {
 			return err
 		}
 		if masked {
@@ -289,17 +297,24 @@ func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 const revealHelp = "show secrets as they are: URL user info and query values, and the values of keys such as Authorization, X-Api-Key, password or token"
 
-// maskJob masks the secrets of j's payload and last_error (see redact.Payload).
+// maskJob masks the secrets of j's payload, last_error, errors and result
+// (see redact.Payload).
 func maskJob(j *admin.Job) {
 	if j.LastError != nil {
 		masked := redact.URLs(*j.LastError)
 		j.LastError = &masked
 	}
-	p, err := redact.Payload(j.Payload)
+	j.Payload = maskJSON(j.Payload)
+	j.Errors = maskJSON(j.Errors)
+	j.Result = maskJSON(j.Result)
+}
+
+func maskJSON(raw json.RawMessage) json.RawMessage {
+	p, err := redact.Payload(raw)
 	if err != nil {
-		p = json.RawMessage(`"` + redact.Mask + `"`)
+		return json.RawMessage(`"` + redact.Mask + `"`)
 	}
-	j.Payload = p
+	return p
 }
 
 func printChanges(w io.Writer, changes []admin.Change, did, applies string) {

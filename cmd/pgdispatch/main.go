@@ -6,6 +6,9 @@
 //	pgdispatch demo       deliver sample jobs to receivers in the process, printing each attempt
 //	pgdispatch bench      measure latency, throughput, writer overhead and idle cost
 //	pgdispatch triggers   add, list and remove dispatch triggers on any table
+//	pgdispatch stats      jobs by queue, kind and status
+//	pgdispatch jobs       look at jobs and their attempts; retry, cancel or snooze them
+//	pgdispatch queues     pause and resume queues
 //
 // Configuration comes from the environment, an optional .env file in the
 // working directory, and flags; flags win. `pgdispatch COMMAND --help` lists
@@ -37,7 +40,8 @@ Usage:
   pgdispatch bench [flags]     measure latency, throughput, writer overhead and idle cost
   pgdispatch triggers add|list|remove   dispatch jobs from row changes in any table
   pgdispatch stats [flags]     jobs by queue, kind and status, the oldest due job, the last minute's throughput
-  pgdispatch jobs list|show|retry|cancel   look at jobs, retry dead ones, cancel pending or running ones
+  pgdispatch jobs list|show|retry|cancel|snooze   look at jobs and their attempts, retry dead ones, cancel or snooze others
+  pgdispatch queues list|pause|resume   pause a queue's claims on every worker, and resume them
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
@@ -77,6 +81,7 @@ var commands = map[string]command{
 	"triggers": {triggersCommand},
 	"stats":    {statsCommand},
 	"jobs":     {jobsCommand},
+	"queues":   {queuesCommand},
 }
 
 func main() {

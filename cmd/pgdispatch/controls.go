@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/internal/termsafe"
+)
+
+// printHistory prints j's failed attempts and its result, for jobs show.
+func printHistory(w io.Writer, j admin.Job) error {
+	entries, skipped := j.History()
+	if len(entries) > 0 || skipped > 0 {
+		fmt.Fprintf(w, "errors (failed attempts, oldest first; the last 20 are kept)\n")
+	}
+	for _, e := range entries {
+		took := "-"
+		if e.StartedAt != nil && e.FinishedAt != nil {
+			took = e.FinishedAt.Sub(*e.StartedAt).Round(time.Millisecond).String()
+		}
+		at := "-"
+		if e.FinishedAt != nil {
+			at = e.FinishedAt.UTC().Format(time.RFC3339Nano)
+		}
+		fmt.Fprintf(w, "  attempt %d  %s  took %s  on %s\n    %s\n", e.Attempt, at, took,
+			termsafe.String(e.Worker), termsafe.Lines(indent(e.Error, "    ")))
+		if len(e.Result) > 0 {
+			fmt.Fprintf(w, "    result %s\n", termsafe.String(string(compact(e.Result))))
+		}
+	}
+	if skipped > 0 {
+		fmt.Fprintf(w, "  (%d entries not in the worker's form: --json shows them)\n", skipped)
+	}
+	if len(j.Result) > 0 && string(j.Result) != "null" {
+		fmt.Fprintf(w, "result\n  %s\n", termsafe.String(string(compact(j.Result))))
+	}
+	return nil
+}
+
+func compact(raw json.RawMessage) []byte {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil {
+		return raw
+	}
+	return b.Bytes()
+}
+
+func indent(s, prefix string) string {
+	var b bytes.Buffer
+	for i, line := range bytes.Split([]byte(s), []byte("\n")) {
+		if i > 0 {
+			b.WriteString("\n" + prefix)
+		}
+		b.Write(line)
+	}
+	return b.String()
+}
+
+func jobsSnooze(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("jobs snooze", "Make pending jobs due later, without spending an attempt: pgdispatch jobs snooze --for D ID...", stderr)
+	v := newValues(fs, connSettings)
+	d := fs.Duration("for", 0, "how long from now the jobs are due (required; for example 10m)")
+	ids, err := parseIDs(fs, args, true)
+	if err != nil {
+		return err
+	}
+	if len(ids) == 0 || *d <= 0 {
+		fmt.Fprintln(stderr, "give --for with a positive duration, and job ids")
+		fs.Usage()
+		return errUsage
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		changes, err := a.Snooze(ctx, ids, *d)
+		printChanges(stdout, changes, "snoozed for "+d.String(), "pending")
+		return err
+	})
+}
+
+const queuesUsage = `Usage:
+  pgdispatch queues list [--json]
+  pgdispatch queues pause QUEUE
+  pgdispatch queues resume QUEUE
+
+pause stops every worker from claiming the queue's jobs, from its next
+claim on, and keeps accepting new ones; running jobs finish. The pause is a
+row in the queues table, so it holds across restarts. resume wakes the
+queue's workers, which claim its due jobs at once. list shows each queue
+that holds pending or running jobs, or has been paused.
+Run 'pgdispatch queues COMMAND --help' for the flags.
+`
+
+func queuesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return subcommand(ctx, "queues", queuesUsage, map[string]commandFunc{
+		"list": queuesList, "pause": queuesPause, "resume": queuesResume,
+	}, args, stdout, stderr)
+}
+
+func queuesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("queues list", "List the queues: their state and their pending and running jobs.", stderr)
+	v := newValues(fs, connSettings)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		queues, err := a.Queues(ctx)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			return printJSON(stdout, queues)
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "QUEUE\tSTATE\tSINCE\tPENDING\tRUNNING")
+		for _, q := range queues {
+			state, since := "active", "-"
+			if q.PausedAt != nil {
+				state, since = "paused", q.PausedAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\n", termsafe.String(q.Name), state, since, q.Pending, q.Running)
+		}
+		return tw.Flush()
+	})
+}
+
+func queuesPause(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return queueSwitch(ctx, "pause", args, stdout, stderr)
+}
+
+func queuesResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return queueSwitch(ctx, "resume", args, stdout, stderr)
+}
+
+func queueSwitch(ctx context.Context, what string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("queues "+what, map[string]string{
+		"pause":  "Pause a queue: no worker claims its jobs until it is resumed: pgdispatch queues pause QUEUE",
+		"resume": "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
+	}[what], stderr)
+	v := newValues(fs, connSettings)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 || fs.Arg(0) == "" {
+		fmt.Fprintln(stderr, "give one queue name")
+		fs.Usage()
+		return errUsage
+	}
+	queue := fs.Arg(0)
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		var changed bool
+		var err error
+		if what == "pause" {
+			changed, err = a.Pause(ctx, queue)
+		} else {
+			changed, err = a.Resume(ctx, queue)
+		}
+		if err != nil {
+			return err
+		}
+		switch {
+		case changed && what == "pause":
+			fmt.Fprintf(stdout, "queue %s: paused\n", termsafe.String(queue))
+		case changed:
+			fmt.Fprintf(stdout, "queue %s: resumed\n", termsafe.String(queue))
+		case what == "pause":
+			fmt.Fprintf(stdout, "queue %s: already paused\n", termsafe.String(queue))
+		default:
+			fmt.Fprintf(stdout, "queue %s: not paused\n", termsafe.String(queue))
+		}
+		return nil
+	})
+}

@@ -1,0 +1,411 @@
+package pgdispatch_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+func registerHTTP(t *testing.T, b *bundle) {
+	t.Helper()
+	exec, err := httpcallback.New(httpcallback.Config{AllowNetworks: []string{httpcallback.NetworksLoopback}})
+	require.NoError(t, err)
+	b.registry.Register(httpcallback.Kind, exec)
+}
+
+// Acceptance 1: a receiver answers 500, then 503, then 200. The job ends
+// done; its errors hold the two failures with their statuses, the body's
+// first bytes and timings, and its result the 200.
+func TestHistoryOfAnHTTPJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	registerHTTP(t, b)
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		switch calls.Add(1) {
+		case 1:
+			w.WriteHeader(http.StatusInternalServerError)
+			_, _ = io.WriteString(w, "upstream exploded")
+		case 2:
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "try later")
+		default:
+			_, _ = io.WriteString(w, "ok")
+		}
+	}))
+	defer srv.Close()
+	cfg := b.config(t, "w1")
+	cfg.RetryBackoff = func(int) time.Duration { return 10 * time.Millisecond }
+	start(t, cfg)
+
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind, payload) VALUES ('http_callback', $1) RETURNING id",
+		fmt.Sprintf(`{"url": %q}`, srv.URL))
+	b.watch.Status(t, id, "done", waitFor)
+
+	j, err := admin.New(pgtest.Pool(t), b.schema, 0).Get(context.Background(), id)
+	require.NoError(t, err)
+	require.Equal(t, int32(3), j.Attempts)
+	entries, skipped := j.History()
+	require.Zero(t, skipped)
+	require.Len(t, entries, 2, "errors: %s", j.Errors)
+	for i, want := range []struct {
+		status int
+		body   string
+	}{{500, "upstream exploded"}, {503, "try later"}} {
+		e := entries[i]
+		require.Equal(t, i+1, e.Attempt)
+		require.Equal(t, "w1", e.Worker)
+		require.Contains(t, e.Error, fmt.Sprint(want.status))
+		require.NotNil(t, e.StartedAt)
+		require.NotNil(t, e.FinishedAt)
+		require.False(t, e.FinishedAt.Before(*e.StartedAt))
+		var res struct {
+			Status     int      `json:"status"`
+			DurationMS *float64 `json:"duration_ms"`
+			Body       string   `json:"body"`
+		}
+		require.NoError(t, json.Unmarshal(e.Result, &res), "entry %d: %s", i+1, e.Result)
+		require.Equal(t, want.status, res.Status)
+		require.Equal(t, want.body, res.Body)
+		require.NotNil(t, res.DurationMS)
+	}
+	var res struct {
+		Status int `json:"status"`
+	}
+	require.NoError(t, json.Unmarshal(j.Result, &res), "result: %s", j.Result)
+	require.Equal(t, 200, res.Status)
+}
+
+// A job retried many times keeps its last 20 failures, and a row whose
+// errors a writer set to something else still gets its entries.
+func TestHistoryIsBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "w1")
+	cfg.RetryBackoff = func(int) time.Duration { return 0 }
+	start(t, cfg)
+	id := b.insert(t, "INSERT INTO "+b.jobs+` (kind, payload, max_attempts, errors) VALUES ('record', '{"fail": 25}', 25, '{"not": "a list"}') RETURNING id`)
+	b.watch.Status(t, id, "dead", waitFor)
+	j, err := admin.New(pgtest.Pool(t), b.schema, 0).Get(context.Background(), id)
+	require.NoError(t, err)
+	entries, _ := j.History()
+	require.Len(t, entries, 20)
+	for i, e := range entries {
+		require.Equal(t, 6+i, e.Attempt)
+	}
+}
+
+// A custom executor's result is stored on the done job, and a job that
+// succeeds at once gets no errors.
+func TestCustomResult(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.registry.Register("answer", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		return executors.RecordResult(ctx, map[string]any{"answer": 42, "job": job.ID})
+	}))
+	start(t, b.config(t, "w1"))
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('answer') RETURNING id")
+	b.watch.Status(t, id, "done", waitFor)
+	j, err := admin.New(pgtest.Pool(t), b.schema, 0).Get(context.Background(), id)
+	require.NoError(t, err)
+	require.JSONEq(t, fmt.Sprintf(`{"answer": 42, "job": %d}`, id), string(j.Result))
+	require.Nil(t, j.Errors)
+}
+
+// Acceptance 4: a custom job snoozes once; it runs again after the delay,
+// and the snooze spends no attempt.
+func TestSnoozedJobRunsAgainWithoutSpendingAnAttempt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const delay = 300 * time.Millisecond
+	var (
+		mu     sync.Mutex
+		starts []time.Time
+		seen   []int
+	)
+	b.registry.Register("sleepy", executors.Func(func(_ context.Context, job *executors.Job) error {
+		mu.Lock()
+		defer mu.Unlock()
+		starts, seen = append(starts, time.Now()), append(seen, job.Attempt)
+		if len(starts) == 1 {
+			return executors.Snooze(delay)
+		}
+		return nil
+	}))
+	start(t, b.config(t, "w1"))
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('sleepy') RETURNING id")
+	b.watch.Status(t, id, "done", waitFor)
+	status, attempts, lastError := b.row(t, id)
+	require.Equal(t, "done", status)
+	require.Equal(t, 1, attempts, "the snooze gave its attempt back")
+	require.Nil(t, lastError)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, starts, 2)
+	require.GreaterOrEqual(t, starts[1].Sub(starts[0]), delay)
+	require.Equal(t, []int{1, 1}, seen, "both runs were attempt 1")
+	pending := slices.IndexFunc(b.watch.History(id), func(s pgtest.JobState) bool { return s.Status == "pending" && s.Attempts == 0 })
+	require.GreaterOrEqual(t, pending, 0, "the row went back to pending with attempts 0: %+v", b.watch.History(id))
+}
+
+// snooze() in SQL moves a pending job's run_at, and refuses a negative delay.
+func TestSnoozeFromSQL(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	var ok bool
+	var in float64
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT "+quoted(b.schema)+".snooze($1, '1 hour')", id).Scan(&ok))
+	require.True(t, ok)
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT extract(epoch FROM run_at - now()) FROM "+b.jobs+" WHERE id = $1", id).Scan(&in))
+	require.InDelta(t, 3600, in, 5)
+	_, err := pgtest.Pool(t).Exec(ctx, "SELECT "+quoted(b.schema)+".snooze($1, '-1 hour')", id)
+	require.ErrorContains(t, err, "the delay must be zero or more")
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT "+quoted(b.schema)+".snooze(0, '1 hour')").Scan(&ok))
+	require.False(t, ok, "no such job")
+}
+
+// Acceptance 2: jobs blocked in real HTTP requests, on one worker, are
+// cancelled through another: the receiver sees each request's context end
+// within 100 ms at p99, and the rows stay cancelled, with the attempt in
+// their errors.
+func TestCancelReachesARunningJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	registerHTTP(t, b)
+	const n = 20
+	arrived := make(chan int64, n)
+	ended := make(chan int64, n)
+	release := make(chan struct{})
+	defer close(release)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var id int64
+		_, _ = fmt.Sscan(r.URL.Query().Get("id"), &id)
+		arrived <- id
+		select {
+		case <-r.Context().Done():
+			ended <- id
+		case <-release:
+		}
+	}))
+	defer srv.Close()
+
+	runner := b.config(t, "runner")
+	runner.Concurrency = n
+	w, _, _ := start(t, runner)
+	other := b.config(t, "other")
+	other.Queues = []pgdispatch.Queue{{Name: "elsewhere"}}
+	start(t, other)
+
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = b.insert(t, "INSERT INTO "+b.jobs+" (kind, payload) VALUES ('http_callback', jsonb_build_object('url', $1::text || '/?id=' || currval(pg_get_serial_sequence($2, 'id')))) RETURNING id",
+			srv.URL, b.schema+".jobs")
+	}
+	for range n {
+		select {
+		case <-arrived:
+		case <-time.After(waitFor):
+			t.Fatal("the requests did not all arrive")
+		}
+	}
+
+	// The operator's pool is one of its own.
+	a := admin.New(pgtest.Pool(t), b.schema, 0)
+	var took []time.Duration
+	for _, id := range ids {
+		began := time.Now()
+		changes, err := a.Cancel(context.Background(), []int64{id})
+		require.NoError(t, err)
+		require.Equal(t, []admin.Change{{ID: id, Status: "running", Changed: true}}, changes)
+		select {
+		case got := <-ended:
+			require.Equal(t, id, got)
+			took = append(took, time.Since(began))
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the request of job %d did not end within 5s of its cancel", id)
+		}
+	}
+	slices.Sort(took)
+	p99 := took[len(took)*99/100]
+	t.Logf("cancel to the request's end: p50 %s, p99 %s", took[len(took)/2], p99)
+	require.Less(t, p99, 100*time.Millisecond)
+
+	// The outcomes are dropped: every row stays cancelled, with its attempt
+	// on record, once every run has returned.
+	for _, id := range ids {
+		s := b.watch.Status(t, id, "cancelled", waitFor)
+		require.Equal(t, 1, s.Attempts)
+	}
+	require.Eventually(t, func() bool { return w.Claimer(pgdispatch.DefaultQueue).Running() == 0 }, waitFor, 5*time.Millisecond)
+	j, err := a.Get(context.Background(), ids[0])
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", j.Status)
+	entries, _ := j.History()
+	require.Len(t, entries, 1)
+	require.Equal(t, "runner", entries[0].Worker)
+	require.Contains(t, entries[0].Error, "cancelled by")
+	for _, id := range ids {
+		h := b.watch.History(id)
+		at := slices.IndexFunc(h, func(s pgtest.JobState) bool { return s.Status == "cancelled" })
+		for _, s := range h[at:] {
+			assert.Equal(t, "cancelled", s.Status, "job %d after its cancel: %+v", id, h)
+		}
+	}
+}
+
+// Anyone may NOTIFY: a forged cancel notice for a job whose row is still
+// running leaves the job be.
+func TestForgedCancelNoticeIsIgnored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	release := map[int64]chan struct{}{}
+	var mu sync.Mutex
+	started := make(chan int64, 2)
+	ended := make(chan int64, 2)
+	b.registry.Register("block", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		mu.Lock()
+		ch := release[job.ID]
+		mu.Unlock()
+		started <- job.ID
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			ended <- job.ID
+			return ctx.Err()
+		}
+	}))
+	start(t, b.config(t, "w1"))
+	var ids [2]int64
+	for i := range ids {
+		ids[i] = b.insert(t, "INSERT INTO "+b.jobs+" (kind, run_at) VALUES ('block', now() + interval '1 hour') RETURNING id")
+		mu.Lock()
+		release[ids[i]] = make(chan struct{})
+		mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := pgtest.Pool(t).Exec(ctx, "UPDATE "+b.jobs+" SET run_at = now()")
+	require.NoError(t, err)
+	for range ids {
+		select {
+		case <-started:
+		case <-time.After(waitFor):
+			t.Fatal("the jobs did not start")
+		}
+	}
+
+	_, err = pgtest.Pool(t).Exec(ctx, "SELECT pg_notify('pgdispatch.control', jsonb_build_object('schema', $1::text, 'cancel', jsonb_build_array($2::bigint))::text)",
+		b.schema, ids[0])
+	require.NoError(t, err)
+	// A real cancel of the other job is checked after the forged notice.
+	_, err = admin.New(pgtest.Pool(t), b.schema, 0).Cancel(ctx, []int64{ids[1]})
+	require.NoError(t, err)
+	select {
+	case got := <-ended:
+		require.Equal(t, ids[1], got, "the forged notice cancelled job %d", got)
+	case <-time.After(waitFor):
+		t.Fatal("the real cancel did not reach its job")
+	}
+	mu.Lock()
+	close(release[ids[0]])
+	mu.Unlock()
+	b.watch.Status(t, ids[0], "done", waitFor)
+}
+
+func quoted(schema string) string { return pgx.Identifier{schema}.Sanitize() }
+
+// Acceptance 3: with three workers running, a paused queue claims nothing
+// for 5 s while jobs are inserted; the pause holds across a restart of
+// every worker; after resume, every job is delivered once.
+func TestPausedQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := admin.New(pgtest.Pool(t), b.schema, 0)
+	ctx := context.Background()
+	changed, err := a.Pause(ctx, pgdispatch.DefaultQueue)
+	require.NoError(t, err)
+	require.True(t, changed)
+	changed, err = a.Pause(ctx, pgdispatch.DefaultQueue)
+	require.NoError(t, err)
+	require.False(t, changed, "already paused")
+
+	startThree := func(round int) (stops []func()) {
+		for i := range 3 {
+			w, stop, _ := start(t, b.config(t, fmt.Sprintf("worker-%d-%d", round, i)))
+			statesOf(w).wait(t, pgdispatch.DefaultQueue, "paused")
+			stops = append(stops, stop)
+		}
+		return stops
+	}
+	stops := startThree(1)
+
+	inserted := 0
+	insert := func() {
+		b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+		inserted++
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); <-tick.C {
+		insert()
+	}
+	tick.Stop()
+	for _, stop := range stops {
+		stop()
+	}
+	stops = startThree(2) // each new worker's first claim found the queue paused
+	insert()
+	require.Zero(t, b.rec.total.Load(), "a paused queue's job ran")
+	for id, s := range b.watch.Until(t, waitFor, "every job seen", func(m map[int64]pgtest.JobState) bool { return len(m) == inserted }) {
+		require.Equal(t, "pending", s.Status, "job %d", id)
+		require.Len(t, b.watch.History(id), 1, "job %d changed while its queue was paused", id)
+	}
+
+	stats, _, err := a.Stats(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, stats, 1)
+	require.True(t, stats[0].Paused)
+	queues, err := a.Queues(ctx)
+	require.NoError(t, err)
+	require.Len(t, queues, 1)
+	require.NotNil(t, queues[0].PausedAt)
+	require.Equal(t, int64(inserted), queues[0].Pending)
+
+	changed, err = a.Resume(ctx, pgdispatch.DefaultQueue)
+	require.NoError(t, err)
+	require.True(t, changed)
+	b.rec.waitStarts(t, int64(inserted))
+	b.watch.Until(t, waitFor, "every job done", func(m map[int64]pgtest.JobState) bool {
+		for _, s := range m {
+			if s.Status != "done" {
+				return false
+			}
+		}
+		return len(m) == inserted
+	})
+	b.rec.requireEachOnce(t, inserted)
+	for _, stop := range stops {
+		stop()
+	}
+}
