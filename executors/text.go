@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 )
 
 // Printable makes text from outside (a receiver's reply, a server's error,
@@ -32,6 +33,27 @@ func Printable(s string) string {
 		default:
 			fmt.Fprintf(&b, "\\u%04x", r)
 		}
+	}
+	return b.String()
+}
+
+// Excerpt is at most n bytes of s made safe to store and to show on one
+// line: tabs and line breaks become spaces, and the rest is escaped as
+// Printable escapes it. It is cut between two characters, never within one
+// or within an escape.
+func Excerpt(s string, n int) string {
+	var b strings.Builder
+	for len(s) > 0 {
+		r, size := utf8.DecodeRuneInString(s) // U+FFFD for a byte that is not UTF-8
+		s = s[size:]
+		if r == '\t' || r == '\n' || r == '\r' {
+			r = ' '
+		}
+		piece := Printable(string(r))
+		if b.Len()+len(piece) > n {
+			break
+		}
+		b.WriteString(piece)
 	}
 	return b.String()
 }

@@ -16,6 +16,10 @@
 // a 5xx reply is permanent. The password never appears in errors, and is
 // never sent over a connection without TLS unless Config.AllowPlaintextAuth
 // says so.
+//
+// Every attempt that got a reply records it as its result (see
+// executors.RecordResult): the server's reply to the message's data when it
+// accepted the message, else the reply that refused it.
 package email
 
 import (
@@ -370,10 +374,99 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		return fmt.Errorf("email: no SMTP session free before the job's deadline (%d at once): %w", e.cfg.MaxConnections, context.Cause(ctx))
 	}
 	defer func() { <-e.sessions }()
-	if err := client.DialAndSendWithContext(ctx, m); err != nil {
+	err = client.DialAndSendWithContext(ctx, m)
+	if r, ok := e.reply(m, err, len(p.To)+len(p.Cc)+len(p.Bcc)); ok {
+		_ = executors.RecordResult(ctx, r)
+	}
+	if err != nil {
 		return e.classify(ctx, err)
 	}
 	return nil
+}
+
+const maxReply = 256
+
+// reply is the result an attempt records.
+type reply struct {
+	// SMTPCode is the reply's code: 250 when the server accepted the message.
+	SMTPCode int `json:"smtp_code"`
+	// EnhancedStatus is the RFC 3463 status of a refusal, when the server
+	// gives them.
+	EnhancedStatus string `json:"enhanced_status,omitempty"`
+	// Command is the command a refusal answered, when go-mail says.
+	Command string `json:"command,omitempty"`
+	// Reply is the reply's text, after its code.
+	Reply string `json:"reply,omitempty"`
+	// Recipients is how many recipients an accepted message had.
+	Recipients int `json:"recipients,omitempty"`
+}
+
+// reply reads the server's reply from what go-mail returned: the reply to
+// the message's data when the server accepted it (even if the session
+// failed after that), or else the reply that refused it. ok is false when
+// no reply is known, as after a connection error.
+func (e *Executor) reply(m *gomail.Msg, err error, recipients int) (reply, bool) {
+	if m.IsDelivered() {
+		// go-mail accepts only 250 to the end of the data.
+		return reply{SMTPCode: 250, Reply: e.replyText(m.ServerResponse()), Recipients: recipients}, true
+	}
+	var (
+		sendErr  *gomail.SendError
+		protoErr *textproto.Error
+	)
+	switch {
+	case errors.As(err, &sendErr) && sendErr.ErrorCode() != 0:
+		return reply{
+			SMTPCode: sendErr.ErrorCode(), EnhancedStatus: sendErr.EnhancedStatusCode(),
+			Command: commands[sendErr.Reason], Reply: e.replyText(sendErrReply(sendErr)),
+		}, true
+	case errors.As(err, &protoErr): // before a message: the greeting, EHLO, STARTTLS or AUTH
+		return reply{SMTPCode: protoErr.Code, Reply: e.replyText(protoErr.Msg)}, true
+	}
+	return reply{}, false
+}
+
+// commands are the commands whose replies go-mail's SendError reasons are.
+var commands = map[gomail.SendErrReason]string{
+	gomail.ErrSMTPMailFrom:  "MAIL FROM",
+	gomail.ErrSMTPRcptTo:    "RCPT TO",
+	gomail.ErrSMTPData:      "DATA",
+	gomail.ErrSMTPDataClose: "end of data",
+	gomail.ErrSMTPReset:     "RSET",
+	gomail.ErrConnCheck:     "NOOP",
+}
+
+// sendErrReply is the text of the replies a SendError holds. go-mail keeps
+// them unexported, and writes them in its Error after the reason and
+// before the recipients and the message id: "<reason>: <code> <text>[,
+// <code> <text>…], affected recipient(s): …, affected message ID: …", each
+// reply as textproto.Error writes it, its text quoted. One reply whose code
+// is the error's is returned as its text alone.
+func sendErrReply(err *gomail.SendError) string {
+	s := strings.TrimPrefix(err.Error(), err.Reason.String()+":")
+	if id := err.MessageID(); id != "" {
+		s = strings.TrimSuffix(s, ", affected message ID: "+id)
+	}
+	if i := strings.LastIndex(s, ", affected recipient(s): "); i >= 0 {
+		s = s[:i]
+	}
+	s = strings.TrimSpace(s)
+	if text, ok := strings.CutPrefix(s, strconv.Itoa(err.ErrorCode())+" "); ok {
+		if unquoted, err := strconv.Unquote(text); err == nil {
+			return unquoted
+		}
+		return text
+	}
+	return s
+}
+
+// replyText makes a server's reply fit a result: without the password,
+// printable, bounded.
+func (e *Executor) replyText(s string) string {
+	if e.cfg.Password != "" {
+		s = strings.ReplaceAll(s, e.cfg.Password, "xxxxx")
+	}
+	return strings.TrimSpace(executors.Excerpt(s, maxReply))
 }
 
 func build(m *gomail.Msg, p *message, jobID int64) error {

@@ -18,6 +18,11 @@
 // network lies within them. Redirects are followed only within one host.
 // Each host gets at most MaxConnsPerHost requests at once; jobs beyond it
 // wait for one, and only jobs for that host wait.
+//
+// Every attempt that sent a request records its result (see
+// executors.RecordResult): the status, the time from sending the request to
+// the response's headers, and the first bytes of the body, made safe to
+// show and masked of what looks like a secret.
 package httpcallback
 
 import (
@@ -33,15 +38,18 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
+	mask "github.com/pgdispatch/pgdispatch/internal/redact"
 )
 
 // Kind is the job kind this executor runs.
@@ -50,6 +58,7 @@ const Kind = "http_callback"
 const (
 	maxRedirects     = 5
 	maxErrorBody     = 512
+	maxResultBody    = 256
 	maxDrain         = 64 << 10
 	maxRetryAfter    = 24 * time.Hour
 	defaultUserAgent = "pgdispatch"
@@ -248,6 +257,8 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	// reqCtx ends the body's reading after bodyWait.
 	reqCtx, cancelReq := context.WithCancel(ctx)
 	defer cancelReq()
+	var sent sendClock
+	reqCtx = httptrace.WithClientTrace(reqCtx, &httptrace.ClientTrace{WroteHeaders: sent.start})
 	req, err := http.NewRequestWithContext(reqCtx, r.method, r.url.String(), bytes.NewReader(r.body))
 	if err != nil {
 		return executors.Permanent(fmt.Errorf("build request: %w", err))
@@ -271,7 +282,11 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	}
 
 	resp, err := e.client.Do(req)
+	took, wasSent := sent.since()
 	if err != nil {
+		if wasSent {
+			_ = executors.RecordResult(ctx, result{DurationMS: ms(took)})
+		}
 		var refused *refusedError
 		if errors.As(err, &refused) {
 			return executors.Permanent(fmt.Errorf("%s: %s", target, refused.msg))
@@ -284,11 +299,73 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	defer func() { _ = resp.Body.Close() }()
 	stop := time.AfterFunc(bodyWait, cancelReq)
 	defer stop.Stop()
+	// One read of the body's first bytes serves last_error and the result.
+	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain)) // lets the connection be reused
+	_ = executors.RecordResult(ctx, result{Status: resp.StatusCode, DurationMS: ms(took), Body: bodyExcerpt(snippet)})
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain)) // lets the connection be reused
 		return nil
 	}
-	return classify(target, resp)
+	return classify(target, resp, snippet)
+}
+
+// result is what an attempt records. Status and Body are left out when
+// no response came.
+type result struct {
+	Status     int     `json:"status,omitempty"`
+	DurationMS float64 `json:"duration_ms"`
+	Body       string  `json:"body,omitempty"`
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// sendClock is when the first request of an attempt (redirects follow it)
+// began to be sent. The transport calls start from its own goroutines.
+type sendClock struct {
+	mu sync.Mutex
+	at time.Time
+}
+
+func (c *sendClock) start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() {
+		c.at = time.Now()
+	}
+}
+
+// since is the time since the request began to be sent, and whether it was.
+func (c *sendClock) since() (time.Duration, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() {
+		return 0, false
+	}
+	return time.Since(c.at), true
+}
+
+// bodyExcerpt is the result's excerpt of the first bytes of a body: masked
+// of what looks like a secret (redact.Text), as one printable line, at
+// most maxResultBody bytes. The masking reads every byte there is, so that
+// a secret that straddles the cut is masked too.
+func bodyExcerpt(snippet []byte) string {
+	if len(snippet) == maxErrorBody {
+		snippet = cutRune(snippet) // the body goes on
+	}
+	return strings.TrimSpace(executors.Excerpt(mask.Text(string(snippet)), maxResultBody))
+}
+
+// cutRune drops a character cut short at the end of b.
+func cutRune(b []byte) []byte {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			break
+		}
+	}
+	return b
 }
 
 // sign is the Standard Webhooks v1 signature: base64 of
@@ -303,10 +380,8 @@ func (e *Executor) sign(id, ts string, body []byte) string {
 func idempotencyKey(jobID int64) string { return "pgdispatch-job-" + strconv.FormatInt(jobID, 10) }
 
 // classify maps a non-2xx response to a retry or a permanent failure. The
-// error holds the status and the first bytes of the body.
-func classify(target string, resp *http.Response) error {
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+// error holds the status and snippet, the first bytes of the body.
+func classify(target string, resp *http.Response, snippet []byte) error {
 	err := fmt.Errorf("%s: HTTP %s", target, printable(resp.Status))
 	if s := strings.TrimSpace(printable(string(snippet))); s != "" {
 		if len(snippet) == maxErrorBody {

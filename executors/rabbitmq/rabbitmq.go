@@ -12,6 +12,12 @@
 // broker has confirmed its message: a nack, a return (unroutable), a closed
 // channel or no confirm before the job's deadline all mean retry.
 //
+// Every attempt that published records the broker's answer as its result
+// (see executors.RecordResult): {"broker": "ack"} when done; "nack",
+// "return" (with the broker's reply_code and reply_text), "timeout",
+// "cancelled", "closed" (the channel closed before the confirm) or
+// "unsent" (the publish itself failed) otherwise.
+//
 // The executor keeps one connection and a small pool of confirm-mode
 // channels. When the broker closes the connection it reconnects on the next
 // job, backing off while the broker stays unreachable; jobs meanwhile fail
@@ -45,6 +51,7 @@ const (
 	defaultReconnectMin = 200 * time.Millisecond
 	defaultReconnectMax = 10 * time.Second
 	maxShortString      = 255
+	maxReplyText        = 256
 )
 
 // Config configures the executor.
@@ -231,20 +238,38 @@ func isBrokerAnswer(err error) bool {
 	return errors.As(err, &b)
 }
 
+// answer is the result an attempt records: what the broker said of the
+// message, or why it said nothing.
+type answer struct {
+	Broker    string `json:"broker"`
+	ReplyCode uint16 `json:"reply_code,omitempty"`
+	ReplyText string `json:"reply_text,omitempty"`
+}
+
+func record(ctx context.Context, a answer) { _ = executors.RecordResult(ctx, a) }
+
 func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
 	target := fmt.Sprintf("exchange %q routing key %q", m.exchange, m.key)
 	dc, err := ch.ch.PublishWithDeferredConfirmWithContext(ctx, m.exchange, m.key, true, false, m.publishing)
 	if err != nil {
+		record(ctx, answer{Broker: "unsent"})
 		return fmt.Errorf("rabbitmq: publish to %s: %w", target, err)
 	}
 	acked, err := dc.WaitContext(ctx)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			record(ctx, answer{Broker: "timeout"})
+		} else {
+			record(ctx, answer{Broker: "cancelled"})
+		}
 		return fmt.Errorf("rabbitmq: no confirm from the broker for %s before the job's deadline: %w", target, err)
 	}
 	if !acked {
 		if ch.ch.IsClosed() {
+			record(ctx, answer{Broker: "closed"})
 			return fmt.Errorf("rabbitmq: channel closed before the broker confirmed %s", target)
 		}
+		record(ctx, answer{Broker: "nack"})
 		return brokerAnswer{fmt.Errorf("rabbitmq: the broker nacked the message to %s", target)}
 	}
 	// A mandatory message that no queue took comes back before its ack, on
@@ -255,8 +280,11 @@ func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
 			if r.MessageId != m.publishing.MessageId {
 				continue // an earlier message's, its job already failed
 			}
-			return brokerAnswer{fmt.Errorf("rabbitmq: unroutable: %s matched no queue (%d %s)", target, r.ReplyCode, r.ReplyText)}
+			text := executors.Excerpt(r.ReplyText, maxReplyText)
+			record(ctx, answer{Broker: "return", ReplyCode: r.ReplyCode, ReplyText: text})
+			return brokerAnswer{fmt.Errorf("rabbitmq: unroutable: %s matched no queue (%d %s)", target, r.ReplyCode, text)}
 		default:
+			record(ctx, answer{Broker: "ack"})
 			return nil
 		}
 	}

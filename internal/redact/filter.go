@@ -24,8 +24,9 @@
 //
 // Secrets no one configured, such as those in a job's payload or in a
 // receiver's reply, are masked by what they look like: URLs masks the user
-// info and query values of URLs in text, and Payload the values of keys
-// such as Authorization in a JSON document.
+// info and query values of URLs in text, Payload the values of keys such
+// as Authorization in a JSON document, and Text both of them, and more, in
+// free text that may be cut short.
 package redact
 
 import (
