@@ -183,9 +183,23 @@ func TestRolesScript(t *testing.T) {
 	require.NoError(t, err)
 	var pending int64
 	require.NoError(t, writer.QueryRow(ctx, "SELECT "+enqueue+"('record', run_at => now() + interval '1 hour')").Scan(&pending))
+	changes, err = a.Snooze(ctx, []int64{pending}, time.Hour)
+	require.NoError(t, err)
+	require.True(t, changes[0].Changed)
 	changes, err = a.Cancel(ctx, []int64{pending})
 	require.NoError(t, err)
 	require.True(t, changes[0].Changed)
+	for _, pause := range []bool{true, false} {
+		f := a.Resume
+		if pause {
+			f = a.Pause
+		}
+		changed, err := f(ctx, "roles")
+		require.NoError(t, err)
+		require.True(t, changed)
+	}
+	_, err = a.Queues(ctx)
+	require.NoError(t, err)
 
 	orders := pgx.Identifier{b.schema, "orders"}.Sanitize()
 	requireAllowed(t, pgtest.Pool(t), "CREATE TABLE "+orders+" (id int); "+

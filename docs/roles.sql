@@ -22,7 +22,9 @@
 --             purges jobs. It inserts none, and never runs a migration
 --             (`pgdispatch migrate` runs as the owner).
 --   operator  what the admin commands need: `stats`, `jobs list|show|retry|
---             cancel`, `triggers list` and `triggers add`, which also needs
+--             cancel|snooze`, `queues list|pause|resume`, the SQL functions
+--             cancel(), snooze(), pause_queue() and resume_queue(),
+--             `triggers list` and `triggers add`, which also needs
 --             the TRIGGER privilege on the application's table (its owner
 --             grants it). `triggers remove` drops a trigger, which
 --             PostgreSQL allows only the table's owner: run it as that role.
@@ -55,9 +57,16 @@ GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts) O
 
 -- worker
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
-GRANT SELECT ON :"schema".schema_version TO :"worker";
+GRANT SELECT ON :"schema".schema_version, :"schema".queues TO :"worker";
 
 -- operator
 GRANT SELECT, UPDATE ON :"schema".jobs TO :"operator";
 GRANT SELECT ON :"schema".schema_version TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".event_triggers TO :"operator";
+GRANT SELECT, INSERT, UPDATE ON :"schema".queues TO :"operator";
+GRANT EXECUTE ON FUNCTION
+    :"schema".cancel(bigint[]),
+    :"schema".snooze(bigint, interval),
+    :"schema".pause_queue(text),
+    :"schema".resume_queue(text)
+    TO :"operator";

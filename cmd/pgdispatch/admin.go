@@ -56,7 +56,11 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			if s.OldestDueSeconds != nil {
 				oldest = time.Duration(*s.OldestDueSeconds * float64(time.Second)).Round(time.Millisecond).String()
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", termsafe.String(s.Queue), termsafe.String(s.Kind), s.Pending, s.Due, s.Running,
+			queue := termsafe.String(s.Queue)
+			if s.Paused {
+				queue += " (paused)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", queue, termsafe.String(s.Kind), s.Pending, s.Due, s.Running,
 				count(s.Done), count(s.Dead), count(s.Cancelled), oldest, s.DoneLastMinute, s.DeadLastMinute)
 		}
 		return tw.Flush()
