@@ -429,55 +429,8 @@ func (a *Admin) changeBatch(ctx context.Context, ids []int64, what, stmt string,
 	return found, nil
 }
 
-// RetryDead retries every dead job of queue and kind (empty: all), BatchSize
-// at a time, each batch in its own transaction with its rows locked in id
-// order; rows a worker or the sweeper holds are skipped. It returns how many
-// it retried.
+// RetryDead retries every dead job of queue and kind (empty: all), as
+// RetryDeadMatching does. It returns how many it retried.
 func (a *Admin) RetryDead(ctx context.Context, queue, kind string) (int64, error) {
-	stmt := a.sql(`WITH l AS (
-	    SELECT id FROM {jobs}
-	    WHERE status = 'dead' AND ($1::bigint IS NULL OR id > $1) AND ($2 = '' OR queue = $2) AND ($3 = '' OR kind = $3)
-	    ORDER BY id
-	    LIMIT $4
-	    FOR UPDATE SKIP LOCKED
-	)
-	UPDATE {jobs} j SET ` + retrySet + `
-	FROM l WHERE j.id = l.id
-	RETURNING j.id`)
-	var (
-		total int64
-		after *int64 // the last id of the batch before; nil at first (ids may be negative)
-	)
-	for {
-		n, last, err := a.retryDeadBatch(ctx, stmt, after, queue, kind)
-		if err != nil {
-			return total, err
-		}
-		total += n
-		if n < BatchSize {
-			return total, nil
-		}
-		after = &last
-	}
-}
-
-func (a *Admin) retryDeadBatch(ctx context.Context, stmt string, after *int64, queue, kind string) (n, last int64, err error) {
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	rows, err := a.pool.Query(ctx, stmt, after, queue, kind, BatchSize)
-	if err != nil {
-		return 0, 0, fmt.Errorf("retry dead jobs: %w", err)
-	}
-	var id int64
-	_, err = pgx.ForEachRow(rows, []any{&id}, func() error {
-		if n == 0 || id > last {
-			last = id
-		}
-		n++
-		return nil
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("retry dead jobs: %w", err)
-	}
-	return n, last, nil
+	return a.RetryDeadMatching(ctx, DeadFilter{Queue: queue, Kind: kind})
 }

@@ -202,12 +202,9 @@ func parse(raw json.RawMessage) (*request, error) {
 	if err := executors.DecodePayload(raw, &p); err != nil {
 		return nil, err
 	}
-	if p.URL == "" {
-		return nil, executors.Invalid("url", "is required")
-	}
-	u, err := url.Parse(p.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" {
-		return nil, executors.Invalid("url", "must be an absolute http(s) URL")
+	u, err := parseURL(p.URL)
+	if err != nil {
+		return nil, err
 	}
 	headers, err := executors.Headers("headers", p.Headers)
 	if err != nil {
@@ -231,6 +228,32 @@ func parse(raw json.RawMessage) (*request, error) {
 	}
 	r.body = executors.Body(p.Data)
 	return r, nil
+}
+
+// parseURL reads a payload's url.
+func parseURL(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, executors.Invalid("url", "is required")
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" {
+		return nil, executors.Invalid("url", "must be an absolute http(s) URL")
+	}
+	return u, nil
+}
+
+// PayloadURL returns the url of an http_callback payload, read as Execute
+// reads it: the JSON field matched as encoding/json matches it, the URL
+// parsed and checked by the same rules. The payload's other fields are not
+// read, so it also takes an object that holds only the url.
+func PayloadURL(payload json.RawMessage) (*url.URL, error) {
+	var p struct {
+		URL string `json:"url"`
+	}
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return nil, executors.Invalid("url", "is not a string in a JSON object")
+	}
+	return parseURL(p.URL)
 }
 
 // Validate reports whether payload is a valid http_callback payload.
