@@ -53,7 +53,8 @@ func (f DeadFilter) check() (*hostMatch, error) {
 	}
 	m, err := parseHost(f.Host)
 	if err != nil {
-		return nil, fmt.Errorf("host %q: %w", f.Host, err)
+		// Not echoed: a host given as user:password@host holds a secret.
+		return nil, fmt.Errorf("host: %w", err)
 	}
 	return m, nil
 }

@@ -78,18 +78,22 @@ func count(n *int64) string {
 const jobsUsage = `Usage:
   pgdispatch jobs list [--status S,...] [--queue Q] [--kind K] [--limit N] [--json] [--reveal]
   pgdispatch jobs show [--json] [--reveal] ID
-  pgdispatch jobs retry ID... | --all-dead [--queue Q] [--kind K]
+  pgdispatch jobs retry ID... | --all-dead [--queue Q] [--kind K] [--since T] [--until T] [--host H] [--yes]
   pgdispatch jobs cancel ID...
   pgdispatch jobs snooze --for D ID...
 
 show prints the job's failed attempts (its errors, the last 20) and the
 result of the attempt that succeeded. retry makes dead or cancelled jobs
-pending and due now, with one more attempt if theirs are used up. cancel
-makes pending or running jobs cancelled; the worker running one cancels its
-executor's context within milliseconds and drops its outcome. snooze makes
-pending jobs due later without spending an attempt. All work in batches
-with rows locked in id order, so they are safe while workers run. Run
-'pgdispatch jobs COMMAND --help' for the flags.
+pending and due now, with one more attempt if theirs are used up; retry
+--all-dead selects dead jobs by queue, kind, the time they died (--since
+inclusive, --until exclusive: an RFC 3339 time or a duration ago, such as
+2h) and an http_callback receiver's --host, and only counts them, changing
+nothing, unless --yes is given. cancel makes pending or running jobs
+cancelled; the worker running one cancels its executor's context within
+milliseconds and drops its outcome. snooze makes pending jobs due later
+without spending an attempt. All work in batches with rows locked in id
+order, so they are safe while workers run. Run 'pgdispatch jobs COMMAND
+--help' for the flags.
 
 Rows are written by anyone who may insert a job, so list and show escape
 control characters (ESC as \x1b), and mask what looks like a secret in
@@ -249,11 +253,11 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("jobs retry", "Run dead or cancelled jobs again: pgdispatch jobs retry [flags] ID... | --all-dead", stderr)
+	fs := newFlagSet("jobs retry", "Run dead or cancelled jobs again: pgdispatch jobs retry [flags] ID... | --all-dead [filters] [--yes]\n\n"+
+		"--all-dead without --yes only counts the dead jobs the filters select.", stderr)
 	v := newValues(fs, connSettings)
-	allDead := fs.Bool("all-dead", false, "retry every dead job (of --queue and --kind when given)")
-	queue := fs.String("queue", "", "with --all-dead: only this queue")
-	kind := fs.String("kind", "", "with --all-dead: only this kind")
+	allDead := fs.Bool("all-dead", false, "every dead job (of the filters when given): count them, or retry them with --yes")
+	dead := addDeadFlags(fs)
 	ids, err := parseIDs(fs, args, true)
 	if err != nil {
 		return err
@@ -261,19 +265,16 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	switch {
 	case *allDead && len(ids) > 0:
 		return errors.New("give job ids or --all-dead, not both")
-	case !*allDead && (*queue != "" || *kind != ""):
-		return errors.New("--queue and --kind go with --all-dead")
+	case !*allDead && dead.filtered():
+		return errors.New("--queue, --kind, --since, --until and --host go with --all-dead")
 	case !*allDead && len(ids) == 0:
 		fmt.Fprintln(stderr, "give job ids, or --all-dead")
 		fs.Usage()
 		return errUsage
+	case *allDead:
+		return retryAllDead(ctx, v, fs, dead, stdout, stderr)
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
-		if *allDead {
-			n, err := a.RetryDead(ctx, *queue, *kind)
-			fmt.Fprintf(stdout, "%d dead jobs retried\n", n)
-			return err
-		}
 		changes, err := a.Retry(ctx, ids)
 		printChanges(stdout, changes, "retried", "dead or cancelled")
 		return err

@@ -673,6 +673,8 @@ func TestAdminCommands(t *testing.T) {
 	require.Contains(t, out, "job 999999: not found")
 
 	out = run("jobs", "retry", "--all-dead", "--queue", "other")
+	require.Contains(t, out, "3 dead jobs match: ")
+	out = run("jobs", "retry", "--all-dead", "--queue", "other", "--yes")
 	require.Equal(t, "3 dead jobs retried\n", out)
 	out = run("jobs", "retry", strconv.FormatInt(dead, 10))
 	require.Contains(t, out, fmt.Sprintf("job %d: retried (was dead)", dead))

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
+	"github.com/pgdispatch/pgdispatch/internal/termsafe"
+)
+
+// deadFlags are the filters of jobs retry --all-dead.
+type deadFlags struct {
+	queue, kind, host string
+	since, until      agoTime
+	yes               bool
+}
+
+// shownIDs is how many ids a dry run prints.
+const shownIDs = 10
+
+func addDeadFlags(fs *flag.FlagSet) *deadFlags {
+	d := &deadFlags{}
+	fs.StringVar(&d.queue, "queue", "", "with --all-dead: only this queue")
+	fs.StringVar(&d.kind, "kind", "", "with --all-dead: only this kind")
+	fs.Var(&d.since, "since", "with --all-dead: only jobs that died at or after this `time`: RFC 3339 (2026-05-01T10:00:00Z) or a duration ago (2h)")
+	fs.Var(&d.until, "until", "with --all-dead: only jobs that died before this `time`: RFC 3339 or a duration ago")
+	fs.StringVar(&d.host, "host", "", "with --all-dead: only http_callback jobs whose url has this host (name or IP, any case; with :port, that port too)")
+	fs.BoolVar(&d.yes, "yes", false, "with --all-dead: retry the jobs; without it, only count them")
+	return d
+}
+
+// filtered reports whether a filter of --all-dead was given.
+func (d *deadFlags) filtered() bool {
+	return d.queue != "" || d.kind != "" || d.host != "" || d.since.set || d.until.set
+}
+
+// check refuses what is wrong before a connection is made.
+func (d *deadFlags) check() error {
+	if d.host == "" {
+		return nil
+	}
+	if d.kind != "" && d.kind != httpcallback.Kind {
+		return fmt.Errorf("--host selects %s jobs: it cannot go with --kind %s", httpcallback.Kind, termsafe.String(d.kind))
+	}
+	if err := (admin.DeadFilter{Host: d.host}).Validate(); err != nil {
+		return fmt.Errorf("--%s", termsafe.String(err.Error()))
+	}
+	return nil
+}
+
+// retryAllDead counts the dead jobs d selects, or with --yes retries them.
+func retryAllDead(ctx context.Context, v *values, fs *flag.FlagSet, d *deadFlags, stdout, stderr io.Writer) error {
+	usage := func(err error) error {
+		fmt.Fprintln(stderr, err)
+		fs.Usage()
+		return errUsage
+	}
+	if err := d.check(); err != nil {
+		return usage(err)
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		f := admin.DeadFilter{Queue: d.queue, Kind: d.kind, Host: d.host}
+		if d.since.ago || d.until.ago {
+			now, err := a.Now(ctx)
+			if err != nil {
+				return err
+			}
+			f.Since, f.Until = d.since.at(now), d.until.at(now)
+		} else {
+			f.Since, f.Until = d.since.t, d.until.t
+		}
+		if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
+			return usage(fmt.Errorf("--since (%s) must be before --until (%s)", stamp(f.Since), stamp(f.Until)))
+		}
+		if d.yes {
+			n, err := a.RetryDeadMatching(ctx, f)
+			fmt.Fprintf(stdout, "%d dead jobs retried\n", n)
+			return err
+		}
+		c, err := a.CountDead(ctx, f, shownIDs)
+		if err != nil {
+			return err
+		}
+		if c.Count == 0 {
+			fmt.Fprintln(stdout, "0 dead jobs match: nothing to retry")
+			return nil
+		}
+		ids := make([]string, len(c.FirstIDs))
+		for i, id := range c.FirstIDs {
+			ids[i] = strconv.FormatInt(id, 10)
+		}
+		more := ""
+		if rest := c.Count - int64(len(ids)); rest > 0 {
+			more = fmt.Sprintf(" and %d more", rest)
+		}
+		fmt.Fprintf(stdout, "%d dead jobs match: %s%s\n", c.Count, strings.Join(ids, ", "), more)
+		fmt.Fprintf(stdout, "Dry run: nothing was changed. To retry them, run (with the same connection settings):\n  %s\n",
+			termsafe.String(retryCommand(f)))
+		return nil
+	})
+}
+
+// retryCommand is the command that retries what f selects, its times as
+// they were resolved.
+func retryCommand(f admin.DeadFilter) string {
+	cmd := []string{"pgdispatch", "jobs", "retry", "--all-dead"}
+	for _, o := range []struct{ flag, value string }{{"queue", f.Queue}, {"kind", f.Kind}, {"host", f.Host}} {
+		if o.value != "" {
+			cmd = append(cmd, "--"+o.flag, shellQuote(o.value))
+		}
+	}
+	if !f.Since.IsZero() {
+		cmd = append(cmd, "--since", stamp(f.Since))
+	}
+	if !f.Until.IsZero() {
+		cmd = append(cmd, "--until", stamp(f.Until))
+	}
+	return strings.Join(append(cmd, "--yes"), " ")
+}
+
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+var shellPlain = regexp.MustCompile(`^[A-Za-z0-9._:@%+=,/\[\]-]+$`)
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if shellPlain.MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// agoTime is a flag that takes an RFC 3339 time or a duration ago.
+type agoTime struct {
+	set bool
+	ago bool          // d is the time before now
+	t   time.Time     // when !ago
+	d   time.Duration // when ago
+}
+
+var errAgoTime = errors.New("want an RFC 3339 time (2026-05-01T10:00:00Z) or a duration ago (2h, 90m)")
+
+func (a *agoTime) Set(s string) error {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		*a = agoTime{set: true, t: t}
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return errAgoTime
+	}
+	if d < 0 {
+		return errors.New("a duration ago must not be negative")
+	}
+	*a = agoTime{set: true, ago: true, d: d}
+	return nil
+}
+
+func (a *agoTime) String() string {
+	switch {
+	case a == nil || !a.set:
+		return ""
+	case a.ago:
+		return a.d.String()
+	}
+	return stamp(a.t)
+}
+
+// at is the time a means at now; zero when it is unset.
+func (a *agoTime) at(now time.Time) time.Time {
+	switch {
+	case !a.set:
+		return time.Time{}
+	case a.ago:
+		return now.Add(-a.d)
+	}
+	return a.t
+}
