@@ -82,8 +82,10 @@ func TestRetryDeadMatching(t *testing.T) {
 	job(`{"url": "http://api.example.com.evil.test/"}`, in)
 	ipv6 := job(`{"url": "http://[::1]:9000/"}`, in)
 	// Urls that do not parse as the executor reads them.
-	for _, p := range []string{`{"url": "not a url"}`, `{"url": 5}`, `"https://api.example.com/"`, `{"url": "ftp://api.example.com/"}`,
-		`{"url": "http://[::1"}`, `{"url": ""}`, `{}`, `[{"url": "https://api.example.com/"}]`} {
+	for _, p := range []string{
+		`{"url": "not a url"}`, `{"url": 5}`, `"https://api.example.com/"`, `{"url": "ftp://api.example.com/"}`,
+		`{"url": "http://[::1"}`, `{"url": ""}`, `{}`, `[{"url": "https://api.example.com/"}]`,
+	} {
 		job(p, in)
 	}
 	// Not dead http_callback jobs.
@@ -186,8 +188,15 @@ func TestDeadFilterValidate(t *testing.T) {
 		require.ErrorContains(t, c.f.Validate(), c.err, "%+v", c.f)
 	}
 	for _, f := range []admin.DeadFilter{
-		{}, {Host: "api.example.com", Kind: httpcallback.Kind}, {Host: "API.example.com:8443"}, {Host: "[::1]:80"},
-		{Host: "::1"}, {Host: "127.0.0.1"}, {Since: now}, {Until: now}, {Since: now, Until: now.Add(time.Microsecond)},
+		{},
+		{Host: "api.example.com", Kind: httpcallback.Kind},
+		{Host: "API.example.com:8443"},
+		{Host: "[::1]:80"},
+		{Host: "::1"},
+		{Host: "127.0.0.1"},
+		{Since: now},
+		{Until: now},
+		{Since: now, Until: now.Add(time.Microsecond)},
 	} {
 		require.NoError(t, f.Validate(), "%+v", f)
 	}
