@@ -159,7 +159,13 @@ func (a *Admin) deadPage(ctx context.Context, q interface {
 	if m != nil {
 		fields = urlFields
 	}
-	stmt := `SELECT id, ` + fields + ` FROM {jobs} WHERE ` + where + ` AND ($1::bigint IS NULL OR id > $1) ORDER BY id LIMIT $2`
+	// The first page has a statement of its own, so that a plan for the
+	// others can start its scan at after.
+	next := `id > $1`
+	if after == nil {
+		next = `$1::bigint IS NULL`
+	}
+	stmt := `SELECT id, ` + fields + ` FROM {jobs} WHERE ` + where + ` AND ` + next + ` ORDER BY id LIMIT $2`
 	if lock {
 		stmt += ` FOR UPDATE SKIP LOCKED`
 	}
