@@ -247,7 +247,7 @@ type Claimer struct {
 	executing int               // executors running now
 	inflight  map[*run]struct{} // runs claimed and not yet recorded
 	unwritten []outcome         // outcomes not yet written
-	toCheck   map[int64]bool    // jobs said to be cancelled, to check (Cancel)
+	toCheck   map[*run]bool     // runs of jobs said to be cancelled, to check (Cancel)
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
 	paused                                              atomic.Bool
@@ -286,7 +286,7 @@ func New(cfg Config) (*Claimer, error) {
 		flush:         make(chan struct{}, 1),
 		inflight:      map[*run]struct{}{},
 		checkCancels:  make(chan struct{}, 1),
-		toCheck:       map[int64]bool{},
+		toCheck:       map[*run]bool{},
 	}, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
 
 // waitStatus polls the row of job id until it reads want.
@@ -72,3 +73,106 @@ var errFailed = errorString("failed")
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// blockingRun is one run of a job under a blocking executor.
+type blockingRun struct {
+	attempt int
+	ctx     context.Context
+	finish  chan error
+}
+
+func blockingRegistry(starts chan<- blockingRun) *executors.Registry {
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		s := blockingRun{job.Attempt, ctx, make(chan error, 1)}
+		starts <- s
+		select {
+		case err := <-s.finish:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}))
+	return registry
+}
+
+// reclaim makes job id's row pending again, as the sweeper does when a
+// lease is lost or an operator retries a cancelled job, and has c claim it
+// again: it returns the second run.
+func reclaim(ctx context.Context, t *testing.T, c *Claimer, jobs string, id int64, starts <-chan blockingRun) blockingRun {
+	t.Helper()
+	_, err := c.cfg.Pool.Exec(ctx, "UPDATE "+jobs+" SET status = 'pending', locked_by = NULL, locked_until = NULL WHERE id = $1", id)
+	require.NoError(t, err)
+	c.Wake()
+	select {
+	case r := <-starts:
+		return r
+	case <-ctx.Done():
+		t.Fatal("the job was not claimed again")
+		return blockingRun{}
+	}
+}
+
+func requireEnds(t *testing.T, ctx context.Context, within time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(within):
+		t.Fatalf("%s: its context did not end within %s", what, within)
+	}
+}
+
+// A job whose lease was lost and that the same worker claimed again runs
+// twice here. The heartbeat renews the row of the second claim: the first
+// run is no longer the row's attempt, and must be stopped, not kept.
+func TestHeartbeatStopsTheRunOfAnOlderClaim(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	starts := make(chan blockingRun, 4)
+	beats := make(chan int64, 100)
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: blockingRegistry(starts), Options: Options{Lease: 3 * time.Second, ShutdownTimeout: time.Second}})
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind) VALUES ('noop') RETURNING id").Scan(&id))
+	hooked := testhook.With(ctx, &testhook.Hooks{Heartbeat: func(_ string, n int64) {
+		select {
+		case beats <- n:
+		default:
+		}
+	}})
+	stop := runClaimer(hooked, t, c)
+	run1 := <-starts
+	run2 := reclaim(ctx, t, c, jobs, id, starts)
+
+	requireEnds(t, run1.ctx, 5*time.Second, "the run of the older claim")
+	for range 2 { // two more heartbeats leave the second run be
+		<-beats
+	}
+	require.NoError(t, run2.ctx.Err(), "the run of the row's claim was stopped")
+	run2.finish <- nil
+	waitStatus(ctx, t, c, jobs, id, "done")
+	require.NoError(t, stop())
+}
+
+// A job cancelled while its notice went astray, then retried and claimed
+// again by the same worker: a late notice (or a forged one) must stop the
+// first run, whose claim the row no longer carries, and leave the second.
+func TestCancelNoticeStopsTheRunOfAnOlderClaim(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	starts := make(chan blockingRun, 4)
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: blockingRegistry(starts), Options: Options{ShutdownTimeout: time.Second}})
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind) VALUES ('noop') RETURNING id").Scan(&id))
+	stop := runClaimer(ctx, t, c)
+	run1 := <-starts
+	run2 := reclaim(ctx, t, c, jobs, id, starts)
+
+	require.Equal(t, 2, c.Cancel([]int64{id}))
+	requireEnds(t, run1.ctx, 5*time.Second, "the run of the older claim")
+	require.NoError(t, run2.ctx.Err(), "the run of the row's claim was stopped")
+	run2.finish <- nil
+	waitStatus(ctx, t, c, jobs, id, "done")
+	require.NoError(t, stop())
+}
