@@ -40,11 +40,39 @@ func (c *Claimer) Cancel(ids []int64) int {
 			n++
 		}
 	}
+	if c.claiming {
+		for id := range want {
+			if len(c.heard) >= maxHeard {
+				c.heardMany = true
+				break
+			}
+			c.heard[id] = true
+		}
+	}
 	c.mu.Unlock()
 	if n > 0 {
 		signal(c.checkCancels)
 	}
 	return n
+}
+
+// maxHeard bounds the ids Cancel keeps while a claim is in flight: past it,
+// a flood of notices (anyone may NOTIFY) has every run of the claim checked.
+const maxHeard = 10000
+
+// claimEnded is called, with mu held, as a claim ends, with its runs (none
+// when it failed): those of jobs Cancel was told of while it was in flight
+// are checked.
+func (c *Claimer) claimEnded(runs []*run) (check bool) {
+	for _, r := range runs {
+		if c.heardMany || c.heard[r.job.ID] {
+			c.toCheck[r] = true
+			check = true
+		}
+	}
+	c.claiming, c.heardMany = false, false
+	clear(c.heard)
+	return check
 }
 
 // runCancelChecks checks the jobs Cancel was told of, one batch at a time,

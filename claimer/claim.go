@@ -22,12 +22,28 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) claimResu
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
+	c.mu.Lock()
+	c.claiming = true
+	c.mu.Unlock()
 	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL,
 		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes)
 	runs, err := c.readClaim(results, &r)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
+	}
+	if err != nil {
+		runs = nil
+	}
+	c.mu.Lock()
+	c.executing += len(runs)
+	for _, run := range runs {
+		c.inflight[run] = struct{}{}
+	}
+	check := c.claimEnded(runs)
+	c.mu.Unlock()
+	if check {
+		signal(c.checkCancels)
 	}
 	if err != nil {
 		return claimResult{limit: limit, err: err}
@@ -37,12 +53,6 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) claimResu
 		return r
 	}
 	c.claimed.Add(int64(r.claimed))
-	c.mu.Lock()
-	c.executing += len(runs)
-	for _, run := range runs {
-		c.inflight[run] = struct{}{}
-	}
-	c.mu.Unlock()
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", r.claimed))
 	for _, run := range runs {
 		jobs.start(run)

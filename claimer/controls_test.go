@@ -2,12 +2,17 @@ package claimer
 
 import (
 	"context"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
 
@@ -175,4 +180,86 @@ func TestCancelNoticeStopsTheRunOfAnOlderClaim(t *testing.T) {
 	run2.finish <- nil
 	waitStatus(ctx, t, c, jobs, id, "done")
 	require.NoError(t, stop())
+}
+
+// The claim commits on the server before its reply reaches the claimer,
+// which only then knows its runs: an operator's cancel() of a job it has
+// just claimed may be heard in between. The run must still be stopped at
+// once, not at the next heartbeat (Lease/3, 10 s by default).
+func TestCancelHeardBeforeTheClaimsRunsAreKnown(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var delay atomic.Int64
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	dialer := &net.Dialer{}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &slowConn{Conn: conn, delay: &delay}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	started := make(chan context.Context, 1)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(ctx context.Context, _ *executors.Job) error {
+		started <- ctx
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(30 * time.Second):
+			return nil
+		}
+	}))
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	c, err := New(Config{
+		Pool: pool, Schema: schema, SleepConnConfig: pgtest.Pool(t).Config().ConnConfig,
+		Queue: "default", WorkerID: "w", Registry: registry, Options: Options{ShutdownTimeout: time.Second},
+	})
+	require.NoError(t, err)
+	asleep := make(chan struct{}, 16)
+	stop := runClaimer(testhook.With(ctx, &testhook.Hooks{ClaimerState: func(_, _, to string) {
+		if to == "asleep" {
+			asleep <- struct{}{}
+		}
+	}}), t, c)
+	<-asleep
+
+	delay.Store(int64(time.Second))
+	var id int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "INSERT INTO "+jobs+" (kind) VALUES ('noop') RETURNING id").Scan(&id))
+	c.Wake()
+	for { // until the claim has committed on the server
+		var status string
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
+		if status == "running" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the claim never committed")
+		case <-time.After(time.Millisecond):
+		}
+	}
+	_, err = pgtest.Pool(t).Exec(ctx, "SELECT * FROM "+pgx.Identifier{schema}.Sanitize()+".cancel($1)", id)
+	require.NoError(t, err)
+	require.Zero(t, c.Cancel([]int64{id}), "the scenario: the notice comes before the claim's reply")
+	delay.Store(0)
+
+	var runCtx context.Context
+	select {
+	case runCtx = <-started:
+	case <-ctx.Done():
+		t.Fatal("the claimed job never started")
+	}
+	requireEnds(t, runCtx, 3*time.Second, "the cancelled job's run")
+	require.NoError(t, stop())
+	var status string
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
+	require.Equal(t, "cancelled", status)
 }
