@@ -409,3 +409,45 @@ func TestPausedQueue(t *testing.T) {
 		stop()
 	}
 }
+
+// cancel() tells the workers of every running job it cancelled, however
+// long their ids are (the owner may start the identity anywhere): a NOTIFY
+// payload must stay under 8000 bytes, and
+// 500 ids of 15 digits or more pass that.
+func TestCancelNotifiesLongIDs(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conn := pgtest.Conn(t)
+	_, err := conn.Exec(ctx, `LISTEN "pgdispatch.control"`)
+	require.NoError(t, err)
+	const n = 1200
+	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+b.jobs+` (id, kind, status, attempts, locked_by, locked_until) OVERRIDING SYSTEM VALUE
+		SELECT -9223372036854775808 + g, 'record', 'running', 1, 'w', now() + interval '1 hour' FROM generate_series(1, $1) g`, n)
+	require.NoError(t, err)
+	rows, err := pgtest.Pool(t).Query(ctx, "SELECT id FROM "+b.jobs)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+
+	changes, err := admin.New(pgtest.Pool(t), b.schema, 0).Cancel(ctx, ids)
+	require.NoError(t, err)
+	require.Len(t, changes, n)
+	told := map[int64]bool{}
+	for len(told) < n {
+		note, err := conn.WaitForNotification(ctx)
+		require.NoError(t, err, "told of %d of %d", len(told), n)
+		var msg struct {
+			Schema string  `json:"schema"`
+			Cancel []int64 `json:"cancel"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(note.Payload), &msg))
+		if msg.Schema != b.schema {
+			continue
+		}
+		for _, id := range msg.Cancel {
+			told[id] = true
+		}
+	}
+}

@@ -17,14 +17,15 @@ var errJobCancelled = errors.New("the job was cancelled")
 
 // errLeaseLost is the cause of a running job's context when the heartbeat
 // found its row no longer running under this worker's claim: the sweeper
-// gave it back, or it was cancelled and the notice missed.
+// gave it back (and it may have been claimed again since), or it was
+// cancelled and the notice missed.
 var errLeaseLost = errors.New("the job's row is no longer this worker's running attempt (its lease was lost, or it was cancelled)")
 
 // Cancel is told that the jobs ids were cancelled (by cancel(), in
 // SQL). Anyone may NOTIFY, so the claimer checks the rows of its runs of
 // those jobs first, on a goroutine of its own (runCancelChecks): the runs
-// whose rows are no longer running under this worker have their contexts
-// cancelled and their outcomes dropped. It returns how many of its runs
+// whose rows no longer carry their claims under this worker have their
+// contexts cancelled and their outcomes dropped. It returns how many of its runs
 // the ids name; it does not block.
 func (c *Claimer) Cancel(ids []int64) int {
 	want := make(map[int64]bool, len(ids))
@@ -35,8 +36,17 @@ func (c *Claimer) Cancel(ids []int64) int {
 	c.mu.Lock()
 	for r := range c.inflight {
 		if !r.reported && r.cancelled == nil && want[r.job.ID] {
-			c.toCheck[r.job.ID] = true
+			c.toCheck[r] = true
 			n++
+		}
+	}
+	if c.claiming {
+		for id := range want {
+			if len(c.heard) >= maxHeard {
+				c.heardMany = true
+				break
+			}
+			c.heard[id] = true
 		}
 	}
 	c.mu.Unlock()
@@ -44,6 +54,25 @@ func (c *Claimer) Cancel(ids []int64) int {
 		signal(c.checkCancels)
 	}
 	return n
+}
+
+// maxHeard bounds the ids Cancel keeps while a claim is in flight: past it,
+// a flood of notices (anyone may NOTIFY) has every run of the claim checked.
+const maxHeard = 10000
+
+// claimEnded is called, with mu held, as a claim ends, with its runs (none
+// when it failed): those of jobs Cancel was told of while it was in flight
+// are checked.
+func (c *Claimer) claimEnded(runs []*run) (check bool) {
+	for _, r := range runs {
+		if c.heardMany || c.heard[r.job.ID] {
+			c.toCheck[r] = true
+			check = true
+		}
+	}
+	c.claiming, c.heardMany = false, false
+	clear(c.heard)
+	return check
 }
 
 // runCancelChecks checks the jobs Cancel was told of, one batch at a time,
@@ -57,49 +86,46 @@ func (c *Claimer) runCancelChecks(ctx context.Context) {
 		case <-c.checkCancels:
 		}
 		c.mu.Lock()
-		ids := slices.Sorted(maps.Keys(c.toCheck))
+		runs := slices.Collect(maps.Keys(c.toCheck))
 		clear(c.toCheck)
 		c.mu.Unlock()
-		if len(ids) == 0 {
+		if len(runs) == 0 {
 			continue
 		}
-		gone, err := c.notOwned(ctx, ids)
+		sortRuns(runs)
+		gone, err := c.notOwned(ctx, runs)
 		if err != nil {
 			// The heartbeat finds them within Lease/3.
-			c.logger.Warn("checking cancelled jobs failed", zap.Error(err), zap.Int("num_jobs", len(ids)))
+			c.logger.Warn("checking cancelled jobs failed", zap.Error(err), zap.Int("num_jobs", len(runs)))
 			continue
 		}
-		if n := c.cancelRuns(gone, errJobCancelled, nil); n > 0 {
+		if n := c.cancelRuns(gone, errJobCancelled); n > 0 {
 			c.logger.Info("running jobs cancelled", zap.Int("num_runs", n))
 		}
 	}
 }
 
-// notOwned returns those of ids whose rows are no longer running under
-// this worker.
-func (c *Claimer) notOwned(ctx context.Context, ids []int64) ([]int64, error) {
+// notOwned returns those of runs whose rows no longer carry their claims
+// under this worker.
+func (c *Claimer) notOwned(ctx context.Context, runs []*run) ([]*run, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
-	rows, _ := c.cfg.Pool.Query(ctx, c.notOwnedSQL, ids, c.cfg.WorkerID)
+	ids, claims := runKeys(runs)
+	rows, _ := c.cfg.Pool.Query(ctx, c.notOwnedSQL, ids, claims, c.cfg.WorkerID)
 	gone, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		return nil, fmt.Errorf("check cancelled jobs: %w", err)
 	}
-	return gone, nil
+	return slices.Collect(maps.Keys(pick(runs, gone))), nil
 }
 
-// cancelRuns cancels the unreported runs of ids (when among is not nil,
-// only those in it) with cause.
-func (c *Claimer) cancelRuns(ids []int64, cause error, among map[*run]bool) int {
-	want := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		want[id] = true
-	}
+// cancelRuns cancels those of runs that are not reported yet, with cause.
+func (c *Claimer) cancelRuns(runs []*run, cause error) int {
 	n := 0
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for r := range c.inflight {
-		if r.reported || r.cancelled != nil || !want[r.job.ID] || (among != nil && !among[r]) {
+	for _, r := range runs {
+		if r.reported || r.cancelled != nil {
 			continue
 		}
 		r.cancelled = cause

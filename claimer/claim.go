@@ -1,6 +1,7 @@
 package claimer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -21,12 +22,28 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) claimResu
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
+	c.mu.Lock()
+	c.claiming = true
+	c.mu.Unlock()
 	results := c.sendPinned(ctx, claimPlanSQL, c.claimSQL,
 		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes)
 	runs, err := c.readClaim(results, &r)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
+	}
+	if err != nil {
+		runs = nil
+	}
+	c.mu.Lock()
+	c.executing += len(runs)
+	for _, run := range runs {
+		c.inflight[run] = struct{}{}
+	}
+	check := c.claimEnded(runs)
+	c.mu.Unlock()
+	if check {
+		signal(c.checkCancels)
 	}
 	if err != nil {
 		return claimResult{limit: limit, err: err}
@@ -36,12 +53,6 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) claimResu
 		return r
 	}
 	c.claimed.Add(int64(r.claimed))
-	c.mu.Lock()
-	c.executing += len(runs)
-	for _, run := range runs {
-		c.inflight[run] = struct{}{}
-	}
-	c.mu.Unlock()
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", r.claimed))
 	for _, run := range runs {
 		jobs.start(run)
@@ -140,8 +151,9 @@ func scheduleWait(seconds float64) time.Duration {
 
 // runHeartbeat renews the leases of this claimer's jobs every Lease/3.
 // A run whose row it did not renew is no longer this worker's attempt (an
-// operator cancelled it and the notice was missed, or its lease was lost
-// to the sweeper): its context is cancelled and its outcome dropped.
+// operator cancelled it and the notice was missed, its lease was lost to
+// the sweeper, or the job was claimed again since): its context is
+// cancelled and its outcome dropped.
 func (c *Claimer) runHeartbeat(ctx context.Context, onBeat func(renewed int64)) {
 	t := time.NewTicker(max(c.cfg.Lease/3, 10*time.Millisecond))
 	defer t.Stop()
@@ -151,17 +163,17 @@ func (c *Claimer) runHeartbeat(ctx context.Context, onBeat func(renewed int64)) 
 			return
 		case <-t.C:
 		}
-		runs, ids := c.inflightRuns()
-		if len(ids) == 0 {
+		runs := c.inflightRuns()
+		if len(runs) == 0 {
 			continue
 		}
-		renewed, ok := c.renewLeases(ctx, ids)
+		renewed, ok := c.renewLeases(ctx, runs)
 		if !ok {
 			continue
 		}
-		if len(renewed) < len(ids) {
-			lost := slices.DeleteFunc(ids, func(id int64) bool { _, found := slices.BinarySearch(renewed, id); return found })
-			if n := c.cancelRuns(lost, errLeaseLost, runs); n > 0 {
+		if len(renewed) < len(runs) {
+			lost := slices.DeleteFunc(slices.Clone(runs), func(r *run) bool { return renewed[r] })
+			if n := c.cancelRuns(lost, errLeaseLost); n > 0 {
 				c.logger.Warn("the heartbeat found jobs no longer this worker's: their runs are cancelled",
 					zap.Int("num_runs", n))
 			}
@@ -172,7 +184,7 @@ func (c *Claimer) runHeartbeat(ctx context.Context, onBeat func(renewed int64)) 
 	}
 }
 
-// renewLeases runs one heartbeat and returns the ids it renewed, in order,
+// renewLeases runs one heartbeat for runs and returns those it renewed,
 // and false when it failed. A heartbeat that meets a dead connection is
 // tried again at once, as a claim is (retry.Backoff): while every slot is
 // busy with long jobs, nothing else uses the pool, and after a restart or a
@@ -180,15 +192,15 @@ func (c *Claimer) runHeartbeat(ctx context.Context, onBeat func(renewed int64)) 
 // connection per tick would let the leases lapse after three (Lease/3
 // apart), and the sweeper would hand the running jobs to another worker.
 // Any other failure waits for the next tick, within the lease.
-func (c *Claimer) renewLeases(ctx context.Context, ids []int64) ([]int64, bool) {
+func (c *Claimer) renewLeases(ctx context.Context, runs []*run) (map[*run]bool, bool) {
 	backoff := retry.New(c.poolSize)
+	ids, claims := runKeys(runs)
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
-		renewed, err := c.heartbeat(callCtx, ids)
+		renewed, err := c.heartbeat(callCtx, ids, claims)
 		cancel()
 		if err == nil {
-			slices.Sort(renewed)
-			return renewed, true
+			return pick(runs, renewed), true
 		}
 		if ctx.Err() != nil {
 			return nil, false
@@ -202,10 +214,10 @@ func (c *Claimer) renewLeases(ctx context.Context, ids []int64) ([]int64, bool) 
 	}
 }
 
-// heartbeat sends one heartbeat, after planSQL, and returns the ids it
-// renewed once the transaction has committed.
-func (c *Claimer) heartbeat(ctx context.Context, ids []int64) ([]int64, error) {
-	results := c.sendPinned(ctx, planSQL, c.heartbeatSQL, ids, c.cfg.WorkerID, c.cfg.Lease.Seconds())
+// heartbeat sends one heartbeat, after planSQL, and returns the positions
+// (from 1) of the claims it renewed once the transaction has committed.
+func (c *Claimer) heartbeat(ctx context.Context, ids []int64, claims []time.Time) ([]int64, error) {
+	results := c.sendPinned(ctx, planSQL, c.heartbeatSQL, ids, claims, c.cfg.WorkerID, c.cfg.Lease.Seconds())
 	var renewed []int64
 	_, err := results.Exec()
 	if err == nil {
@@ -221,19 +233,44 @@ func (c *Claimer) heartbeat(ctx context.Context, ids []int64) ([]int64, error) {
 	return renewed, err
 }
 
-// inflightRuns are the runs this claimer holds, and their jobs' ids, each
-// once, in order: the heartbeat locks their rows in id order anyway, and a
+// inflightRuns are the runs this claimer holds, in the order of their jobs'
+// ids, then of their claims: the heartbeat locks their rows in id order. A
 // job may run twice at once here, when its lease was lost and it was
-// claimed again.
-func (c *Claimer) inflightRuns() (map[*run]bool, []int64) {
+// claimed again; only its row's claim is still its attempt.
+func (c *Claimer) inflightRuns() []*run {
 	c.mu.Lock()
-	runs := make(map[*run]bool, len(c.inflight))
-	ids := make([]int64, 0, len(c.inflight))
+	runs := make([]*run, 0, len(c.inflight))
 	for r := range c.inflight {
-		runs[r] = true
-		ids = append(ids, r.job.ID)
+		runs = append(runs, r)
 	}
 	c.mu.Unlock()
-	slices.Sort(ids)
-	return runs, slices.Compact(ids)
+	sortRuns(runs)
+	return runs
+}
+
+func sortRuns(runs []*run) {
+	slices.SortFunc(runs, func(a, b *run) int {
+		return cmp.Or(cmp.Compare(a.job.ID, b.job.ID), a.claimedAt.Compare(b.claimedAt))
+	})
+}
+
+// runKeys are the jobs' ids and claims of runs, as the statements take them.
+func runKeys(runs []*run) ([]int64, []time.Time) {
+	ids := make([]int64, len(runs))
+	claims := make([]time.Time, len(runs))
+	for i, r := range runs {
+		ids[i], claims[i] = r.job.ID, r.claimedAt
+	}
+	return ids, claims
+}
+
+// pick is the runs at positions (from 1), as a statement returns them.
+func pick(runs []*run, positions []int64) map[*run]bool {
+	out := make(map[*run]bool, len(positions))
+	for _, n := range positions {
+		if n >= 1 && n <= int64(len(runs)) {
+			out[runs[n-1]] = true
+		}
+	}
+	return out
 }

@@ -247,7 +247,13 @@ type Claimer struct {
 	executing int               // executors running now
 	inflight  map[*run]struct{} // runs claimed and not yet recorded
 	unwritten []outcome         // outcomes not yet written
-	toCheck   map[int64]bool    // jobs said to be cancelled, to check (Cancel)
+	toCheck   map[*run]bool     // runs of jobs said to be cancelled, to check (Cancel)
+	// A claim in flight may have committed, and its jobs been cancelled,
+	// before its runs are known: the jobs Cancel is told of meanwhile wait
+	// in heard for the claim to end (claim).
+	claiming  bool
+	heard     map[int64]bool
+	heardMany bool // more than maxHeard: every run of the claim is checked
 
 	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
 	paused                                              atomic.Bool
@@ -286,7 +292,8 @@ func New(cfg Config) (*Claimer, error) {
 		flush:         make(chan struct{}, 1),
 		inflight:      map[*run]struct{}{},
 		checkCancels:  make(chan struct{}, 1),
-		toCheck:       map[int64]bool{},
+		toCheck:       map[*run]bool{},
+		heard:         map[int64]bool{},
 	}, nil
 }
 

@@ -69,7 +69,7 @@ func checkPlans(t *testing.T, setup []string) {
 	idArray := "'{" + strings.Join(ids, ",") + "}'"
 	statements := map[string]struct{ sql, types, args string }{
 		"claim":       {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
-		"heartbeat":   {heartbeatSQL, "bigint[], text, float8", idArray + ", 'w', 30"},
+		"heartbeat":   {heartbeatSQL, "bigint[], timestamptz[], text, float8", idArray + ", array_fill(now(), ARRAY[1000]), 'w', 30"},
 		"delete_done": {deleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
 		"complete": {
 			completeSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text[], text[], text",

@@ -105,13 +105,15 @@ const claimPlanSQL = planSQL + `,
 // with the same attempt number, and the first run's outcome must not pass
 // for the second's.
 
-// heartbeatSQL extends the leases of this worker's running jobs $1, and
-// returns the ids it renewed.
+// heartbeatSQL extends the leases of this worker's running jobs $1 of
+// claims $2, and returns the positions (from 1) in $1 of those it renewed.
+// A job claimed twice here (its first lease lost, then claimed again) is
+// renewed for the claim its row carries, and only for that one.
 const heartbeatSQL = `
-UPDATE {jobs} j SET locked_until = now() + make_interval(secs => $3::float8)
-FROM unnest($1::bigint[]) AS v(id)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $2) IS TRUE
-RETURNING j.id`
+UPDATE {jobs} j SET locked_until = now() + make_interval(secs => $4::float8)
+FROM unnest($1::bigint[], $2::timestamptz[]) WITH ORDINALITY AS v(id, claimed_at, n)
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at) IS TRUE
+RETURNING v.n`
 
 // completeSQL records a batch of outcomes: $3 is done, pending (a retry,
 // or a release: an attempt given back at shutdown or snoozed, $6) or dead.
@@ -142,11 +144,13 @@ DELETE FROM {jobs} j
 USING unnest($1::bigint[], $2::timestamptz[]) AS v(id, claimed_at)
 WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at) IS TRUE`
 
-// notOwnedSQL returns those of the jobs $1 whose rows are no longer
-// running under worker $2: cancelled, given back or gone.
+// notOwnedSQL returns the positions (from 1) in $1 of those of the jobs $1
+// of claims $2 whose rows no longer carry that claim under worker $3:
+// cancelled, given back, claimed again, or gone.
 const notOwnedSQL = `
-SELECT v.id FROM unnest($1::bigint[]) AS v(id)
-WHERE NOT EXISTS (SELECT FROM {jobs} j WHERE j.id = v.id AND j.status = 'running' AND j.locked_by = $2)`
+SELECT v.n FROM unnest($1::bigint[], $2::timestamptz[]) WITH ORDINALITY AS v(id, claimed_at, n)
+WHERE NOT EXISTS (SELECT FROM {jobs} j
+                  WHERE j.id = v.id AND j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at)`
 
 // withSchema names schema's tables in sql: {jobs} and {queues}.
 func withSchema(sql, schema string) string {

@@ -1,10 +1,13 @@
 package executors
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -42,10 +45,12 @@ func (a *Attempt) Result() json.RawMessage {
 }
 
 // RecordResult records v, marshalled to JSON, as the result of the attempt
-// ctx belongs to, replacing any recorded before. A result is at most
-// MaxResultBytes; a larger one, or one that does not marshal, is refused
-// with an error and the one before is kept. Outside an attempt it returns
-// ErrNoAttempt.
+// ctx belongs to, replacing any recorded before. The JSON is made fit for
+// PostgreSQL's jsonb: invalid UTF-8, lone surrogates and NUL characters in
+// strings become U+FFFD. A result is at most MaxResultBytes; a larger one,
+// one that does not marshal, or one with a number whose exponent is past
+// ±1000, is refused with an error and the one before is kept. Outside an
+// attempt it returns ErrNoAttempt.
 //
 // The result of an attempt that succeeds is stored on the job for as long
 // as done jobs are kept (RETAIN_DONE); that of an attempt that fails goes
@@ -57,6 +62,9 @@ func RecordResult(ctx context.Context, v any) error {
 		return ErrNoAttempt
 	}
 	b, err := json.Marshal(v)
+	if err == nil && len(b) <= 2*MaxResultBytes { // cleaning shrinks NULs, and grows a byte to 3 at most
+		b, err = storable(b)
+	}
 	if err != nil {
 		return fmt.Errorf("executors: result: %w", err)
 	}
@@ -67,6 +75,63 @@ func RecordResult(ctx context.Context, v any) error {
 	a.result = b
 	a.mu.Unlock()
 	return nil
+}
+
+// maxExponent bounds the exponent of a number in a result: with at most
+// MaxResultBytes of digits, it keeps every number within what PostgreSQL's
+// numeric holds (131072 digits before the point, 16383 after), where a
+// value past it would make the statement that stores the result fail.
+const maxExponent = 1000
+
+// storable re-encodes the JSON b so that jsonb accepts it, or says why it
+// cannot. MarshalJSON methods and json.RawMessage pass through json.Marshal
+// unchecked for UTF-8 and surrogates, and Go strings may hold NUL, which
+// jsonb refuses.
+func storable(b []byte) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil { // invalid UTF-8 and lone surrogates decode to U+FFFD
+		return nil, err
+	}
+	v, err := clean(v)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+func clean(v any) (any, error) {
+	switch x := v.(type) {
+	case string:
+		return strings.ReplaceAll(x, "\x00", "\uFFFD"), nil
+	case json.Number:
+		if i := strings.IndexAny(string(x), "eE"); i >= 0 {
+			if e, err := strconv.Atoi(string(x[i+1:])); err != nil || e > maxExponent || e < -maxExponent {
+				return nil, fmt.Errorf("the number %.40s… is past what PostgreSQL stores", x)
+			}
+		}
+		return x, nil
+	case []any:
+		for i := range x {
+			var err error
+			if x[i], err = clean(x[i]); err != nil {
+				return nil, err
+			}
+		}
+		return x, nil
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			e, err := clean(e)
+			if err != nil {
+				return nil, err
+			}
+			out[strings.ReplaceAll(k, "\x00", "\uFFFD")] = e
+		}
+		return out, nil
+	}
+	return v, nil
 }
 
 // SnoozeError asks for the job to run again after Delay, without spending

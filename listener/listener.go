@@ -70,6 +70,8 @@ func (c *Config) validate() error {
 		return errors.New("listener: Wake and WakeAll are required")
 	case (c.ControlChannel == "") != (c.Control == nil):
 		return errors.New("listener: ControlChannel and Control go together")
+	case c.ControlChannel != "" && c.ControlChannel == c.Channel:
+		return errors.New("listener: Channel and ControlChannel must differ")
 	case c.ReconnectMin < 0 || c.ReconnectMax < 0:
 		return errors.New("listener: reconnect delays must not be negative")
 	}

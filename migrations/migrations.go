@@ -146,6 +146,11 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config, target int32) 
 	if strings.Contains(cfg.Schema, "$$") {
 		return 0, 0, fmt.Errorf("migrate: schema name %q contains \"$$\", which pgdispatch's SQL functions cannot hold; choose another name", cfg.Schema)
 	}
+	// A schema's NOTIFY channel is its name; the operators' controls go to
+	// every schema's workers on the channel pgdispatch.control.
+	if cfg.Schema == "pgdispatch.control" {
+		return 0, 0, fmt.Errorf("migrate: schema name %q is the control channel's, which every schema's workers listen on; choose another name", cfg.Schema)
+	}
 	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)",
 		fmt.Sprintf("%dms", cfg.LockTimeout.Milliseconds())); err != nil {
 		return 0, 0, fmt.Errorf("migrate: set lock_timeout: %w", err)

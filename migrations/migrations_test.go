@@ -180,6 +180,16 @@ func TestMigrateRefusesDollarQuoteInSchemaName(t *testing.T) {
 	require.False(t, exists)
 }
 
+// A schema's channel is its name: a schema named as the channel every
+// schema's workers hear operators' controls on would share it.
+func TestMigrateRefusesTheControlChannelAsSchemaName(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Cleanup(func() { _, _ = pgtest.Pool(t).Exec(ctx, `DROP SCHEMA IF EXISTS "pgdispatch.control" CASCADE`) })
+	_, _, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: "pgdispatch.control"})
+	require.ErrorContains(t, err, "control channel")
+}
+
 // The wake-up triggers, against sleepers simulated by a session holding the
 // sleep keys of queues a and c: a transaction that inserts rows of a and b,
 // several at once and one by one, and a done row of c, notifies a once (c's

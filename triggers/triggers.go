@@ -46,7 +46,7 @@ func Channel(schema string) string { return schema }
 const ControlChannel = "pgdispatch.control"
 
 // Control is a message on ControlChannel: cancel() sends the ids of the
-// running jobs it cancelled, at most 500 a message.
+// running jobs it cancelled, at most 300 a message.
 type Control struct {
 	Schema string  `json:"schema"`
 	Cancel []int64 `json:"cancel"`

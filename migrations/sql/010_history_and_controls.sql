@@ -68,8 +68,9 @@ $$;
 -- their rows locked in id order, and returns each id found with its status
 -- before and whether it was cancelled. A running job's attempt goes into
 -- its errors, and its worker is told on the channel pgdispatch.control, at
--- most 500 ids a notification: the worker cancels the executor's context
--- and drops its outcome.
+-- most 300 ids a notification (a payload must be under 8000 bytes: 300
+-- ids of 20 characters and a schema name of 63 bytes, escaped, fit): the
+-- worker cancels the executor's context and drops its outcome.
 CREATE OR REPLACE FUNCTION {{.schema}}.cancel(VARIADIC ids bigint[])
 RETURNS TABLE (id bigint, previous_status text, cancelled boolean)
 LANGUAGE plpgsql
@@ -104,10 +105,10 @@ BEGIN
     SELECT array_agg(f.id ORDER BY f.id) INTO running
     FROM unnest(found_ids, found_statuses, changed) AS f(id, status, changed)
     WHERE f.status = 'running' AND f.changed;
-    FOR i IN 0 .. (coalesce(cardinality(running), 0) - 1) / 500 LOOP
+    FOR i IN 0 .. (coalesce(cardinality(running), 0) - 1) / 300 LOOP
         EXIT WHEN running IS NULL;
         PERFORM pg_catalog.pg_notify('pgdispatch.control',
-            jsonb_build_object('schema', {{.schema_literal}}, 'cancel', to_jsonb(running[i * 500 + 1 : (i + 1) * 500]))::text);
+            jsonb_build_object('schema', {{.schema_literal}}, 'cancel', to_jsonb(running[i * 300 + 1 : (i + 1) * 300]))::text);
     END LOOP;
 
     RETURN QUERY SELECT f.id, f.status, f.changed FROM unnest(found_ids, found_statuses, changed) AS f(id, status, changed);
