@@ -351,11 +351,14 @@ func TestPausedQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, changed, "already paused")
 
+	var workers []*pgdispatch.Worker
 	startThree := func(round int) (stops []func()) {
+		workers = nil
 		for i := range 3 {
 			w, stop, _ := start(t, b.config(t, fmt.Sprintf("worker-%d-%d", round, i)))
 			statesOf(w).wait(t, pgdispatch.DefaultQueue, "paused")
-			stops = append(stops, stop)
+			require.True(t, w.Claimer(pgdispatch.DefaultQueue).Stats().Paused)
+			stops, workers = append(stops, stop), append(workers, w)
 		}
 		return stops
 	}
@@ -405,6 +408,9 @@ func TestPausedQueue(t *testing.T) {
 		return len(m) == inserted
 	})
 	b.rec.requireEachOnce(t, inserted)
+	for _, w := range workers { // each claims once the resume's notification reaches it
+		require.Eventually(t, func() bool { return !w.Claimer(pgdispatch.DefaultQueue).Stats().Paused }, waitFor, time.Millisecond)
+	}
 	for _, stop := range stops {
 		stop()
 	}

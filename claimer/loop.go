@@ -248,6 +248,14 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			} else {
 				failures = retry.New(c.poolSize)
 			}
+			if r.err == nil && r.paused != c.paused.Load() {
+				c.paused.Store(r.paused)
+				if r.paused {
+					c.logger.Info("the queue is paused: no claims until it is resumed")
+				} else {
+					c.logger.Info("the queue is active again")
+				}
+			}
 			if ev == evTick && r.claimed > 0 {
 				c.tickHits.Add(1)
 				c.logger.Info("fallback tick found due jobs: a notification was missed",
@@ -281,14 +289,6 @@ func (c *Claimer) enter(from, to state, hooks *testhook.Hooks) {
 	}
 	if to == asleep {
 		c.sleeps.Add(1)
-	}
-	switch {
-	case to == paused:
-		c.paused.Store(true)
-		c.logger.Info("the queue is paused: no claims until it is resumed")
-	case from == paused && to != stopping:
-		c.paused.Store(false)
-		c.logger.Info("the queue is active again")
 	}
 	c.logger.Debug("claimer state", zap.Stringer("from", from), zap.Stringer("to", to))
 	if hooks.ClaimerState != nil {
