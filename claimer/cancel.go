@@ -130,7 +130,7 @@ func (c *Claimer) cancelRuns(runs []*run, cause error) int {
 		}
 		r.cancelled = cause
 		if r.stop != nil {
-			r.stop(cause)
+			r.stop()
 		}
 		n++
 	}

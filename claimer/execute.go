@@ -25,15 +25,15 @@ const maxErrorLen = 2000
 // same worker while its first run still goes on.
 type run struct {
 	job       *executors.Job
-	claimedAt time.Time                         // the row's updated_at as the claim wrote it: the claim's mark
-	started   atomic.Int64                      // when the executor started, in Unix nanoseconds; 0 until then
-	deadline  atomic.Int64                      // when the attempt times out, in Unix nanoseconds; 0 until it starts
-	attempt   atomic.Pointer[executors.Attempt] // what the executor records; nil until it starts
+	claimedAt time.Time         // the row's updated_at as the claim wrote it: the claim's mark
+	started   atomic.Int64      // when the executor started, in Unix nanoseconds; 0 until then
+	deadline  atomic.Int64      // when the attempt times out, in Unix nanoseconds; 0 until it starts
+	attempt   executors.Attempt // what the executor records
 
 	// Guarded by the claimer's mu.
-	reported  bool                    // its outcome is in unwritten (or was written, or dropped)
-	cancelled error                   // why the run was cancelled (cancel), nil while it was not
-	stop      context.CancelCauseFunc // cancels the executor's context; nil until it starts
+	reported  bool               // its outcome is in unwritten (or was written, or dropped)
+	cancelled error              // why the run was cancelled (cancel), nil while it was not
+	stop      context.CancelFunc // cancels the executor's context; nil until it starts
 }
 
 // outcome is what becomes of one attempt.
@@ -114,15 +114,16 @@ func (c *Claimer) attempt(workCtx context.Context, r *run) (outcome, time.Durati
 	}
 	job.Timeout = timeout
 
-	runCtx, attempt := executors.WithAttempt(workCtx)
-	r.attempt.Store(attempt)
-	runCtx, stop := context.WithCancelCause(runCtx)
-	defer stop(nil)
+	// One context per run, the fewest layers: each costs the busiest
+	// workers' CPU (allocations, and the parent's lock).
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(r.attempt.Context(workCtx), start.Add(timeout))
+	defer cancel()
 	c.mu.Lock()
-	r.stop = stop
-	cancelled := r.cancelled
+	r.stop = cancel // cancel() stops the run
+	cancelled := r.cancelled != nil
 	c.mu.Unlock()
-	if cancelled != nil {
+	if cancelled {
 		return outcome{run: r, drop: true}, 0
 	}
 
@@ -130,8 +131,6 @@ func (c *Claimer) attempt(workCtx context.Context, r *run) (outcome, time.Durati
 	if c.cfg.Observer != nil {
 		c.cfg.Observer.JobStarted(job)
 	}
-	start := time.Now()
-	ctx, cancel := context.WithDeadline(runCtx, start.Add(timeout))
 	r.started.Store(start.UnixNano())
 	// The watchdog gives up on the job if the executor ignores ctx.
 	r.deadline.Store(start.Add(timeout).UnixNano())
@@ -141,7 +140,10 @@ func (c *Claimer) attempt(workCtx context.Context, r *run) (outcome, time.Durati
 	if err != nil && timedOut {
 		err = fmt.Errorf("timed out after %s: %w", timeout, err)
 	}
-	if cause := context.Cause(runCtx); cause != nil && workCtx.Err() == nil {
+	c.mu.Lock()
+	cancelled = r.cancelled != nil
+	c.mu.Unlock()
+	if cancelled {
 		return outcome{run: r, drop: true}, time.Since(start)
 	}
 	// workCtx ends only at the hard stop: a failure then is the shutdown's.
@@ -271,16 +273,19 @@ func (c *Claimer) classify(log jobLog, r *run, err error, released bool, took ti
 func (c *Claimer) decide(log jobLog, r *run, err error, released bool, took time.Duration) outcome {
 	job := r.job
 	o := outcome{run: r}
+	if err == nil {
+		o.status = statusDone
+		log.Debug("job done")
+		return o
+	}
+	// Declared past the success, which is most outcomes: errors.As moves
+	// each to the heap.
 	var (
 		permanent  *executors.PermanentError
 		retryAfter *executors.RetryAfterError
 		snooze     *executors.SnoozeError
 	)
 	switch {
-	case err == nil:
-		o.status = statusDone
-		log.Debug("job done")
-		return o
 	case errors.As(err, &snooze):
 		o.status, o.release, o.snooze, o.delay = statusPending, true, true, snooze.Delay
 		log.Debug("job snoozed", zap.Duration("delay", snooze.Delay))
@@ -346,10 +351,7 @@ func (c *Claimer) entry(r *run, errText string) *string {
 
 // result is what r's executor recorded, or nil.
 func (r *run) result() json.RawMessage {
-	if a := r.attempt.Load(); a != nil {
-		return a.Result()
-	}
-	return nil
+	return r.attempt.Result()
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -119,7 +119,7 @@ RETURNING v.n`
 // or a release: an attempt given back at shutdown or snoozed, $6) or dead.
 // A failed attempt's entry ($7, JSON) is appended to errors after the last
 // 19 before it, so that errors holds the last 20 (as cancel() in migration
-// 010 does); a done job's result ($8, JSON) is stored.
+// 010 does), and a done job's result ($8, JSON, NULL for none) is stored.
 const completeSQL = `
 UPDATE {jobs} j
 SET status = v.status,

@@ -26,15 +26,37 @@ var ErrNoAttempt = errors.New("executors: the context carries no attempt to reco
 type Attempt struct {
 	mu     sync.Mutex
 	result json.RawMessage
+	ctx    attemptContext // Context's, kept here so that a worker's attempt allocates no context of its own
+}
+
+// attemptContext is a context that carries its Attempt, as
+// context.WithValue would.
+type attemptContext struct {
+	context.Context
+	a *Attempt
+}
+
+func (c *attemptContext) Value(key any) any {
+	if _, ok := key.(attemptKey); ok {
+		return c.a
+	}
+	return c.Context.Value(key)
 }
 
 type attemptKey struct{}
 
 // WithAttempt returns a context that carries a new Attempt, and the Attempt.
-// Workers call it; tests of executors may too.
+// Tests of executors call it; workers use Attempt.Context.
 func WithAttempt(ctx context.Context) (context.Context, *Attempt) {
 	a := &Attempt{}
-	return context.WithValue(ctx, attemptKey{}, a), a
+	return a.Context(ctx), a
+}
+
+// Context returns a context that carries a: RecordResult records into it.
+// An Attempt carries one context at a time: call it once per attempt.
+func (a *Attempt) Context(ctx context.Context) context.Context {
+	a.ctx = attemptContext{Context: ctx, a: a}
+	return &a.ctx
 }
 
 // Result is the last result recorded, or nil.
