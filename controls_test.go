@@ -482,10 +482,7 @@ func TestCancelWhileTheListenerIsAway(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var terminated bool
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx,
-		"SELECT bool_and(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&terminated))
-	require.True(t, terminated)
+	require.Positive(t, pgtest.TerminateApp(ctx, t, app)) // the listener, and the sleep key's session
 	_, err := admin.New(pgtest.Pool(t), b.schema, 0).Cancel(ctx, []int64{id})
 	require.NoError(t, err)
 	select {
