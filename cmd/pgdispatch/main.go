@@ -9,6 +9,7 @@
 //	pgdispatch stats      jobs by queue, kind and status
 //	pgdispatch jobs       look at jobs and their attempts; retry, cancel or snooze them
 //	pgdispatch queues     pause and resume queues
+//	pgdispatch at-worker  run the AT Worker's table on pgdispatch, and give it back
 //
 // Configuration comes from the environment, an optional .env file in the
 // working directory, and flags; flags win. `pgdispatch COMMAND --help` lists
@@ -42,6 +43,7 @@ Usage:
   pgdispatch stats [flags]     jobs by queue, kind and status, the oldest due job, the last minute's throughput
   pgdispatch jobs list|show|retry|cancel|snooze   look at jobs and their attempts, retry dead ones, cancel or snooze others
   pgdispatch queues list|pause|resume   pause a queue's claims on every worker, and resume them
+  pgdispatch at-worker switch|revert   run the AT Worker's scheduled_tasks on pgdispatch, producers and SQL unchanged, and give it back
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
@@ -73,15 +75,16 @@ func subcommand(ctx context.Context, name, usage string, subs map[string]command
 }
 
 var commands = map[string]command{
-	"run":      {runCommand},
-	"migrate":  {migrateCommand},
-	"enqueue":  {enqueueCommand},
-	"demo":     {demoCommand},
-	"bench":    {benchCommand},
-	"triggers": {triggersCommand},
-	"stats":    {statsCommand},
-	"jobs":     {jobsCommand},
-	"queues":   {queuesCommand},
+	"run":       {runCommand},
+	"migrate":   {migrateCommand},
+	"enqueue":   {enqueueCommand},
+	"demo":      {demoCommand},
+	"bench":     {benchCommand},
+	"triggers":  {triggersCommand},
+	"stats":     {statsCommand},
+	"jobs":      {jobsCommand},
+	"queues":    {queuesCommand},
+	"at-worker": {atWorkerCommand},
 }
 
 func main() {

@@ -43,6 +43,7 @@ var settingGroups = map[string][]setting{
 	"workerSettings":   workerSettings,
 	"executorSettings": executorSettings,
 	"serveSettings":    serveSettings,
+	"atWorkerSettings": atWorkerSettings,
 }
 
 // Names the docs may use that are neither settings, flags nor metrics of
