@@ -310,7 +310,7 @@ type cmdFlag struct {
 }
 
 var (
-	commandLine = regexp.MustCompile(`(?m)^  pgdispatch ([a-z]+)`)
+	commandLine = regexp.MustCompile(`(?m)^  pgdispatch ([a-z][a-z-]*)`)
 	flagLine    = regexp.MustCompile(`^  -([a-z0-9-]+)(?: ([a-z]+))?$`)
 	flagDefault = regexp.MustCompile(`\(default (.*)\)$`)
 )
