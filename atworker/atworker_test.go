@@ -102,7 +102,9 @@ func TestSwitchAndRevertRoundTrip(t *testing.T) {
 	tag, err := pool.Exec(ctx, `UPDATE `+table+` SET status = 'completed', completed_at = now(), updated_at = now() WHERE id = 2`)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), tag.RowsAffected())
-	// An AT Worker claiming a row: refused.
+	// An AT Worker's poll fails, and its claim is refused.
+	_, err = pool.Exec(ctx, `SELECT id FROM `+table+` WHERE status = 'pending' AND execute_at <= NOW() LIMIT 10 FOR UPDATE SKIP LOCKED`)
+	require.ErrorContains(t, err, "FOR UPDATE cannot be applied to the nullable side of an outer join")
 	tag, err = pool.Exec(ctx, `UPDATE `+table+` SET status = 'processing' WHERE id = 1`)
 	require.NoError(t, err)
 	require.Equal(t, int64(0), tag.RowsAffected())
@@ -158,4 +160,52 @@ func TestSwitchAndRevertRoundTrip(t *testing.T) {
 
 	_, err = atworker.Switch(ctx, pool, atworker.Options{Schema: pgd, Table: "no_such_schema_x.scheduled_tasks"})
 	require.True(t, errors.Is(err, atworker.ErrNoTable), "%v", err)
+}
+
+// Jobs running at the revert: their rows read processing, and Wait writes
+// each outcome, or cancels what still runs when the wait ends.
+func TestRevertWaitsForRunningJobs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	pgd := pgtest.FreshSchema(t)
+	_, table := appSchema(t)
+	_, err := pool.Exec(ctx, `INSERT INTO `+table+` (task_type, payload) SELECT 'noop', '{}' FROM generate_series(1, 3)`)
+	require.NoError(t, err)
+	o := atworker.Options{Schema: pgd, Table: table}
+	_, err = atworker.Switch(ctx, pool, o)
+	require.NoError(t, err)
+	jobs := pgx.Identifier{pgd, "jobs"}.Sanitize()
+	// A worker claims all three.
+	_, err = pool.Exec(ctx, `UPDATE `+jobs+` SET status = 'running', attempts = 1, locked_by = 'w1',
+		locked_until = now() + interval '1 minute', updated_at = now() - interval '10 minutes'`)
+	require.NoError(t, err)
+
+	res, err := atworker.Revert(ctx, pool, o)
+	require.NoError(t, err)
+	require.Zero(t, res.Cancelled)
+	require.Len(t, res.Running, 3)
+	require.Equal(t, map[string]int64{"processing": 3}, res.Rows)
+	var fresh bool
+	require.NoError(t, pool.QueryRow(ctx, `SELECT bool_and(updated_at > now() - interval '1 minute') FROM `+table).Scan(&fresh))
+	require.True(t, fresh, "the AT Worker's cleaner would take the rows back at once")
+
+	// 1 succeeds, 2 fails for good, 3 fails and would be retried; a second
+	// wait with 3's retry running again cuts it.
+	_, err = pool.Exec(ctx, `UPDATE `+jobs+` SET status = 'done', finished_at = now(), locked_by = NULL WHERE id = 1`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `UPDATE `+jobs+` SET status = 'dead', finished_at = now(), last_error = 'boom', locked_by = NULL WHERE id = 2`)
+	require.NoError(t, err)
+	w, err := atworker.Wait(ctx, pool, pgd, res.Table, res.Running, 0, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, 2, w.Finished)
+	require.Equal(t, []int64{3}, w.Cut)
+	rows, err := pool.Query(ctx, `SELECT id || ':' || status || ':' || coalesce(error_message, '') FROM `+table+` ORDER BY id`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"1:completed:", "2:failed:boom", "3:pending:"}, got)
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status FROM `+jobs+` WHERE id = 3`).Scan(&status))
+	require.Equal(t, "cancelled", status)
 }

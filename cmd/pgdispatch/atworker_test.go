@@ -183,13 +183,13 @@ func TestATWorkerSwitch(t *testing.T) {
 	table := pgx.Identifier{app, "scheduled_tasks"}.Sanitize()
 	e := dbEnv(pgd, "WORKER_ID=at-worker-test", "HTTP_ALLOW_NETWORKS=loopback", "RABBITMQ_URL="+brokerURL,
 		"SMTP_HOST="+mail.Host, "SMTP_PORT="+strconv.Itoa(mail.Port), "SMTP_TLS=none", "SMTP_FROM=at@example.test",
-		"WORKER_POLLING_INTERVAL=2", "WORKER_BATCH_SIZE=4", "SWEEP_INTERVAL=200ms")
+		"WORKER_POLLING_INTERVAL=2", "WORKER_BATCH_SIZE=4", "WORKER_CLEANER_INTERVAL=1", "SWEEP_INTERVAL=200ms")
 	w := start(t, e, "run")
 	w.stderr.waitFor(t, "listening", 30*time.Second)
 	w.stderr.waitFor(t, "WORKER_POLLING_INTERVAL=2", time.Second)
 	require.Regexp(t, `AT Worker's setting stands in for pgdispatch's.*"at_worker": "WORKER_POLLING_INTERVAL=2", "pgdispatch": "POLL_INTERVAL=2s"`, w.stderr.String())
 	require.Regexp(t, `"at_worker": "WORKER_BATCH_SIZE=4", "pgdispatch": "CONCURRENCY=4"`, w.stderr.String())
-	require.NotContains(t, w.stderr.String(), "SWEEP_INTERVAL=")
+	require.NotContains(t, w.stderr.String(), "SWEEP_INTERVAL=", "SWEEP_INTERVAL is set: WORKER_CLEANER_INTERVAL is not read")
 
 	// 2. A producer inserts through the AT Worker's INSERT, before, during
 	// and after the switch.
