@@ -66,8 +66,10 @@ const (
 
 // contract is the columns of the AT Worker's table that its README's
 // queries use. Every other column is the application's and is kept as is.
-var contract = []string{"id", "task_type", "payload", "status", "attempts", "max_attempts",
-	"execute_at", "updated_at", "completed_at", "error_message"}
+var contract = []string{
+	"id", "task_type", "payload", "status", "attempts", "max_attempts",
+	"execute_at", "updated_at", "completed_at", "error_message",
+}
 
 // ErrNoTable is returned when the table does not exist.
 var ErrNoTable = errors.New("no such table")

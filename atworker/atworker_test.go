@@ -2,7 +2,6 @@ package atworker_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -159,7 +158,7 @@ func TestSwitchAndRevertRoundTrip(t *testing.T) {
 	require.True(t, res.NotSwitched)
 
 	_, err = atworker.Switch(ctx, pool, atworker.Options{Schema: pgd, Table: "no_such_schema_x.scheduled_tasks"})
-	require.True(t, errors.Is(err, atworker.ErrNoTable), "%v", err)
+	require.ErrorIs(t, err, atworker.ErrNoTable)
 }
 
 // Jobs running at the revert: their rows read processing, and Wait writes
