@@ -381,6 +381,19 @@ func TestATWorkerSwitch(t *testing.T) {
 	require.Equal(t, []int64{9, 10}, nearMax)
 	require.Equal(t, *total.Dead+*total.Cancelled, int64(len(nearMax)))
 
+	// run writes the finished jobs' states into their rows, for when the
+	// sweeper purges the jobs.
+	store0 := pgx.Identifier{app, "scheduled_tasks_at_worker"}.Sanitize()
+	var unsettled, settled int64
+	require.Eventually(t, func() bool {
+		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE s.status NOT IN ('completed', 'failed')),
+			count(*) FILTER (WHERE s.status = 'completed') FROM `+store0+` s JOIN `+pgx.Identifier{pgd, "jobs"}.Sanitize()+` j
+			ON j.id = s.pgdispatch_job_id WHERE j.status = 'done'`).Scan(&unsettled, &settled)
+		return err == nil && unsettled == 0
+	}, 30*time.Second, 20*time.Millisecond, "rows of done jobs not written back")
+	require.Equal(t, *total.Done, settled)
+	require.NotContains(t, w.stderr.String(), "at-worker: writing finished jobs into scheduled_tasks failed")
+
 	// 4. The revert: a table whose rows match their jobs' states, and the
 	// application's column as it was.
 	type state struct {
