@@ -120,15 +120,18 @@ func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		rows := rowCounts(plan.Rows)
 		if o.DryRun {
-			fmt.Fprintf(stdout, "would switch %s (%s) to jobs of queue %q in schema %q; processing rows due %s after their updated_at;\n"+
+			fmt.Fprintf(stdout, "would switch %s, %s, to jobs of queue %q in schema %q; processing rows due %s after their updated_at;\n"+
 				"the application's columns kept: %s. Nothing changed. The statements, in one transaction:\n\n",
 				termsafe.String(plan.Table), rows, o.Queue, c.schema, o.StuckTimeout, termsafe.String(strings.Join(plan.Columns, ", ")))
 			for _, s := range plan.Statements {
-				fmt.Fprintf(stdout, "%s;\n\n", termsafe.String(s))
+				for _, line := range strings.Split(s+";", "\n") {
+					fmt.Fprintln(stdout, termsafe.String(line))
+				}
+				fmt.Fprintln(stdout)
 			}
 			return nil
 		}
-		fmt.Fprintf(stdout, "switched %s to pgdispatch: %s are jobs of queue %q; the rows are kept in %s\n",
+		fmt.Fprintf(stdout, "switched %s to pgdispatch: its %s are jobs of queue %q; the rows are kept in %s\n",
 			termsafe.String(plan.Table), rows, o.Queue, termsafe.String(plan.Store))
 		return nil
 	})
@@ -220,7 +223,7 @@ func rowCounts(counts map[string]int64) string {
 	if len(parts) == 0 {
 		return "0 rows"
 	}
-	return fmt.Sprintf("%d rows: %s", total, strings.Join(parts, ", "))
+	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))
 }
 
 // settleATWorker writes the outcomes of the bridges' finished jobs into
