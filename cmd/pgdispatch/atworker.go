@@ -226,22 +226,38 @@ func rowCounts(counts map[string]int64) string {
 	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))
 }
 
+// atWorkerLooks is how many intervals a worker with no AT Worker bridge
+// waits between looks for one: a switch made while it runs is settled from
+// then on. It is long (5 minutes at the default SWEEP_INTERVAL), so that an
+// idle worker of a database that never switched stays idle.
+const atWorkerLooks = 10
+
 // settleATWorker writes the outcomes of the bridges' finished jobs into
 // their rows every interval, before the sweeper can purge them
-// (atworker.Settle).
+// (atworker.Settle); while there is no bridge, it looks for one every
+// atWorkerLooks intervals.
 func settleATWorker(ctx context.Context, c *conn, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	for {
-		n, err := atworker.Settle(ctx, c.pool, c.schema, c.timeout)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			c.logger.Warn("at-worker: writing finished jobs into scheduled_tasks failed", zap.Error(err))
-		case n > 0:
-			c.logger.Debug("at-worker: finished jobs written into scheduled_tasks", zap.Int64("rows", n))
+		wait := interval * atWorkerLooks
+		lookCtx, cancel := context.WithTimeout(ctx, c.timeout)
+		bridges, err := atworker.Bridges(lookCtx, c.pool, c.schema)
+		cancel()
+		if err == nil && len(bridges) > 0 {
+			wait = interval
+			var n int64
+			n, err = atworker.Settle(ctx, c.pool, c.schema, c.timeout)
+			if n > 0 {
+				c.logger.Debug("at-worker: finished jobs written into scheduled_tasks", zap.Int64("rows", n))
+			}
 		}
+		if err != nil && ctx.Err() == nil {
+			c.logger.Warn("at-worker: writing finished jobs into scheduled_tasks failed", zap.Error(err))
+			wait = interval
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
