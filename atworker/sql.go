@@ -234,7 +234,13 @@ BEGIN
         RETURN NULL;
     END IF;%[4]s
     SELECT j.status INTO job_status FROM %[5]s j WHERE j.id = job FOR UPDATE;
-    IF job_status = 'running' THEN
+    IF job_status IS NOT NULL AND OLD.status::text IS DISTINCT FROM
+       (CASE job_status WHEN 'pending' THEN 'pending' WHEN 'running' THEN 'processing' WHEN 'done' THEN 'completed' ELSE 'failed' END) THEN
+        -- The job moved on after the statement read the row (a worker
+        -- finished or retried it): what the statement chose the row by
+        -- may hold no more, so the row is left alone.
+        RETURN NULL;
+    ELSIF job_status = 'running' THEN
         -- pgdispatch is running the job: its state is pgdispatch's until
         -- the attempt ends, and only the other columns may change.
         IF %[6]s THEN

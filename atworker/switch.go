@@ -360,10 +360,14 @@ func Wait(ctx context.Context, db DB, schema, table string, running []RunningJob
 	}
 	jobs := jobsTable(schema)
 	deadline := time.Now().Add(wait)
-	write := func(sql string, args ...any) error {
+	writeN := func(sql string, args ...any) (int64, error) {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		_, err := db.Exec(cctx, sql, args...)
+		tag, err := db.Exec(cctx, sql, args...)
+		return tag.RowsAffected(), err
+	}
+	write := func(sql string, args ...any) error {
+		_, err := writeN(sql, args...)
 		return err
 	}
 	var idType string
@@ -415,8 +419,15 @@ func Wait(ctx context.Context, db DB, schema, table string, running []RunningJob
 				err = write("UPDATE "+table+" SET status = 'completed', attempts = $2, completed_at = $3, updated_at = now()"+where, rowID, o.attempts, o.finishedAt)
 				res.Finished++
 			case "pending":
-				if err = write("UPDATE "+jobs+" SET status = 'cancelled', finished_at = now(), updated_at = now(), "+
+				var cancelled int64
+				if cancelled, err = writeN("UPDATE "+jobs+" SET status = 'cancelled', finished_at = now(), updated_at = now(), "+
 					"last_error = 'handed back to the AT Worker by pgdispatch at-worker revert' WHERE id = $1 AND status = 'pending'", o.id); err == nil {
+					if cancelled == 0 {
+						// A worker claimed it again meanwhile: wait for
+						// that attempt.
+						left[o.id] = rowID
+						continue
+					}
 					err = write("UPDATE "+table+" SET status = 'pending', attempts = $2, execute_at = $3, error_message = $4, updated_at = now()"+where,
 						rowID, o.attempts, o.runAt, o.lastError)
 				}
