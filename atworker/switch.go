@@ -54,6 +54,15 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 		if err := lock(ctx, tx, rel.ident()); err != nil {
 			return plan, fmt.Errorf("lock %s: %w (for more than %s; writers queue behind the wait, so retry rather than wait longer)", rel.ident(), err, o.LockWait)
 		}
+		// Another switch may have held the lock, and put its view in the
+		// table's place: look again, as a switch started now would.
+		if again, err := find(ctx, tx, o.Table); err != nil || again.oid != rel.oid {
+			_ = tx.Rollback(ctx)
+			if err != nil {
+				return plan, err
+			}
+			return Switch(ctx, db, o)
+		}
 	}
 	// Names in what is read from the catalogs from here on are
 	// schema-qualified, so that the bridge's SQL means the same to every
