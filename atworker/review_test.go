@@ -231,6 +231,9 @@ func TestReviewTableOwnerKeepsAccess(t *testing.T) {
 	_, err := pool.Exec(ctx, fmt.Sprintf(`SET ROLE %s; INSERT INTO %s (task_type, payload) VALUES ('noop', '{}'); RESET ROLE`, owner, table))
 	require.NoError(t, err)
 	_, err = atworker.Switch(ctx, pool, atworker.Options{Schema: pgd, Table: table})
+	require.ErrorContains(t, err, "needs USAGE on schema", "the owner, whose rights the view's functions run with, has none on the jobs")
+	grantJobs(ctx, t, pgd, owner)
+	_, err = atworker.Switch(ctx, pool, atworker.Options{Schema: pgd, Table: table})
 	require.NoError(t, err)
 	conn, err := pool.Acquire(ctx)
 	require.NoError(t, err)
@@ -252,6 +255,7 @@ func TestReviewStoreTriggerRunsAsSwitcher(t *testing.T) {
 	pool := pgtest.Pool(t)
 	pgd := pgtest.FreshSchema(t)
 	schema, table, owner, producer := ownedTable(ctx, t)
+	grantJobs(ctx, t, pgd, owner)
 	_, err := atworker.Switch(ctx, pool, atworker.Options{Schema: pgd, Table: table})
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, fmt.Sprintf(`SET ROLE %[2]s;
@@ -269,4 +273,14 @@ func TestReviewStoreTriggerRunsAsSwitcher(t *testing.T) {
 	var super bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT who, super FROM `+schema+`.seen`).Scan(&who, &super))
 	require.False(t, super, "the table owner's trigger function ran as superuser %s", who)
+}
+
+// grantJobs gives role what the owner of a switched table needs on
+// pgdispatch's jobs.
+func grantJobs(ctx context.Context, t *testing.T, pgd, role string) {
+	t.Helper()
+	_, err := pgtest.Pool(t).Exec(ctx, fmt.Sprintf("GRANT USAGE ON SCHEMA %[1]s TO %[2]s; GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s.jobs TO %[2]s; "+
+		"GRANT USAGE ON SEQUENCE %[1]s.jobs_id_seq TO %[2]s",
+		pgx.Identifier{pgd}.Sanitize(), role))
+	require.NoError(t, err)
 }

@@ -64,6 +64,9 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 			return Switch(ctx, db, o)
 		}
 	}
+	if err := actAsOwner(ctx, tx, rel, o.Schema); err != nil {
+		return plan, err
+	}
 	// Names in what is read from the catalogs from here on are
 	// schema-qualified, so that the bridge's SQL means the same to every
 	// session.
@@ -568,4 +571,39 @@ func Bridges(ctx context.Context, db DB, schema string) ([]string, error) {
 		names[i] = r.ident()
 	}
 	return names, err
+}
+
+// actAsOwner makes the rest of tx run as the owner of rel, so that the view
+// and its functions are the owner's: the functions run with their owner's
+// rights (SECURITY DEFINER), and the owner's rights are what the table's
+// own triggers and policies ran with before. A switch run by another role
+// (a superuser) would otherwise lend that role's rights to any trigger the
+// owner puts on the store, and shut the owner out of its own table. The
+// current role must be the owner or a member of it, and the owner needs
+// rights on pgdispatch's jobs.
+func actAsOwner(ctx context.Context, tx pgx.Tx, rel relation, schema string) error {
+	var owner string
+	var member bool
+	if err := tx.QueryRow(ctx, `SELECT c.relowner::regrole::text, pg_has_role(current_user, c.relowner, 'MEMBER')
+		FROM pg_class c WHERE c.oid = $1`, rel.oid).Scan(&owner, &member); err != nil {
+		return err
+	}
+	if !member {
+		return fmt.Errorf("run the switch as the owner of %s (%s), or as a role that is a member of it", rel.ident(), owner)
+	}
+	// owner is regrole's output: an identifier, quoted where it needs to be.
+	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+owner); err != nil {
+		return err
+	}
+	var ok bool
+	if err := tx.QueryRow(ctx, `SELECT has_schema_privilege($1, 'USAGE')
+		AND has_table_privilege($2, 'SELECT, INSERT, UPDATE, DELETE')
+		AND has_sequence_privilege(pg_get_serial_sequence($2, 'id'), 'USAGE')`, schema, jobsTable(schema)).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("the owner of %s (%s) needs USAGE on schema %s, SELECT, INSERT, UPDATE and DELETE on %s, and USAGE on its id's sequence: the view's functions run as it",
+			rel.ident(), owner, pgx.Identifier{schema}.Sanitize(), jobsTable(schema))
+	}
+	return nil
 }
