@@ -103,7 +103,7 @@ func TestDaylightSavingOnAControlledClock(t *testing.T) {
 	}{
 		{"the clock skips 02:00-03:00", "2026-03-28T23:59:00Z", "2026-03-29T02:01:00Z", []string{
 			"2026-03-29T00:00:00Z", "2026-03-29T00:30:00Z", // 01:00, 01:30 CET
-			"2026-03-29T01:00:00Z", // 02:00 and 02:30 CET never are: at the jump, 03:00 CEST
+			"2026-03-29T01:00:00Z",                         // 02:00 and 02:30 CET never are: at the jump, 03:00 CEST
 			"2026-03-29T01:30:00Z", "2026-03-29T02:00:00Z", // 03:30, 04:00 CEST
 		}},
 		{"the clock shows 02:00-03:00 twice", "2026-10-24T23:59:00Z", "2026-10-25T02:31:00Z", []string{
