@@ -1,0 +1,219 @@
+package pgdispatch_test
+
+import (
+	"context"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+)
+
+// scheduled is a job a schedule created: its slot (run_at) and when its
+// row was inserted.
+type scheduled struct {
+	Key       string
+	Slot      time.Time
+	CreatedAt time.Time
+}
+
+func (b *bundle) scheduled(t *testing.T, name string) []scheduled {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rows, _ := pgtest.Pool(t).Query(ctx, "SELECT dedup_key, run_at, created_at FROM "+b.jobs+
+		" WHERE dedup_key LIKE 'schedule:' || $1 || ':%' ORDER BY run_at, id", name)
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[scheduled])
+	require.NoError(t, err)
+	return out
+}
+
+func (b *bundle) declare(t *testing.T, args string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := pgtest.Pool(t).Exec(ctx, "SELECT "+pgx.Identifier{b.schema, "schedule"}.Sanitize()+"("+args+")")
+	require.NoError(t, err)
+}
+
+func (b *bundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := pgtest.Pool(t).Exec(ctx, sql, args...)
+	require.NoError(t, err)
+}
+
+// waitScheduled waits until schedule name has created n jobs.
+func (b *bundle) waitScheduled(t *testing.T, name string, n int, timeout time.Duration) []scheduled {
+	t.Helper()
+	var got []scheduled
+	b.watch.Until(t, timeout, "scheduled jobs", func(map[int64]pgtest.JobState) bool {
+		got = b.scheduled(t, name)
+		return len(got) >= n
+	})
+	return got
+}
+
+// lags returns each job's created_at less its slot, sorted.
+func lags(jobs []scheduled) []time.Duration {
+	out := make([]time.Duration, 0, len(jobs))
+	for _, j := range jobs {
+		out = append(out, j.CreatedAt.Sub(j.Slot))
+	}
+	slices.Sort(out)
+	return out
+}
+
+func p99(sorted []time.Duration) time.Duration {
+	return sorted[int(math.Ceil(0.99*float64(len(sorted))))-1]
+}
+
+// consecutive fails unless the jobs' slots are one a second with none
+// missed and none twice.
+func consecutive(t *testing.T, jobs []scheduled) {
+	t.Helper()
+	for i := 1; i < len(jobs); i++ {
+		require.Equal(t, time.Second, jobs[i].Slot.Sub(jobs[i-1].Slot), "slots %s and %s", jobs[i-1].Key, jobs[i].Key)
+	}
+}
+
+// Acceptance 1: three workers and a schedule every second for 20 s: one
+// job per slot, none missed, each created within 50 ms of its slot (p99).
+func TestScheduleThreeWorkersOneJobPerSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var workers []*pgdispatch.Worker
+	var stops []func()
+	for _, id := range []string{"a", "b", "c"} {
+		cfg := b.config(t, id)
+		cfg.ScheduleFallback = hour
+		w, stop, _ := start(t, cfg)
+		workers, stops = append(workers, w), append(stops, stop)
+	}
+	b.declare(t, "'tick', NULL, 'record', every => '1 second'")
+	b.waitScheduled(t, "tick", 21, 40*time.Second)
+	for _, stop := range stops {
+		stop()
+	}
+	jobs := b.scheduled(t, "tick")
+	consecutive(t, jobs)
+
+	var runs, created int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"SELECT runs FROM "+pgx.Identifier{b.schema, "schedules"}.Sanitize()+" WHERE name = 'tick'").Scan(&runs))
+	for _, w := range workers {
+		created += w.Scheduler().Stats().Created
+	}
+	require.EqualValues(t, len(jobs), runs, "every slot was fired once")
+	require.EqualValues(t, len(jobs), created, "no worker fired a slot another had")
+
+	l := lags(jobs)
+	t.Logf("%d slots; created after the slot: min %s, median %s, p99 %s, max %s", len(l), l[0], l[len(l)/2], p99(l), l[len(l)-1])
+	require.GreaterOrEqual(t, l[0], time.Duration(0))
+	require.LessOrEqual(t, p99(l), 50*time.Millisecond)
+}
+
+// Acceptance 2: all workers stopped for 10 slots and started again: skip
+// creates one job and all creates ten, and both then run on time.
+func TestScheduleCatchUpAfterDowntime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "a")
+	cfg.ScheduleFallback = hour
+	_, stop, _ := start(t, cfg)
+	b.declare(t, "'skip', NULL, 'record', every => '1 second', catch_up => 'skip'")
+	b.declare(t, "'all', NULL, 'record', every => '1 second', catch_up => 'all'")
+	b.waitScheduled(t, "skip", 2, 20*time.Second)
+	b.waitScheduled(t, "all", 2, 20*time.Second)
+	stop()
+
+	// The first slot no worker fired, the same for both.
+	var first time.Time
+	ctx := context.Background()
+	schedules := pgx.Identifier{b.schema, "schedules"}.Sanitize()
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT max(next_run_at) FROM "+schedules).Scan(&first))
+	b.exec(t, "UPDATE "+schedules+" SET next_run_at = $1", first) // the same slot for both
+	before := map[string]int{"skip": len(b.scheduled(t, "skip")), "all": len(b.scheduled(t, "all"))}
+	// Down for ten slots: first to first+9s. The clock's passing is the
+	// scenario itself.
+	var dbNow time.Time
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT now()").Scan(&dbNow))
+	time.Sleep(first.Add(9*time.Second + 300*time.Millisecond).Sub(dbNow))
+
+	cfg = b.config(t, "b")
+	cfg.ScheduleFallback = hour
+	w, _, _ := start(t, cfg)
+	skip := b.waitScheduled(t, "skip", before["skip"]+3, 20*time.Second)
+	all := b.waitScheduled(t, "all", before["all"]+12, 20*time.Second)
+
+	// skip: one job, for the latest slot, created at once; then on time.
+	late := skip[before["skip"]:]
+	require.Equal(t, first.Add(9*time.Second), late[0].Slot)
+	consecutive(t, late)
+	// all: one job for each of the ten slots; then on time.
+	late = all[before["all"]:]
+	require.Equal(t, first, late[0].Slot)
+	consecutive(t, late)
+	for _, j := range late[10:] {
+		require.Less(t, j.CreatedAt.Sub(j.Slot), 50*time.Millisecond, "after the catch-up, %s is on time", j.Key)
+	}
+	for _, j := range skip[before["skip"]+1:] {
+		require.Less(t, j.CreatedAt.Sub(j.Slot), 50*time.Millisecond, "after the catch-up, %s is on time", j.Key)
+	}
+
+	type counts struct{ Missed, CaughtUp int64 }
+	rows, _ := pgtest.Pool(t).Query(ctx, "SELECT missed, caught_up FROM "+schedules+" ORDER BY name")
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[counts])
+	require.NoError(t, err)
+	require.Equal(t, []counts{{0, 9}, {9, 0}}, got) // all, skip
+	require.EqualValues(t, 9, w.Scheduler().Stats().Missed)
+	require.EqualValues(t, 9, w.Scheduler().Stats().CaughtUp)
+}
+
+// Acceptance 5: a schedule changed or disabled from psql takes effect
+// without restarting any worker; the fallback is an hour away, so the
+// notification does it.
+func TestScheduleChangedFromSQL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "a")
+	cfg.ScheduleFallback = hour
+	start(t, cfg)
+	schedules := pgx.Identifier{b.schema, "schedules"}.Sanitize()
+	b.declare(t, "'report', '@yearly', 'record'")
+	b.exec(t, "UPDATE "+schedules+" SET cron = NULL, every = '1 second', payload = '{\"v\": 1}' WHERE name = 'report'")
+	b.waitScheduled(t, "report", 2, 20*time.Second)
+
+	b.exec(t, "UPDATE "+schedules+" SET payload = '{\"v\": 2}' WHERE name = 'report'")
+	var changed time.Time
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), "SELECT now()").Scan(&changed))
+	jobs := b.waitScheduled(t, "report", len(b.scheduled(t, "report"))+2, 20*time.Second)
+	var payload string
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), "SELECT payload::text FROM "+b.jobs+" WHERE dedup_key = $1",
+		jobs[len(jobs)-1].Key).Scan(&payload))
+	require.JSONEq(t, `{"v": 2}`, payload)
+
+	// Disabled: no job for a slot after the change. Three slots pass, and a
+	// probe job inserted after them is seen: the watcher is up to date.
+	b.exec(t, "UPDATE "+schedules+" SET enabled = false WHERE name = 'report'")
+	var disabled time.Time
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), "SELECT now()").Scan(&disabled))
+	time.Sleep(3 * time.Second)
+	probe := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
+	b.watch.Until(t, waitFor, "the probe", func(m map[int64]pgtest.JobState) bool { _, ok := m[probe]; return ok })
+	for _, j := range b.scheduled(t, "report") {
+		require.False(t, j.Slot.After(disabled), "job %s is for a slot after the schedule was disabled", j.Key)
+	}
+
+	// Enabled again: from the next slot on.
+	n := len(b.scheduled(t, "report"))
+	b.exec(t, "UPDATE "+schedules+" SET enabled = true WHERE name = 'report'")
+	jobs = b.waitScheduled(t, "report", n+1, 20*time.Second)
+	require.True(t, jobs[n].Slot.After(disabled.Add(3*time.Second)), "the paused slots are not caught up: %s", jobs[n].Key)
+}
