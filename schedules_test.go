@@ -2,13 +2,17 @@ package pgdispatch_test
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
@@ -216,4 +220,81 @@ func TestScheduleChangedFromSQL(t *testing.T) {
 	b.exec(t, "UPDATE "+schedules+" SET enabled = true WHERE name = 'report'")
 	jobs = b.waitScheduled(t, "report", n+1, 20*time.Second)
 	require.True(t, jobs[n].Slot.After(disabled.Add(3*time.Second)), "the paused slots are not caught up: %s", jobs[n].Key)
+}
+
+// statementCounter counts what a pool sends, as the bench's idle scenario
+// does: each batch and each statement outside a transaction is one
+// transaction, and every statement is one statement.
+type statementCounter struct {
+	transactions, statements atomic.Int64
+}
+
+func (s *statementCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	s.statements.Add(1)
+	if conn.PgConn().TxStatus() == 'I' {
+		s.transactions.Add(1)
+	}
+	return ctx
+}
+
+func (s *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	s.transactions.Add(1)
+	return ctx
+}
+
+func (s *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	s.statements.Add(1)
+}
+
+func (s *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// Acceptance 6: an idle worker with ten schedules due in an hour sends no
+// more transactions than one with none: the scheduler sleeps until the
+// slot. Both workers run side by side over the same window, with the
+// defaults of POLL_INTERVAL, SWEEP_INTERVAL and the scheduler's fallback.
+func TestScheduleIdleCost(t *testing.T) {
+	t.Parallel()
+	type idle struct {
+		w       *pgdispatch.Worker
+		counter *statementCounter
+	}
+	var runs []idle
+	for i, schedules := range []int{0, 10} {
+		b := setupUnwatched(t)
+		for n := range schedules {
+			b.declare(t, fmt.Sprintf("'s%d', '@hourly', 'record'", n))
+		}
+		b.exec(t, "UPDATE "+pgx.Identifier{b.schema, "schedules"}.Sanitize()+" SET next_run_at = now() + interval '1 hour'")
+		counter := &statementCounter{}
+		pc := pgtest.Pool(t).Config().Copy()
+		pc.ConnConfig.Tracer = counter
+		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		cfg := pgdispatch.Config{Pool: pool, Schema: b.schema, WorkerID: fmt.Sprintf("idle-%d", i), Registry: b.registry,
+			Logger: zaptest.NewLogger(t)}
+		w, _, _ := start(t, cfg)
+		runs = append(runs, idle{w, counter})
+	}
+	time.Sleep(2 * time.Second) // the start-up's passes and claims settle
+	var before [2][2]int64
+	for i, r := range runs {
+		before[i] = [2]int64{r.counter.transactions.Load(), r.counter.statements.Load()}
+	}
+	passes := runs[1].w.Scheduler().Stats().Passes
+	const window = 20 * time.Second
+	time.Sleep(window)
+	perMinute := float64(time.Minute) / float64(window)
+	var got [2][2]float64
+	for i, r := range runs {
+		got[i] = [2]float64{float64(r.counter.transactions.Load()-before[i][0]) * perMinute,
+			float64(r.counter.statements.Load()-before[i][1]) * perMinute}
+	}
+	t.Logf("transactions / statements a minute: no schedules %.1f / %.1f; ten due in an hour %.1f / %.1f",
+		got[0][0], got[0][1], got[1][0], got[1][1])
+	require.Equal(t, passes, runs[1].w.Scheduler().Stats().Passes, "the scheduler slept through the window")
+	require.LessOrEqual(t, got[1][0], got[0][0])
+	require.LessOrEqual(t, got[1][1], got[0][1])
 }
