@@ -9,6 +9,7 @@
 //	pgdispatch stats      jobs by queue, kind and status
 //	pgdispatch jobs       look at jobs and their attempts; retry, cancel or snooze them
 //	pgdispatch queues     pause and resume queues
+//	pgdispatch schedules  add, list, remove, pause and resume cron schedules
 //
 // Configuration comes from the environment, an optional .env file in the
 // working directory, and flags; flags win. `pgdispatch COMMAND --help` lists
@@ -42,6 +43,7 @@ Usage:
   pgdispatch stats [flags]     jobs by queue, kind and status, the oldest due job, the last minute's throughput
   pgdispatch jobs list|show|retry|cancel|snooze   look at jobs and their attempts, retry dead ones, cancel or snooze others
   pgdispatch queues list|pause|resume   pause a queue's claims on every worker, and resume them
+  pgdispatch schedules add|list|remove|pause|resume   create jobs on a cron schedule or an interval, once per slot
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
@@ -73,15 +75,16 @@ func subcommand(ctx context.Context, name, usage string, subs map[string]command
 }
 
 var commands = map[string]command{
-	"run":      {runCommand},
-	"migrate":  {migrateCommand},
-	"enqueue":  {enqueueCommand},
-	"demo":     {demoCommand},
-	"bench":    {benchCommand},
-	"triggers": {triggersCommand},
-	"stats":    {statsCommand},
-	"jobs":     {jobsCommand},
-	"queues":   {queuesCommand},
+	"run":       {runCommand},
+	"migrate":   {migrateCommand},
+	"enqueue":   {enqueueCommand},
+	"demo":      {demoCommand},
+	"bench":     {benchCommand},
+	"triggers":  {triggersCommand},
+	"stats":     {statsCommand},
+	"jobs":      {jobsCommand},
+	"queues":    {queuesCommand},
+	"schedules": {schedulesCommand},
 }
 
 func main() {
