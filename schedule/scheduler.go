@@ -131,7 +131,7 @@ func New(cfg Config) (*Scheduler, error) {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
 	r := strings.NewReplacer("{schedules}", pgx.Identifier{cfg.Schema, "schedules"}.Sanitize(),
-		"{jobs}", pgx.Identifier{cfg.Schema, "jobs"}.Sanitize())
+		"{insert}", pgx.Identifier{cfg.Schema, "insert_scheduled_jobs"}.Sanitize())
 	queries := map[string]string{}
 	for name, q := range map[string]string{
 		"now": nowSQL, "quiet": quietSQL, "lock": lockSQL, "insert": insertSQL, "update": updateSQL, "earliest": earliestSQL, "held": heldSQL,
@@ -179,14 +179,8 @@ FOR UPDATE SKIP LOCKED`
 
 	// insertSQL creates the jobs of the slots fired, in schedule and slot
 	// order; a slot's job that exists already (its dedup_key is taken) is
-	// not made again.
-	insertSQL = `
-INSERT INTO {jobs} (kind, payload, queue, priority, max_attempts, run_at, dedup_key)
-SELECT s.kind, s.payload, s.queue, s.priority, s.max_attempts, f.slot, 'schedule:' || s.name || ':' || f.key
-FROM unnest($1::bigint[], $2::timestamptz[], $3::text[]) WITH ORDINALITY AS f(id, slot, key, n)
-JOIN {schedules} s ON s.id = f.id
-ORDER BY f.n
-ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING`
+	// not made again (migration 011).
+	insertSQL = `SELECT {insert}($1::bigint[], $2::timestamptz[])`
 
 	// updateSQL moves the schedules on; they are locked already. It runs
 	// after quietSQL, which keeps the table's triggers from checking the
@@ -386,9 +380,10 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 			if err != nil {
 				return res, fmt.Errorf("schedules: savepoint: %w", err)
 			}
-			tag, err := sp.Exec(ctx, s.sql["insert"], repeat(p.id, len(p.slots)), p.slots, keys(p.slots))
+			var n int64
+			err = sp.QueryRow(ctx, s.sql["insert"], repeat(p.id, len(p.slots)), p.slots).Scan(&n)
 			if err == nil {
-				res.Created += tag.RowsAffected()
+				res.Created += n
 				err = sp.Commit(ctx)
 			} else {
 				_ = sp.Rollback(ctx)
@@ -437,9 +432,11 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 	batch = &pgx.Batch{}
 	batch.Queue(s.sql["quiet"])
 	if len(slots) > 0 {
-		batch.Queue(s.sql["insert"], jobIDs, slots, keys(slots)).Exec(func(tag pgconn.CommandTag) error {
-			res.Created += tag.RowsAffected()
-			return nil
+		batch.Queue(s.sql["insert"], jobIDs, slots).QueryRow(func(row pgx.Row) error {
+			var n int64
+			err := row.Scan(&n)
+			res.Created += n
+			return err
 		})
 	}
 	if len(ids) > 0 {
@@ -537,15 +534,6 @@ func repeat(id int64, n int) []int64 {
 	out := make([]int64, n)
 	for i := range out {
 		out[i] = id
-	}
-	return out
-}
-
-// keys writes the slots as their jobs' dedup_keys end.
-func keys(slots []time.Time) []string {
-	out := make([]string, len(slots))
-	for i, t := range slots {
-		out[i] = t.UTC().Format(time.RFC3339)
 	}
 	return out
 }

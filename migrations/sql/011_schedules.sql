@@ -324,6 +324,31 @@ BEGIN
 END
 $$;
 
+-- insert_scheduled_jobs creates the jobs of the slots a worker fires: for
+-- each schedule id of ids, a job of that schedule at the slot of slots at
+-- the same place, its dedup_key 'schedule:<name>:<slot, RFC 3339 in UTC>';
+-- a slot whose key a job holds already gets none. It returns how many jobs
+-- it created. It runs with its owner's rights, so that a worker may create
+-- the jobs its schedules describe and insert no others.
+CREATE OR REPLACE FUNCTION {{.schema}}.insert_scheduled_jobs(ids bigint[], slots timestamptz[]) RETURNS bigint
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH created AS (
+        INSERT INTO {{.schema}}.jobs (kind, payload, queue, priority, max_attempts, run_at, dedup_key)
+        SELECT s.kind, s.payload, s.queue, s.priority, s.max_attempts, f.slot,
+               'schedule:' || s.name || ':' || to_char(f.slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+        FROM unnest(insert_scheduled_jobs.ids, insert_scheduled_jobs.slots) WITH ORDINALITY AS f(id, slot, n)
+        JOIN {{.schema}}.schedules s ON s.id = f.id
+        ORDER BY f.n
+        ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) FROM created
+$$;
+
+REVOKE ALL ON FUNCTION {{.schema}}.insert_scheduled_jobs(bigint[], timestamptz[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{.schema}}.schedule(text, text, text, jsonb, text, text, smallint, integer, text, integer, interval, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{.schema}}.unschedule(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {{.schema}}.pause_schedule(text) FROM PUBLIC;
