@@ -457,3 +457,37 @@ func TestCancelNotifiesLongIDs(t *testing.T) {
 		}
 	}
 }
+
+// A cancel sent while the worker's listener is away reaches the running
+// job when the listener connects again, not at the next heartbeat.
+func TestCancelWhileTheListenerIsAway(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "w")
+	app := "pgdispatch-listener-" + b.schema
+	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
+	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
+	cfg.ReconnectMin = 500 * time.Millisecond
+	cfg.ReconnectMax = 500 * time.Millisecond
+	cfg.Lease = time.Hour // no heartbeat in the test's time
+	start(t, cfg)
+	ended := make(chan struct{})
+	b.registry.Register("block", executors.Func(func(ctx context.Context, _ *executors.Job) error {
+		<-ctx.Done()
+		close(ended)
+		return ctx.Err()
+	}))
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('block') RETURNING id")
+	b.watch.Status(t, id, "running", waitFor)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.Positive(t, pgtest.TerminateApp(ctx, t, app)) // the listener, and the sleep key's session
+	_, err := admin.New(pgtest.Pool(t), b.schema, 0).Cancel(ctx, []int64{id})
+	require.NoError(t, err)
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the run did not stop after the listener came back")
+	}
+}

@@ -189,7 +189,8 @@ func (w *Worker) wake(queue string) {
 func (w *Worker) control(payload string) {
 	var msg triggers.Control
 	if err := json.Unmarshal([]byte(payload), &msg); err != nil {
-		w.logger.Warn("a control notification did not parse; ignored", zap.Error(err), zap.Int("bytes", len(payload)))
+		// Anyone may NOTIFY: at debug, so that a flood cannot fill the logs.
+		w.logger.Debug("a control notification did not parse; ignored", zap.Error(err), zap.Int("bytes", len(payload)))
 		return
 	}
 	if msg.Schema != w.cfg.Schema {
@@ -206,11 +207,14 @@ func (w *Worker) control(payload string) {
 	}
 }
 
-// wakeAll wakes every claimer and the scheduler, after the listener has
-// (re)connected: what was notified while it was away is lost.
+// wakeAll runs when the listener has connected again: whatever was notified
+// while it was away is lost, so every claimer looks for due jobs, and has
+// its runs' rows checked for cancels, and the scheduler reads the
+// schedules.
 func (w *Worker) wakeAll() {
 	for _, c := range w.claimers {
 		c.Wake()
+		c.CheckRuns()
 	}
 	w.scheduler.Wake()
 }

@@ -56,6 +56,25 @@ func (c *Claimer) Cancel(ids []int64) int {
 	return n
 }
 
+// CheckRuns has the rows of all the claimer's runs checked, as Cancel has
+// those of the jobs it is told of: the worker calls it when its listener
+// has connected again, since a cancel notice sent while it was away is
+// lost. It does not block.
+func (c *Claimer) CheckRuns() {
+	n := 0
+	c.mu.Lock()
+	for r := range c.inflight {
+		if !r.reported && r.cancelled == nil {
+			c.toCheck[r] = true
+			n++
+		}
+	}
+	c.mu.Unlock()
+	if n > 0 {
+		signal(c.checkCancels)
+	}
+}
+
 // maxHeard bounds the ids Cancel keeps while a claim is in flight: past it,
 // a flood of notices (anyone may NOTIFY) has every run of the claim checked.
 const maxHeard = 10000

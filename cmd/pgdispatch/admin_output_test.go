@@ -164,3 +164,75 @@ func TestJobsShowMasksSecrets(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(a.run(t, "jobs", "show", "--json", id)), &masked))
 	require.Equal(t, "xxxxx", masked.Payload.Data.RefreshToken, "a number under a secret key is masked too")
 }
+
+// jobs show prints each failed attempt and the result, escaped and masked
+// as the rest of the row; --json holds both.
+func TestJobsShowPrintsTheAttempts(t *testing.T) {
+	t.Parallel()
+	a := hostileRow(t, `{}`, "HTTP 503")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := pgtest.Pool(t).Exec(ctx, `UPDATE `+pgx.Identifier{a.schema, "jobs"}.Sanitize()+` SET
+		errors = jsonb_build_array(
+		    jsonb_build_object('attempt', 1, 'started_at', '2026-11-27T07:00:00Z', 'finished_at', '2026-11-27T07:00:00.25Z',
+		                       'worker', 'w1', 'error', 'HTTP 500 from https://bob:hunter2@example.com/hook',
+		                       'result', jsonb_build_object('status', 500, 'body', $2::text)),
+		    'not an entry'),
+		result = jsonb_build_object('status', 200, 'token', 'sekrit')
+		WHERE id = $1`, a.id, hostileError)
+	require.NoError(t, err)
+	id := strconv.FormatInt(a.id, 10)
+
+	show := a.run(t, "jobs", "show", id)
+	requireNoControls(t, "jobs show", show)
+	for _, want := range []string{"attempt 1", "took 250ms", "on w1", "HTTP 500 from https://bob:xxxxx@example.com/hook",
+		`"status":500`, "(1 entries not in the worker's form", `"status":200`, `"token":"xxxxx"`} {
+		require.Contains(t, show, want)
+	}
+	require.NotContains(t, show, "hunter2")
+	require.NotContains(t, show, "sekrit")
+
+	var j struct {
+		Errors []json.RawMessage `json:"errors"`
+		Result map[string]any    `json:"result"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(a.run(t, "jobs", "show", "--json", id)), &j))
+	require.Len(t, j.Errors, 2)
+	require.Equal(t, "xxxxx", j.Result["token"])
+	require.Contains(t, a.run(t, "jobs", "show", "--reveal", id), "sekrit")
+}
+
+// queues pause, list and resume, and jobs snooze and cancel, as an
+// operator runs them.
+func TestQueueAndJobControls(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	a := &adminOutput{schema: schema, env: dbEnv(schema)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var id int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `INSERT INTO `+pgx.Identifier{schema, "jobs"}.Sanitize()+
+		` (kind, queue) VALUES ('noop', 'mail') RETURNING id`).Scan(&id))
+	jobID := strconv.FormatInt(id, 10)
+
+	require.Equal(t, "queue mail: paused\n", a.run(t, "queues", "pause", "mail"))
+	require.Equal(t, "queue mail: already paused\n", a.run(t, "queues", "pause", "mail"))
+	list := a.run(t, "queues", "list")
+	require.Regexp(t, `(?m)^mail\s+paused\s+\S+\s+1\s+0$`, list)
+	require.Contains(t, a.run(t, "stats"), "mail (paused)")
+	require.Equal(t, "queue mail: resumed\n", a.run(t, "queues", "resume", "mail"))
+	require.Equal(t, "queue mail: not paused\n", a.run(t, "queues", "resume", "mail"))
+	require.Regexp(t, `(?m)^mail\s+active\s+-\s+1\s+0$`, a.run(t, "queues", "list"))
+
+	require.Equal(t, "job "+jobID+": snoozed for 1h0m0s (was pending)\n", a.run(t, "jobs", "snooze", "--for", "1h", jobID))
+	var in float64
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT extract(epoch FROM run_at - now()) FROM `+
+		pgx.Identifier{schema, "jobs"}.Sanitize()+` WHERE id = $1`, id).Scan(&in))
+	require.InDelta(t, 3600, in, 10)
+	require.Equal(t, "job "+jobID+": cancelled (was pending)\n", a.run(t, "jobs", "cancel", jobID))
+	require.Equal(t, "job "+jobID+": left as it is: cancelled, not pending\n", a.run(t, "jobs", "snooze", "--for", "1h", jobID))
+
+	p := start(t, a.env, "jobs", "snooze", jobID)
+	require.Equal(t, 2, p.wait(t, 30*time.Second))
+	require.Contains(t, p.stderr.String(), "give --for with a positive duration")
+}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -143,15 +145,10 @@ func queueSwitch(ctx context.Context, what string, args []string, stdout, stderr
 		"resume": "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
 	}[what], stderr)
 	v := newValues(fs, connSettings)
-	if err := parse(fs, args); err != nil {
+	queue, err := parseName(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 || fs.Arg(0) == "" {
-		fmt.Fprintln(stderr, "give one queue name")
-		fs.Usage()
-		return errUsage
-	}
-	queue := fs.Arg(0)
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		var changed bool
 		var err error
@@ -175,4 +172,29 @@ func queueSwitch(ctx context.Context, what string, args []string, stdout, stderr
 		}
 		return nil
 	})
+}
+
+// parseName parses flags and one queue name, which may come before, between
+// or after the flags.
+func parseName(fs *flag.FlagSet, args []string) (string, error) {
+	var names []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return "", err
+			}
+			return "", errUsage
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		names = append(names, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(names) != 1 || names[0] == "" {
+		fmt.Fprintln(fs.Output(), "give one queue name")
+		fs.Usage()
+		return "", errUsage
+	}
+	return names[0], nil
 }

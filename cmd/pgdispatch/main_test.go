@@ -122,7 +122,7 @@ func env(extra ...string) []string {
 }
 
 func isSetting(name string) bool {
-	for _, g := range [][]setting{connSettings, workerSettings, executorSettings, serveSettings} {
+	for _, g := range [][]setting{connSettings, workerSettings, executorSettings, serveSettings, atWorkerSettings} {
 		for _, s := range g {
 			if s.env == name {
 				return true

@@ -43,6 +43,7 @@ var settingGroups = map[string][]setting{
 	"workerSettings":   workerSettings,
 	"executorSettings": executorSettings,
 	"serveSettings":    serveSettings,
+	"atWorkerSettings": atWorkerSettings,
 }
 
 // Names the docs may use that are neither settings, flags nor metrics of
@@ -309,7 +310,7 @@ type cmdFlag struct {
 }
 
 var (
-	commandLine = regexp.MustCompile(`(?m)^  pgdispatch ([a-z]+)`)
+	commandLine = regexp.MustCompile(`(?m)^  pgdispatch ([a-z][a-z-]*)`)
 	flagLine    = regexp.MustCompile(`^  -([a-z0-9-]+)(?: ([a-z]+))?$`)
 	flagDefault = regexp.MustCompile(`\(default (.*)\)$`)
 )

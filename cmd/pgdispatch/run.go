@@ -158,9 +158,13 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 
 func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("run", "Serve the queues until SIGINT or SIGTERM, then shut down gracefully.", stderr)
-	v := newValues(fs, connSettings, workerSettings, executorSettings, serveSettings)
+	v := newValues(fs, connSettings, workerSettings, executorSettings, serveSettings, atWorkerSettings)
 	migrate := fs.Bool("migrate", false, "create or upgrade the schema before starting")
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	atWorker, err := applyATWorkerSettings(v)
+	if err != nil {
 		return err
 	}
 	c, err := openConn(ctx, v, v.databaseURL())
@@ -168,6 +172,10 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	defer c.pool.Close()
+	for _, a := range atWorker {
+		c.logger.Info("the AT Worker's setting stands in for pgdispatch's, which is unset",
+			zap.String("at_worker", a[0]), zap.String("pgdispatch", a[1]))
+	}
 	cfg, err := workerConfig(v, c)
 	if err != nil {
 		return err
@@ -212,6 +220,12 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 			}
 		}()
 	}
+	// The rows of scheduled_tasks switched to pgdispatch get their jobs'
+	// outcomes before the sweeper purges them (pgdispatch at-worker).
+	settleCtx, stopSettling := context.WithCancel(ctx)
+	settled := make(chan struct{})
+	go func() { defer close(settled); settleATWorker(settleCtx, c, cfg.SweepInterval) }()
+	defer func() { stopSettling(); <-settled }()
 	return explainSchema(w.Run(ctx), c.schema)
 }
 

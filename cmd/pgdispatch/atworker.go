@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/atworker"
+	"github.com/pgdispatch/pgdispatch/internal/termsafe"
+)
+
+const atWorkerUsage = `Usage:
+  pgdispatch at-worker switch [--dry-run] [--table scheduled_tasks] [flags]   run the AT Worker's table on pgdispatch
+  pgdispatch at-worker revert [--dry-run] [--table scheduled_tasks] [flags]   give it back to the AT Worker
+
+switch renames the AT Worker's table to <table>_at_worker, makes each row a
+job, and puts a view named <table> in its place: producers' INSERTs become
+jobs in their own transaction, and the AT Worker's diagnostic SQL reads the
+jobs' states under the AT Worker's names. revert makes it a table again,
+with every row's current state, and cancels the pending jobs, which the AT
+Worker runs from then on. See docs/migrating-from-at-worker.md.
+`
+
+func atWorkerCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return subcommand(ctx, "at-worker", atWorkerUsage, map[string]commandFunc{
+		"switch": atWorkerSwitch, "revert": atWorkerRevert,
+	}, args, stdout, stderr)
+}
+
+// The AT Worker's own settings. Each stands in for the pgdispatch setting
+// named in its help when that one is unset (atWorkerFallbacks).
+var atWorkerSettings = []setting{
+	{env: "WORKER_POLLING_INTERVAL", help: "the AT Worker's polling interval, in seconds: read as POLL_INTERVAL when that is unset"},
+	{env: "WORKER_BATCH_SIZE", help: "the AT Worker's batch size: read as CONCURRENCY when that is unset"},
+	{env: "WORKER_CLEANER_INTERVAL", help: "the AT Worker's cleaner interval, in minutes: read as SWEEP_INTERVAL when that is unset"},
+	{env: "WORKER_STUCK_TIMEOUT", help: "the AT Worker's stuck timeout, in minutes: read as LEASE when that is unset, and by at-worker switch"},
+}
+
+// atWorkerFallback maps one AT Worker setting to pgdispatch's.
+type atWorkerFallback struct {
+	from, to, flag string
+	unit           string // the value's suffix: "s", "m", or "" for a count
+}
+
+var atWorkerFallbacks = []atWorkerFallback{
+	{"WORKER_POLLING_INTERVAL", "POLL_INTERVAL", "poll-interval", "s"},
+	{"WORKER_BATCH_SIZE", "CONCURRENCY", "concurrency", ""},
+	{"WORKER_CLEANER_INTERVAL", "SWEEP_INTERVAL", "sweep-interval", "m"},
+	{"WORKER_STUCK_TIMEOUT", "LEASE", "lease", "m"},
+}
+
+// applyATWorkerSettings sets each pgdispatch setting that neither the
+// environment nor a flag sets from the AT Worker's, and returns a log
+// line's fields for each one it set.
+func applyATWorkerSettings(v *values) (applied [][2]string, err error) {
+	set := map[string]bool{}
+	v.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	for _, m := range atWorkerFallbacks {
+		from := v.str(m.from)
+		if from == "" || set[m.flag] {
+			continue
+		}
+		if _, ok := os.LookupEnv(m.to); ok {
+			continue
+		}
+		n, err := strconv.Atoi(from)
+		if err != nil || n <= 0 {
+			errs = append(errs, fmt.Errorf("invalid %s %q: must be a whole number above 0 (it stands in for %s, which is unset)", m.from, from, m.to))
+			continue
+		}
+		*v.vals[m.to] = from + m.unit
+		applied = append(applied, [2]string{m.from + "=" + from, m.to + "=" + from + m.unit})
+	}
+	return applied, errors.Join(errs...)
+}
+
+func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("at-worker switch", "Run the AT Worker's table on pgdispatch: rename it to <table>_at_worker, make every row a job,\n"+
+		"and put a view named <table> with INSTEAD OF triggers in its place, in one transaction.\n"+
+		"Pending rows are due at execute_at; rows an AT Worker is processing become due --stuck-timeout\n"+
+		"after their updated_at, unless that AT Worker finishes them first. Running it again does nothing.", stderr)
+	v := newValues(fs, connSettings, atWorkerSettings)
+	o := atWorkerFlags(fs)
+	queue := fs.String("queue", atworker.DefaultQueue, "the queue of the jobs made from the table's rows")
+	stuck := fs.Duration("stuck-timeout", 0, "how long after its updated_at a row the AT Worker is processing becomes due here (default: WORKER_STUCK_TIMEOUT minutes, else 5m)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	o.Queue, o.StuckTimeout = *queue, *stuck
+	if o.StuckTimeout == 0 {
+		o.StuckTimeout = atworker.DefaultStuckTimeout
+		if s := v.str("WORKER_STUCK_TIMEOUT"); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("invalid WORKER_STUCK_TIMEOUT %q: want a whole number of minutes above 0", s)
+			}
+			o.StuckTimeout = time.Duration(n) * time.Minute
+		}
+	}
+	return onDatabase(ctx, v, o.LockWait, func(ctx context.Context, c *conn) error {
+		o.Schema = c.schema
+		plan, err := atworker.Switch(ctx, c.pool, *o)
+		if err != nil {
+			return atWorkerError(err, o.Table, "switch")
+		}
+		if plan.AlreadySwitched {
+			fmt.Fprintf(stdout, "%s is already switched to pgdispatch (schema %q; its rows are in %s): nothing changed\n",
+				termsafe.String(plan.Table), c.schema, termsafe.String(plan.Store))
+			return nil
+		}
+		rows := rowCounts(plan.Rows)
+		if o.DryRun {
+			fmt.Fprintf(stdout, "would switch %s, %s, to jobs of queue %q in schema %q; processing rows due %s after their updated_at;\n"+
+				"the application's columns kept: %s. Nothing changed. The statements, in one transaction:\n\n",
+				termsafe.String(plan.Table), rows, o.Queue, c.schema, o.StuckTimeout, termsafe.String(strings.Join(plan.Columns, ", ")))
+			for _, s := range plan.Statements {
+				for _, line := range strings.Split(s+";", "\n") {
+					fmt.Fprintln(stdout, termsafe.String(line))
+				}
+				fmt.Fprintln(stdout)
+			}
+			return nil
+		}
+		fmt.Fprintf(stdout, "switched %s to pgdispatch: its %s are jobs of queue %q; the rows are kept in %s\n",
+			termsafe.String(plan.Table), rows, o.Queue, termsafe.String(plan.Store))
+		return nil
+	})
+}
+
+func atWorkerRevert(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("at-worker revert", "Give the AT Worker's table back: make the view a table again with every row's current state,\n"+
+		"and cancel the pending jobs, which the AT Worker runs from then on. Rows of jobs still running\n"+
+		"read processing; revert waits up to --wait for their outcomes and writes them.", stderr)
+	v := newValues(fs, connSettings)
+	o := atWorkerFlags(fs)
+	wait := fs.Duration("wait", atworker.DefaultRevertWait, "how long to wait for the jobs running at the revert; those still running then are cancelled and their rows made pending")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return onDatabase(ctx, v, o.LockWait, func(callCtx context.Context, c *conn) error {
+		o.Schema = c.schema
+		res, err := atworker.Revert(callCtx, c.pool, *o)
+		if err != nil {
+			return atWorkerError(err, o.Table, "revert")
+		}
+		table := termsafe.String(res.Table)
+		switch {
+		case res.NotSwitched:
+			fmt.Fprintf(stdout, "%s is a table already, not switched to pgdispatch: nothing changed\n", table)
+			return nil
+		case o.DryRun:
+			fmt.Fprintf(stdout, "would revert %s (%s): %d pending jobs would be cancelled, %d running ones waited for. Nothing changed.\n",
+				table, rowCounts(res.Rows), res.Cancelled, len(res.Running))
+			return nil
+		}
+		fmt.Fprintf(stdout, "reverted %s to a table (%s): %d pending jobs cancelled, for the AT Worker to run\n",
+			table, rowCounts(res.Rows), res.Cancelled)
+		if len(res.Running) == 0 {
+			return nil
+		}
+		fmt.Fprintf(stdout, "waiting up to %s for %d running jobs\n", *wait, len(res.Running))
+		w, err := atworker.Wait(ctx, c.pool, c.schema, res.Table, res.Running, *wait, c.timeout)
+		if err != nil {
+			return fmt.Errorf("the table is reverted, but the outcomes of the running jobs were not all written: %w", err)
+		}
+		fmt.Fprintf(stdout, "%d finished and written; %d to be retried, made pending for the AT Worker", w.Finished, w.Retried)
+		if len(w.Cut) > 0 {
+			fmt.Fprintf(stdout, "; %d still running were cancelled and made pending (an attempt cut short may have delivered): jobs %v", len(w.Cut), w.Cut)
+		}
+		fmt.Fprintln(stdout)
+		return nil
+	})
+}
+
+func atWorkerFlags(fs *flag.FlagSet) *atworker.Options {
+	o := &atworker.Options{}
+	fs.StringVar(&o.Table, "table", atworker.DefaultTable, "the AT Worker's table, as SQL reads it: scheduled_tasks (on the search_path) or app.scheduled_tasks")
+	fs.BoolVar(&o.DryRun, "dry-run", false, "print what would be done, and change nothing")
+	fs.DurationVar(&o.LockWait, "lock-wait", atworker.DefaultLockWait, "how long to wait for the table's lock; producers queue behind the wait, so keep it short")
+	return o
+}
+
+// atWorkerError makes a missing table one clear line.
+func atWorkerError(err error, table, what string) error {
+	if errors.Is(err, atworker.ErrNoTable) {
+		return fmt.Errorf("no table %s in this database (nor on its search_path): nothing to %s", termsafe.String(table), what)
+	}
+	return err
+}
+
+// rowCounts writes counts by status: "3 rows (1 pending, 2 completed)".
+func rowCounts(counts map[string]int64) string {
+	var total int64
+	var parts []string
+	for _, s := range []string{atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed} {
+		if n := counts[s]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, s))
+		}
+	}
+	others := make([]string, 0)
+	for s, n := range counts {
+		switch s {
+		case atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed:
+		default:
+			others = append(others, fmt.Sprintf("%d %s", n, termsafe.String(s)))
+		}
+	}
+	sort.Strings(others)
+	parts = append(parts, others...)
+	for _, n := range counts {
+		total += n
+	}
+	if len(parts) == 0 {
+		return "0 rows"
+	}
+	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))
+}
+
+// atWorkerLooks is how many intervals a worker with no AT Worker bridge
+// waits between looks for one: a switch made while it runs is settled from
+// then on. It is long (5 minutes at the default SWEEP_INTERVAL), so that an
+// idle worker of a database that never switched stays idle.
+const atWorkerLooks = 10
+
+// settleATWorker writes the outcomes of the bridges' finished jobs into
+// their rows every interval, before the sweeper can purge them
+// (atworker.Settle); while there is no bridge, it looks for one every
+// atWorkerLooks intervals.
+func settleATWorker(ctx context.Context, c *conn, interval time.Duration) {
+	for {
+		wait := interval * atWorkerLooks
+		lookCtx, cancel := context.WithTimeout(ctx, c.timeout)
+		bridges, err := atworker.Bridges(lookCtx, c.pool, c.schema)
+		cancel()
+		if err == nil && len(bridges) > 0 {
+			wait = interval
+			var n int64
+			n, err = atworker.Settle(ctx, c.pool, c.schema, c.timeout)
+			if n > 0 {
+				c.logger.Debug("at-worker: finished jobs written into scheduled_tasks", zap.Int64("rows", n))
+			}
+		}
+		if err != nil && ctx.Err() == nil {
+			c.logger.Warn("at-worker: writing finished jobs into scheduled_tasks failed", zap.Error(err))
+			wait = interval
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
