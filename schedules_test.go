@@ -273,8 +273,10 @@ func TestScheduleIdleCost(t *testing.T) {
 		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 		require.NoError(t, err)
 		t.Cleanup(pool.Close)
-		cfg := pgdispatch.Config{Pool: pool, Schema: b.schema, WorkerID: fmt.Sprintf("idle-%d", i), Registry: b.registry,
-			Logger: zaptest.NewLogger(t)}
+		cfg := pgdispatch.Config{
+			Pool: pool, Schema: b.schema, WorkerID: fmt.Sprintf("idle-%d", i), Registry: b.registry,
+			Logger: zaptest.NewLogger(t),
+		}
 		w, _, _ := start(t, cfg)
 		runs = append(runs, idle{w, counter})
 	}
@@ -289,8 +291,10 @@ func TestScheduleIdleCost(t *testing.T) {
 	perMinute := float64(time.Minute) / float64(window)
 	var got [2][2]float64
 	for i, r := range runs {
-		got[i] = [2]float64{float64(r.counter.transactions.Load()-before[i][0]) * perMinute,
-			float64(r.counter.statements.Load()-before[i][1]) * perMinute}
+		got[i] = [2]float64{
+			float64(r.counter.transactions.Load()-before[i][0]) * perMinute,
+			float64(r.counter.statements.Load()-before[i][1]) * perMinute,
+		}
 	}
 	t.Logf("transactions / statements a minute: no schedules %.1f / %.1f; ten due in an hour %.1f / %.1f",
 		got[0][0], got[0][1], got[1][0], got[1][1])

@@ -2,7 +2,6 @@ package schedule_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 
@@ -58,7 +57,7 @@ func TestDeclarationErrors(t *testing.T) {
 	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	require.NoError(t, err)
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 
 	fn := pgx.Identifier{e.schema, "schedule"}.Sanitize()
 	for _, c := range []struct{ sql, want string }{
@@ -73,7 +72,7 @@ func TestDeclarationErrors(t *testing.T) {
 	} {
 		_, err := conn.Exec(ctx, c.sql)
 		var pgErr *pgconn.PgError
-		require.True(t, errors.As(err, &pgErr), "%s: %v", c.sql, err)
+		require.ErrorAs(t, err, &pgErr, c.sql)
 		require.Contains(t, pgErr.Message, c.want, c.sql)
 	}
 	var n int

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -54,18 +53,18 @@ func TestSchedulesCommands(t *testing.T) {
 		}
 	}
 	require.NotContains(t, out, "secret", "payloads are masked")
-	require.Regexp(t, regexp.MustCompile(`(?m)^nightly +0 2 \* \* \* +Europe/Berlin +reports +default +skip +enabled +\d{4}-\d\d-\d\dT0[01]:00:00Z +- +0 +0 +0 +\{"url":"https://user:xxxxx@example\.com/"\}$`), out)
-	require.Regexp(t, regexp.MustCompile(`(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +enabled +\d{4}-\d\d-\d\dT\d\d:00:00Z +- +0 +0 +0 +\{\}$`), out)
+	require.Regexp(t, `(?m)^nightly +0 2 \* \* \* +Europe/Berlin +reports +default +skip +enabled +\d{4}-\d\d-\d\dT0[01]:00:00Z +- +0 +0 +0 +\{"url":"https://user:xxxxx@example\.com/"\}$`, out)
+	require.Regexp(t, `(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +enabled +\d{4}-\d\d-\d\dT\d\d:00:00Z +- +0 +0 +0 +\{\}$`, out)
 	out, _ = run(0, "stats")
-	require.Regexp(t, regexp.MustCompile(`(?m)^SCHEDULE +TIMING +STATE +NEXT RUN +LAST RUN +RUNS +MISSED +CAUGHT UP$`), out)
-	require.Regexp(t, regexp.MustCompile(`(?m)^tick +every 1h0m0s +enabled +\d{4}-`), out)
+	require.Regexp(t, `(?m)^SCHEDULE +TIMING +STATE +NEXT RUN +LAST RUN +RUNS +MISSED +CAUGHT UP$`, out)
+	require.Regexp(t, `(?m)^tick +every 1h0m0s +enabled +\d{4}-`, out)
 
 	out, _ = run(0, "schedules", "pause", "tick")
 	require.Equal(t, "schedule tick: paused\n", out)
 	out, _ = run(0, "schedules", "pause", "tick")
 	require.Equal(t, "schedule tick: already paused\n", out)
 	out, _ = run(0, "schedules", "list")
-	require.Regexp(t, regexp.MustCompile(`(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +paused +- +`), out)
+	require.Regexp(t, `(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +paused +- +`, out)
 	out, _ = run(0, "schedules", "resume", "tick")
 	require.Equal(t, "schedule tick: resumed\n", out)
 	out, _ = run(0, "schedules", "remove", "tick")
