@@ -234,7 +234,13 @@ BEGIN
         RETURN NULL;
     END IF;%[4]s
     SELECT j.status INTO job_status FROM %[5]s j WHERE j.id = job FOR UPDATE;
-    IF job_status = 'running' THEN
+    IF job_status IS NOT NULL AND OLD.status::text IS DISTINCT FROM
+       (CASE job_status WHEN 'pending' THEN 'pending' WHEN 'running' THEN 'processing' WHEN 'done' THEN 'completed' ELSE 'failed' END) THEN
+        -- The job moved on after the statement read the row (a worker
+        -- finished or retried it): what the statement chose the row by
+        -- may hold no more, so the row is left alone.
+        RETURN NULL;
+    ELSIF job_status = 'running' THEN
         -- pgdispatch is running the job: its state is pgdispatch's until
         -- the attempt ends, and only the other columns may change.
         IF %[6]s THEN
@@ -294,11 +300,31 @@ BEGIN
     RETURN OLD;
 END
 $body$`, b.rel.function("delete"), JobIDColumn, store, jobs)
+	for i, sql := range st {
+		st[i] = dollarQuote(sql)
+	}
 	for _, op := range []string{"insert", "update", "delete"} {
 		add("CREATE TRIGGER %s INSTEAD OF %s ON %s FOR EACH ROW EXECUTE FUNCTION %s()",
 			pgx.Identifier{b.rel.storeName() + "_" + op}.Sanitize(), strings.ToUpper(op), view, b.rel.function(op))
 	}
 	return st
+}
+
+// dollarQuote gives a function's body, quoted with $body$, a tag that no
+// name in it holds: a column or table may be named "x$body$".
+func dollarQuote(sql string) string {
+	const tag = "$body$"
+	if !strings.HasPrefix(sql, "CREATE FUNCTION") || strings.Count(sql, tag) == 2 {
+		return sql
+	}
+	open, end := strings.Index(sql, tag), strings.LastIndex(sql, tag)
+	body := sql[open+len(tag) : end]
+	n := 0
+	for strings.Contains(body, fmt.Sprintf("$body%d$", n)) {
+		n++
+	}
+	unique := fmt.Sprintf("$body%d$", n)
+	return sql[:open] + unique + body + unique + sql[end+len(tag):]
 }
 
 // settleSQL writes the final state of finished jobs into their store rows

@@ -54,6 +54,15 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 		if err := lock(ctx, tx, rel.ident()); err != nil {
 			return plan, fmt.Errorf("lock %s: %w (for more than %s; writers queue behind the wait, so retry rather than wait longer)", rel.ident(), err, o.LockWait)
 		}
+		// Another switch may have held the lock, and put its view in the
+		// table's place: look again, as a switch started now would.
+		if again, err := find(ctx, tx, o.Table); err != nil || again.oid != rel.oid {
+			_ = tx.Rollback(ctx)
+			if err != nil {
+				return plan, err
+			}
+			return Switch(ctx, db, o)
+		}
 	}
 	// Names in what is read from the catalogs from here on are
 	// schema-qualified, so that the bridge's SQL means the same to every
@@ -360,10 +369,14 @@ func Wait(ctx context.Context, db DB, schema, table string, running []RunningJob
 	}
 	jobs := jobsTable(schema)
 	deadline := time.Now().Add(wait)
-	write := func(sql string, args ...any) error {
+	writeN := func(sql string, args ...any) (int64, error) {
 		cctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		_, err := db.Exec(cctx, sql, args...)
+		tag, err := db.Exec(cctx, sql, args...)
+		return tag.RowsAffected(), err
+	}
+	write := func(sql string, args ...any) error {
+		_, err := writeN(sql, args...)
 		return err
 	}
 	var idType string
@@ -415,8 +428,15 @@ func Wait(ctx context.Context, db DB, schema, table string, running []RunningJob
 				err = write("UPDATE "+table+" SET status = 'completed', attempts = $2, completed_at = $3, updated_at = now()"+where, rowID, o.attempts, o.finishedAt)
 				res.Finished++
 			case "pending":
-				if err = write("UPDATE "+jobs+" SET status = 'cancelled', finished_at = now(), updated_at = now(), "+
+				var cancelled int64
+				if cancelled, err = writeN("UPDATE "+jobs+" SET status = 'cancelled', finished_at = now(), updated_at = now(), "+
 					"last_error = 'handed back to the AT Worker by pgdispatch at-worker revert' WHERE id = $1 AND status = 'pending'", o.id); err == nil {
+					if cancelled == 0 {
+						// A worker claimed it again meanwhile: wait for
+						// that attempt.
+						left[o.id] = rowID
+						continue
+					}
 					err = write("UPDATE "+table+" SET status = 'pending', attempts = $2, execute_at = $3, error_message = $4, updated_at = now()"+where,
 						rowID, o.attempts, o.runAt, o.lastError)
 				}
