@@ -201,6 +201,32 @@ func TestRolesScript(t *testing.T) {
 	_, err = a.Queues(ctx)
 	require.NoError(t, err)
 
+	// The operator declares a schedule, which the worker fires as its own
+	// role; the operator pauses, resumes, lists and removes it.
+	created, err := a.Declare(ctx, admin.ScheduleSpec{Name: "roles", Every: time.Second, Kind: "record"})
+	require.NoError(t, err)
+	require.True(t, created)
+	b.waitScheduled(t, "roles", 1, waitFor)
+	for _, f := range []func(context.Context, string) (bool, error){a.PauseSchedule, a.ResumeSchedule} {
+		changed, err := f(ctx, "roles")
+		require.NoError(t, err)
+		require.True(t, changed)
+	}
+	schedules, err := a.Schedules(ctx)
+	require.NoError(t, err)
+	require.Len(t, schedules, 1)
+	found, err := a.Unschedule(ctx, "roles")
+	require.NoError(t, err)
+	require.True(t, found)
+	for _, sql := range []string{
+		"INSERT INTO " + pgx.Identifier{b.schema, "schedules"}.Sanitize() + " (name, cron, kind) VALUES ('w', '@daily', 'record')",
+		"DELETE FROM " + pgx.Identifier{b.schema, "schedules"}.Sanitize(),
+	} {
+		requireDenied(t, worker, sql)
+	}
+	requireDenied(t, writer, "SELECT * FROM "+pgx.Identifier{b.schema, "schedules"}.Sanitize())
+	requireDenied(t, operator, "SELECT "+pgx.Identifier{b.schema, "insert_scheduled_jobs"}.Sanitize()+"('{}', '{}')")
+
 	orders := pgx.Identifier{b.schema, "orders"}.Sanitize()
 	requireAllowed(t, pgtest.Pool(t), "CREATE TABLE "+orders+" (id int); "+
 		"GRANT TRIGGER ON "+orders+" TO "+pgx.Identifier{r.operator}.Sanitize()+"; "+

@@ -25,6 +25,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/listener"
 	"github.com/pgdispatch/pgdispatch/migrations"
+	"github.com/pgdispatch/pgdispatch/schedule"
 	"github.com/pgdispatch/pgdispatch/sweeper"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
@@ -77,6 +78,10 @@ type Config struct {
 	RetainDone time.Duration
 	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
 	RetainDead time.Duration
+	// ScheduleFallback is the longest the scheduler sleeps without a
+	// wake-up: it sleeps until the next slot of the schedules table, and a
+	// change to the table wakes it. Default: 5 minutes.
+	ScheduleFallback time.Duration
 	// StatementTimeout bounds each database call. Default: 10s.
 	StatementTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the listener's reconnect backoff.
@@ -92,14 +97,15 @@ type Config struct {
 	Logger *zap.Logger
 }
 
-// Worker runs a listener, a claimer per queue and a sweeper. Create it with
-// NewWorker and start it with Run.
+// Worker runs a listener, a claimer per queue, a sweeper and a scheduler.
+// Create it with NewWorker and start it with Run.
 type Worker struct {
-	cfg      Config
-	logger   *zap.Logger
-	listener *listener.Listener
-	claimers map[string]*claimer.Claimer
-	sweeper  *sweeper.Sweeper
+	cfg       Config
+	logger    *zap.Logger
+	listener  *listener.Listener
+	claimers  map[string]*claimer.Claimer
+	sweeper   *sweeper.Sweeper
+	scheduler *schedule.Scheduler
 }
 
 // NewWorker checks cfg and builds a Worker.
@@ -160,6 +166,13 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdispatch: %w", err)
 	}
+	w.scheduler, err = schedule.New(schedule.Config{
+		Pool: cfg.Pool, Schema: cfg.Schema, Fallback: cfg.ScheduleFallback,
+		StatementTimeout: cfg.StatementTimeout, Logger: logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgdispatch: %w", err)
+	}
 	return w, nil
 }
 
@@ -171,7 +184,8 @@ func (w *Worker) wake(queue string) {
 
 // control acts on a message of pgdispatch's SQL functions (triggers.Control):
 // cancel() names the running jobs it cancelled, whose runs here stop once
-// their claimers have found the rows cancelled (claimer.Cancel).
+// their claimers have found the rows cancelled (claimer.Cancel), and a
+// change to the schedules table wakes the scheduler.
 func (w *Worker) control(payload string) {
 	var msg triggers.Control
 	if err := json.Unmarshal([]byte(payload), &msg); err != nil {
@@ -179,7 +193,13 @@ func (w *Worker) control(payload string) {
 		w.logger.Debug("a control notification did not parse; ignored", zap.Error(err), zap.Int("bytes", len(payload)))
 		return
 	}
-	if msg.Schema != w.cfg.Schema || len(msg.Cancel) == 0 {
+	if msg.Schema != w.cfg.Schema {
+		return
+	}
+	if msg.Schedules {
+		w.scheduler.Wake()
+	}
+	if len(msg.Cancel) == 0 {
 		return
 	}
 	for _, c := range w.claimers {
@@ -189,12 +209,14 @@ func (w *Worker) control(payload string) {
 
 // wakeAll runs when the listener has connected again: whatever was notified
 // while it was away is lost, so every claimer looks for due jobs, and has
-// its runs' rows checked for cancels.
+// its runs' rows checked for cancels, and the scheduler reads the
+// schedules.
 func (w *Worker) wakeAll() {
 	for _, c := range w.claimers {
 		c.Wake()
 		c.CheckRuns()
 	}
+	w.scheduler.Wake()
 }
 
 // Run checks the schema, then serves the queues until ctx ends and shuts down
@@ -223,6 +245,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.listener.Run(gctx) })
 	g.Go(func() error { return w.sweeper.Run(gctx) })
+	g.Go(func() error { return w.scheduler.Run(gctx) })
 	for _, c := range w.claimers {
 		g.Go(func() error { return c.Run(gctx) })
 	}
@@ -251,6 +274,9 @@ func (w *Worker) Claimer(queue string) *claimer.Claimer { return w.claimers[queu
 
 // Sweeper is the worker's sweeper.
 func (w *Worker) Sweeper() *sweeper.Sweeper { return w.sweeper }
+
+// Scheduler is the worker's scheduler.
+func (w *Worker) Scheduler() *schedule.Scheduler { return w.scheduler }
 
 // Migrate brings schema up to date on pool; see package migrations.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {

@@ -19,11 +19,15 @@
 --             whose tables have dispatch triggers need it too: the trigger
 --             inserts jobs with the rights of the role that wrote the row.
 --   worker    what `pgdispatch run` needs: it reads, claims, updates and
---             purges jobs. It inserts none, and never runs a migration
---             (`pgdispatch migrate` runs as the owner).
+--             purges jobs, and fires the schedules. It inserts no jobs but
+--             those of the schedules' slots (insert_scheduled_jobs()), and
+--             never runs a migration (`pgdispatch migrate` runs as the
+--             owner).
 --   operator  what the admin commands need: `stats`, `jobs list|show|retry|
---             cancel|snooze`, `queues list|pause|resume`, the SQL functions
---             cancel(), snooze(), pause_queue() and resume_queue(),
+--             cancel|snooze`, `queues list|pause|resume`, `schedules add|
+--             list|remove|pause|resume`, the SQL functions cancel(),
+--             snooze(), pause_queue(), resume_queue(), schedule(),
+--             unschedule(), pause_schedule() and resume_schedule(),
 --             `triggers list` and `triggers add`, which also needs
 --             the TRIGGER privilege on the application's table (its owner
 --             grants it). `triggers remove` drops a trigger, which
@@ -58,15 +62,22 @@ GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts) O
 -- worker
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
 GRANT SELECT ON :"schema".schema_version, :"schema".queues TO :"worker";
+GRANT SELECT, UPDATE ON :"schema".schedules TO :"worker";
+GRANT EXECUTE ON FUNCTION :"schema".insert_scheduled_jobs(bigint[], timestamptz[]) TO :"worker";
 
 -- operator
 GRANT SELECT, UPDATE ON :"schema".jobs TO :"operator";
 GRANT SELECT ON :"schema".schema_version TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".event_triggers TO :"operator";
 GRANT SELECT, INSERT, UPDATE ON :"schema".queues TO :"operator";
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedules TO :"operator";
 GRANT EXECUTE ON FUNCTION
     :"schema".cancel(bigint[]),
     :"schema".snooze(bigint, interval),
     :"schema".pause_queue(text),
-    :"schema".resume_queue(text)
+    :"schema".resume_queue(text),
+    :"schema".schedule(text, text, text, jsonb, text, text, smallint, integer, text, integer, interval, boolean),
+    :"schema".unschedule(text),
+    :"schema".pause_schedule(text),
+    :"schema".resume_schedule(text)
     TO :"operator";

@@ -73,13 +73,22 @@ type Metrics struct {
 }
 
 type depthSample struct {
-	at     time.Time
-	counts map[[2]string]float64 // {queue, status} -> jobs
+	at        time.Time
+	counts    map[[2]string]float64 // {queue, status} -> jobs
+	schedules []scheduleSample
 	// notifyUsage is pg_notification_queue_usage(); inserts is the jobs
 	// table's n_tup_ins, rows inserted since the server's statistics were
 	// reset.
 	notifyUsage, inserts float64
 	err                  error
+}
+
+// scheduleSample is a row of the schedules table.
+type scheduleSample struct {
+	name                   string
+	next, last             *float64 // unix seconds
+	runs, missed, caughtUp float64
+	failing                bool
 }
 
 // New creates the metrics of a worker that runs jobs from pool's schema
@@ -289,6 +298,22 @@ var (
 		"1 when the last queue depth sample succeeded, else 0.", nil, nil)
 	descNotifyUsage = prometheus.NewDesc(namespace+"_notification_queue_usage",
 		"pg_notification_queue_usage(): the fraction of the server's NOTIFY queue in use, sampled with the queue depth.", nil, nil)
+	descScheduleNext = prometheus.NewDesc(namespace+"_schedule_next_run_timestamp_seconds",
+		"Each enabled schedule's next slot (Unix time), sampled with the queue depth; absent until a worker has computed it.", []string{"schedule"}, nil)
+	descScheduleLast = prometheus.NewDesc(namespace+"_schedule_last_run_timestamp_seconds",
+		"Each schedule's last slot that created a job (Unix time), sampled with the queue depth.", []string{"schedule"}, nil)
+	descScheduleRuns = prometheus.NewDesc(namespace+"_schedule_runs_total",
+		"Jobs each schedule created, by all workers, sampled with the queue depth.", []string{"schedule"}, nil)
+	descScheduleMissed = prometheus.NewDesc(namespace+"_schedule_missed_slots_total",
+		"Slots each schedule let pass without a job after downtime (catch_up skip, or past catch_up_limit), sampled with the queue depth.", []string{"schedule"}, nil)
+	descScheduleCaughtUp = prometheus.NewDesc(namespace+"_schedule_caught_up_slots_total",
+		"Jobs each schedule created late, for slots missed during downtime (catch_up all), sampled with the queue depth.", []string{"schedule"}, nil)
+	descScheduleFailing = prometheus.NewDesc(namespace+"_schedule_failing",
+		"1 while a schedule has an error (the workers cannot compute its slots, or the jobs table refused its job) and is left alone, else 0.", []string{"schedule"}, nil)
+	descSchedulerCreated = prometheus.NewDesc(namespace+"_scheduler_jobs_created_total",
+		"Jobs this worker's scheduler created.", nil, nil)
+	descSchedulerPasses = prometheus.NewDesc(namespace+"_scheduler_passes_total",
+		"Times this worker's scheduler read or fired the schedules: at each slot, change and fallback.", nil, nil)
 	descInserts = prometheus.NewDesc(namespace+"_jobs_inserted_total",
 		"Rows inserted into the jobs table by any writer since the server's statistics were reset (n_tup_ins), "+
 			"sampled with the queue depth. Writer transactions that skipped NOTIFY: this less notifications received.", nil, nil)
@@ -301,7 +326,8 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps, descPaused,
 		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp,
-		descNotifyUsage, descInserts,
+		descNotifyUsage, descInserts, descScheduleNext, descScheduleLast, descScheduleRuns, descScheduleMissed,
+		descScheduleCaughtUp, descScheduleFailing, descSchedulerCreated, descSchedulerPasses,
 	} {
 		ch <- d
 	}
@@ -337,6 +363,9 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRescued, prometheus.CounterValue, float64(sw.Rescued), "pending")
 	ch <- prometheus.MustNewConstMetric(descRescued, prometheus.CounterValue, float64(sw.Killed), "dead")
 	ch <- prometheus.MustNewConstMetric(descPurged, prometheus.CounterValue, float64(sw.Purged))
+	sc := w.Scheduler().Stats()
+	ch <- prometheus.MustNewConstMetric(descSchedulerCreated, prometheus.CounterValue, float64(sc.Created))
+	ch <- prometheus.MustNewConstMetric(descSchedulerPasses, prometheus.CounterValue, float64(sc.Passes))
 
 	d := c.m.sampleDepth(w.Schema(), w.Queues())
 	ok := 0.0
@@ -347,6 +376,22 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(descNotifyUsage, prometheus.GaugeValue, d.notifyUsage)
 		ch <- prometheus.MustNewConstMetric(descInserts, prometheus.CounterValue, d.inserts)
+		for _, s := range d.schedules {
+			if s.next != nil {
+				ch <- prometheus.MustNewConstMetric(descScheduleNext, prometheus.GaugeValue, *s.next, s.name)
+			}
+			if s.last != nil {
+				ch <- prometheus.MustNewConstMetric(descScheduleLast, prometheus.GaugeValue, *s.last, s.name)
+			}
+			ch <- prometheus.MustNewConstMetric(descScheduleRuns, prometheus.CounterValue, s.runs, s.name)
+			ch <- prometheus.MustNewConstMetric(descScheduleMissed, prometheus.CounterValue, s.missed, s.name)
+			ch <- prometheus.MustNewConstMetric(descScheduleCaughtUp, prometheus.CounterValue, s.caughtUp, s.name)
+			failing := 0.0
+			if s.failing {
+				failing = 1
+			}
+			ch <- prometheus.MustNewConstMetric(descScheduleFailing, prometheus.GaugeValue, failing, s.name)
+		}
 	}
 	ch <- prometheus.MustNewConstMetric(descDepthUp, prometheus.GaugeValue, ok)
 }
@@ -362,6 +407,13 @@ UNION ALL
 SELECT queue, 'running', count(*) FROM {jobs} WHERE status = 'running' AND queue = ANY($1) GROUP BY queue
 UNION ALL
 SELECT queue, 'dead', count(*) FROM {jobs} WHERE status = 'dead' AND finished_at IS NOT NULL AND queue = ANY($1) GROUP BY queue`
+
+// schedulesSQL reads the schedules, the first 1000 by name, so that the
+// label set stays bounded.
+const schedulesSQL = `
+SELECT name, CASE WHEN enabled AND error IS NULL THEN extract(epoch FROM next_run_at)::float8 END,
+       extract(epoch FROM last_run_at)::float8, runs::float8, missed::float8, caught_up::float8, error IS NOT NULL
+FROM {schedules} ORDER BY name LIMIT 1000`
 
 // serverSQL reads the server's side of the good-neighbour figures: the NOTIFY
 // queue's fill, and how many rows writers inserted (the statistics system's
@@ -383,6 +435,7 @@ func (m *Metrics) sampleDepth(schema string, queues []string) depthSample {
 	batch := &pgx.Batch{}
 	batch.Queue(strings.ReplaceAll(depthSQL, "{jobs}", jobs), queues)
 	batch.Queue(serverSQL, jobs)
+	batch.Queue(strings.ReplaceAll(schedulesSQL, "{schedules}", pgx.Identifier{schema, "schedules"}.Sanitize()))
 	results := m.pool.SendBatch(ctx, batch)
 	rows, err := results.Query()
 	if err == nil {
@@ -397,6 +450,16 @@ func (m *Metrics) sampleDepth(schema string, queues []string) depthSample {
 	}
 	if err == nil {
 		err = results.QueryRow().Scan(&sample.notifyUsage, &sample.inserts)
+	}
+	if err == nil {
+		rows, err = results.Query()
+		if err == nil {
+			sample.schedules, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (scheduleSample, error) {
+				var s scheduleSample
+				err := r.Scan(&s.name, &s.next, &s.last, &s.runs, &s.missed, &s.caughtUp, &s.failing)
+				return s, err
+			})
+		}
 	}
 	if closeErr := results.Close(); err == nil {
 		err = closeErr

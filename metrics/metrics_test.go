@@ -315,3 +315,51 @@ func TestReadyzPingsOncePerInterval(t *testing.T) {
 	require.LessOrEqual(t, pings.Load(), allowed, "%d requests pinged the database %d times in %s",
 		burst+200, pings.Load(), time.Since(began))
 }
+
+// The schedules' figures: each one's next and last run, its runs, missed
+// and caught-up slots, and whether it fails; and the jobs this worker's
+// scheduler created.
+func TestScheduleMetrics(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	reg := executors.NewRegistry()
+	m := metrics.New(pool, reg)
+	w, err := pgdispatch.NewWorker(pgdispatch.Config{
+		Pool: pool, Schema: schema, WorkerID: "metrics", Registry: reg, Observer: m, Logger: zaptest.NewLogger(t),
+		Options: claimer.Options{PollInterval: time.Hour},
+	})
+	require.NoError(t, err)
+	m.Attach(w)
+	srv := httptest.NewServer(m.Handler())
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	fn := `"` + schema + `".schedule`
+	_, err = pool.Exec(context.Background(), "SELECT "+fn+"('tick', NULL, 'noop', every => '1 second'), "+
+		fn+"('never', '0 0 30 2 *', 'noop')")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s := w.Scheduler().Stats()
+		return s.Created >= 1 && s.Failed >= 1
+	}, 30*time.Second, 10*time.Millisecond)
+
+	f := scrape(t, srv)
+	tick, never := map[string]string{"schedule": "tick"}, map[string]string{"schedule": "never"}
+	now := float64(time.Now().Unix())
+	require.InDelta(t, now+1, value(t, f, "pgdispatch_schedule_next_run_timestamp_seconds", tick), 2)
+	require.InDelta(t, now, value(t, f, "pgdispatch_schedule_last_run_timestamp_seconds", tick), 2)
+	require.GreaterOrEqual(t, value(t, f, "pgdispatch_schedule_runs_total", tick), 1.0)
+	requireValue(t, 0, value(t, f, "pgdispatch_schedule_missed_slots_total", tick))
+	requireValue(t, 0, value(t, f, "pgdispatch_schedule_caught_up_slots_total", tick))
+	requireValue(t, 0, value(t, f, "pgdispatch_schedule_failing", tick))
+	requireValue(t, 1, value(t, f, "pgdispatch_schedule_failing", never))
+	for _, s := range f["pgdispatch_schedule_next_run_timestamp_seconds"].GetMetric() {
+		require.NotEqual(t, "never", s.GetLabel()[0].GetValue(), "a failing schedule has no next run")
+	}
+	require.GreaterOrEqual(t, value(t, f, "pgdispatch_scheduler_jobs_created_total", nil), 1.0)
+	require.GreaterOrEqual(t, value(t, f, "pgdispatch_scheduler_passes_total", nil), 1.0)
+}

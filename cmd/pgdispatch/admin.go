@@ -23,7 +23,9 @@ import (
 // statsCommand prints the numbers per queue and kind.
 func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("stats", "Per queue and kind: jobs by status, the age of the oldest due pending job, and the jobs\n"+
-		"that finished in the last minute (done jobs count only while RETAIN_DONE keeps them).\n"+
+		"that finished in the last minute (done jobs count only while RETAIN_DONE keeps them);\n"+
+		"then each schedule's next and last run and its missed and caught-up slots (not in --json:\n"+
+		"schedules list --json has them).\n"+
 		"Counting the kept done, dead and cancelled jobs reads every such row; when it needs\n"+
 		"longer than --finished-budget, those columns are left out.", stderr)
 	v := newValues(fs, connSettings)
@@ -63,7 +65,15 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%d\t\n", queue, termsafe.String(s.Kind), s.Pending, s.Due, s.Running,
 				count(s.Done), count(s.Dead), count(s.Cancelled), oldest, s.DoneLastMinute, s.DeadLastMinute)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		schedules, err := a.Schedules(ctx)
+		if err != nil || len(schedules) == 0 {
+			return err
+		}
+		fmt.Fprintln(stdout)
+		return printSchedules(stdout, schedules, false)
 	})
 }
 

@@ -9,6 +9,7 @@
 //	pgdispatch stats      jobs by queue, kind and status
 //	pgdispatch jobs       look at jobs and their attempts; retry, cancel or snooze them
 //	pgdispatch queues     pause and resume queues
+//	pgdispatch schedules  add, list, remove, pause and resume cron schedules
 //	pgdispatch at-worker  run the AT Worker's table on pgdispatch, and give it back
 //
 // Configuration comes from the environment, an optional .env file in the
@@ -43,6 +44,7 @@ Usage:
   pgdispatch stats [flags]     jobs by queue, kind and status, the oldest due job, the last minute's throughput
   pgdispatch jobs list|show|retry|cancel|snooze   look at jobs and their attempts, retry dead ones, cancel or snooze others
   pgdispatch queues list|pause|resume   pause a queue's claims on every worker, and resume them
+  pgdispatch schedules add|list|remove|pause|resume   create jobs on a cron schedule or an interval, once per slot
   pgdispatch at-worker switch|revert   run the AT Worker's scheduled_tasks on pgdispatch, producers and SQL unchanged, and give it back
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
@@ -84,6 +86,7 @@ var commands = map[string]command{
 	"stats":     {statsCommand},
 	"jobs":      {jobsCommand},
 	"queues":    {queuesCommand},
+	"schedules": {schedulesCommand},
 	"at-worker": {atWorkerCommand},
 }
 

@@ -456,6 +456,12 @@ func checkSchemaAndMetrics(t *testing.T, ref doc) map[string]bool {
 	// A job in the table and one observed, so that every family has a series.
 	_, err = pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "jobs"}.Sanitize()+" (kind) VALUES ('noop')")
 	require.NoError(t, err)
+	// And a schedule that has run.
+	_, err = pool.Exec(ctx, "SELECT "+pgx.Identifier{schema, "schedule"}.Sanitize()+"('reference', '@daily', 'noop')")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "schedules"}.Sanitize()+
+		" SET next_run_at = now() + interval '1 day', last_run_at = now()")
+	require.NoError(t, err)
 	job := &executors.Job{ID: 1, Queue: pgdispatch.DefaultQueue, Kind: "noop", Attempt: 1, RunAt: time.Now()}
 	m.JobStarted(job)
 	m.JobFinished(job, "done", time.Millisecond)
@@ -509,6 +515,22 @@ func checkSchemaAndMetrics(t *testing.T, ref doc) map[string]bool {
 	require.NoError(t, err)
 	compareNames(&p, "column", columns, ref.tablesWith("column", "type", "meaning"), func(cell string) string { return code(cell) })
 	p.report(t, "jobs table: | column | type | meaning |")
+
+	// The schedules table's rows may name several columns: `kind`, `payload`.
+	p = nil
+	rowsCols, err = pool.Query(ctx, `SELECT column_name FROM information_schema.columns
+		WHERE table_schema = $1 AND table_name = 'schedules' ORDER BY ordinal_position`, schema)
+	require.NoError(t, err)
+	columns, err = pgx.CollectRows(rowsCols, pgx.RowTo[string])
+	require.NoError(t, err)
+	var scheduleRows [][]string
+	for _, row := range ref.tablesWith("schedule column", "type", "meaning") {
+		for _, m := range codeSpan.FindAllStringSubmatch(row[0], -1) {
+			scheduleRows = append(scheduleRows, []string{"`" + m[1] + "`"})
+		}
+	}
+	compareNames(&p, "column", columns, scheduleRows, func(cell string) string { return code(cell) })
+	p.report(t, "schedules table: | schedule column | type | meaning |")
 
 	p = nil
 	rowsFns, err := pool.Query(ctx, `SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace

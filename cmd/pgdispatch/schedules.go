@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/email"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
+	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
+	"github.com/pgdispatch/pgdispatch/internal/termsafe"
+)
+
+const schedulesUsage = `Usage:
+  pgdispatch schedules add NAME (--cron EXPR | --every D) --kind K [--payload JSON] [--queue Q]
+                           [--time-zone TZ] [--priority N] [--max-attempts N] [--catch-up skip|all] [--catch-up-limit N]
+  pgdispatch schedules list [--json] [--reveal]
+  pgdispatch schedules remove NAME
+  pgdispatch schedules pause NAME
+  pgdispatch schedules resume NAME
+
+A schedule creates a job at each of its slots: the times a cron expression
+(five fields, or @hourly, @daily, @weekly, @monthly, @yearly) names in a
+time zone, or the multiples of an interval. Every worker fires due
+schedules, one job per slot whatever the number of workers. add declares
+a schedule, or changes the one of that name (the flags left out keep
+their values); the expression and time zone are checked as the workers
+read them. After downtime, --catch-up skip creates one job and all one
+per missed slot. pause stops a schedule; resume starts it again from its
+next slot. list shows each schedule's next and last run and its missed and
+caught-up slots, with the payloads' secrets masked unless --reveal.
+Run 'pgdispatch schedules COMMAND --help' for the flags.
+`
+
+func schedulesCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return subcommand(ctx, "schedules", schedulesUsage, map[string]commandFunc{
+		"add": schedulesAdd, "list": schedulesList, "remove": schedulesRemove,
+		"pause": schedulesPause, "resume": schedulesResume,
+	}, args, stdout, stderr)
+}
+
+// builtinKinds are the kinds of pgdispatch's own executors.
+var builtinKinds = []string{httpcallback.Kind, rabbitmq.Kind, email.Kind, executors.KindNoop}
+
+// parseNames parses flags and the names among them, before, between or
+// after the flags.
+func parseNames(fs *flag.FlagSet, args []string) ([]string, error) {
+	var names []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, errUsage
+		}
+		if fs.NArg() == 0 {
+			return names, nil
+		}
+		names = append(names, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+// oneName parses flags and exactly one name.
+func oneName(fs *flag.FlagSet, args []string, stderr io.Writer) (string, error) {
+	names, err := parseNames(fs, args)
+	if err != nil {
+		return "", err
+	}
+	if len(names) != 1 || names[0] == "" {
+		fmt.Fprintln(stderr, "give one schedule name")
+		fs.Usage()
+		return "", errUsage
+	}
+	return names[0], nil
+}
+
+func schedulesAdd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("schedules add", "Declare a schedule, or change the one of that name: pgdispatch schedules add NAME --cron EXPR --kind K [flags]", stderr)
+	v := newValues(fs, connSettings)
+	cron := fs.String("cron", "", "five fields (minute hour day-of-month month day-of-week) or @hourly, @daily, @weekly, @monthly, @yearly")
+	every := fs.Duration("every", 0, "an interval of whole seconds instead of --cron, such as 30s or 1h (slots at its multiples since 1970-01-01 UTC)")
+	tz := fs.String("time-zone", "", "the IANA time zone --cron is read in, such as Europe/Berlin; empty: UTC for a new schedule")
+	kind := fs.String("kind", "", "the jobs' kind: http_callback, rabbitmq, email, noop or a custom one (required for a new schedule)")
+	payload := fs.String("payload", "", "the jobs' payload, as JSON; empty: {} for a new schedule")
+	queue := fs.String("queue", "", "the jobs' queue; empty: default for a new schedule")
+	priority := fs.Int("priority", 0, "the jobs' priority, smaller first; left out: 0 for a new schedule")
+	maxAttempts := fs.Int("max-attempts", 0, "the jobs' attempts; 0: the worker's MAX_ATTEMPTS")
+	catchUp := fs.String("catch-up", "", "after downtime: skip creates one job, all one per missed slot; empty: skip for a new schedule")
+	catchUpLimit := fs.Int("catch-up-limit", 0, "the most jobs all creates for missed slots, the latest ones; 0: 100 for a new schedule")
+	name, err := oneName(fs, args, stderr)
+	if err != nil {
+		return err
+	}
+	spec := admin.ScheduleSpec{
+		Name: name, Cron: *cron, Every: *every, TimeZone: *tz, Kind: *kind, Queue: *queue,
+		MaxAttempts: *maxAttempts, CatchUp: *catchUp, CatchUpLimit: *catchUpLimit,
+	}
+	if *payload != "" {
+		spec.Payload = json.RawMessage(*payload)
+	}
+	var errs []error
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "priority" {
+			if *priority < -32768 || *priority > 32767 {
+				errs = append(errs, errors.New("--priority must fit in a smallint"))
+			}
+			p := int16(*priority) //nolint:gosec // checked above
+			spec.Priority = &p
+		}
+		if f.Name == "max-attempts" && *maxAttempts <= 0 {
+			errs = append(errs, errors.New("--max-attempts must be above 0"))
+		}
+		if f.Name == "catch-up-limit" && *catchUpLimit <= 0 {
+			errs = append(errs, errors.New("--catch-up-limit must be above 0"))
+		}
+	})
+	if err := spec.Check(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("schedule %s: %w", termsafe.String(name), err)
+	}
+	if !slices.Contains(builtinKinds, *kind) {
+		fmt.Fprintf(stderr, "warning: kind %s is none of pgdispatch's executors (http_callback, rabbitmq, email, noop): "+
+			"a worker must have an executor registered for it, or its jobs die\n", termsafe.String(*kind))
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		created, err := a.Declare(ctx, spec)
+		if err != nil {
+			return err
+		}
+		if created {
+			fmt.Fprintf(stdout, "schedule %s: added\n", termsafe.String(name))
+		} else {
+			fmt.Fprintf(stdout, "schedule %s: declared (changed only where it differed)\n", termsafe.String(name))
+		}
+		return nil
+	})
+}
+
+func schedulesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("schedules list", "List the schedules: their timing, job, next and last run, and missed and caught-up slots.", stderr)
+	v := newValues(fs, connSettings)
+	asJSON := fs.Bool("json", false, "print JSON")
+	reveal := fs.Bool("reveal", false, revealHelp)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		list, err := a.Schedules(ctx)
+		if err != nil {
+			return err
+		}
+		if !*reveal {
+			for i := range list {
+				list[i].Payload = maskJSON(list[i].Payload)
+			}
+		}
+		if *asJSON {
+			return printJSON(stdout, list)
+		}
+		return printSchedules(stdout, list, true)
+	})
+}
+
+// printSchedules prints the schedules as a table, with their errors
+// below; with details, their zone, job and catch-up policy too.
+func printSchedules(w io.Writer, list []admin.Schedule, details bool) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if details {
+		fmt.Fprint(tw, "SCHEDULE\tTIMING\tZONE\tKIND\tQUEUE\tCATCH-UP\tSTATE\tNEXT RUN\tLAST RUN\tRUNS\tMISSED\tCAUGHT UP\tPAYLOAD\n")
+	} else {
+		fmt.Fprint(tw, "SCHEDULE\tTIMING\tSTATE\tNEXT RUN\tLAST RUN\tRUNS\tMISSED\tCAUGHT UP\n")
+	}
+	var broken []admin.Schedule
+	for _, s := range list {
+		state := "enabled"
+		switch {
+		case s.Error != nil:
+			state = "error (below)"
+			broken = append(broken, s)
+		case !s.Enabled:
+			state = "paused"
+		}
+		next := "-"
+		switch {
+		case s.NextRunAt != nil && s.Enabled:
+			next = s.NextRunAt.UTC().Format(time.RFC3339)
+		case s.Enabled && s.Error == nil:
+			next = "(a worker computes it)"
+		}
+		last := "-"
+		if s.LastRunAt != nil {
+			last = s.LastRunAt.UTC().Format(time.RFC3339)
+		}
+		counts := strconv.FormatInt(s.Runs, 10) + "\t" + strconv.FormatInt(s.Missed, 10) + "\t" + strconv.FormatInt(s.CaughtUp, 10)
+		if details {
+			catchUp := s.CatchUp
+			if catchUp == "all" {
+				catchUp += " (" + strconv.Itoa(int(s.CatchUpLimit)) + ")"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", termsafe.String(s.Name), termsafe.String(s.Timing()),
+				termsafe.String(s.TimeZone), termsafe.String(s.Kind), termsafe.String(s.Queue), catchUp, state, next, last, counts,
+				termsafe.String(string(compact(s.Payload))))
+		} else {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", termsafe.String(s.Name), termsafe.String(s.Timing()), state, next, last, counts)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, s := range broken {
+		fmt.Fprintf(w, "schedule %s: %s\n", termsafe.String(s.Name), termsafe.String(*s.Error))
+	}
+	return nil
+}
+
+func schedulesRemove(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("schedules remove", "Delete a schedule; the jobs it created stay: pgdispatch schedules remove NAME", stderr)
+	v := newValues(fs, connSettings)
+	name, err := oneName(fs, args, stderr)
+	if err != nil {
+		return err
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		found, err := a.Unschedule(ctx, name)
+		if err != nil {
+			return err
+		}
+		if !found {
+			return fmt.Errorf("schedule %s: %w", termsafe.String(name), admin.ErrNoSchedule)
+		}
+		fmt.Fprintf(stdout, "schedule %s: removed\n", termsafe.String(name))
+		return nil
+	})
+}
+
+func schedulesPause(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return scheduleSwitch(ctx, "pause", args, stdout, stderr)
+}
+
+func schedulesResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return scheduleSwitch(ctx, "resume", args, stdout, stderr)
+}
+
+func scheduleSwitch(ctx context.Context, what string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("schedules "+what, map[string]string{
+		"pause":  "Stop a schedule from creating jobs until it is resumed: pgdispatch schedules pause NAME",
+		"resume": "Start a paused schedule again from its next slot (the paused slots are not caught up): pgdispatch schedules resume NAME",
+	}[what], stderr)
+	v := newValues(fs, connSettings)
+	name, err := oneName(fs, args, stderr)
+	if err != nil {
+		return err
+	}
+	return withAdmin(ctx, v, func(a *admin.Admin) error {
+		var changed bool
+		var err error
+		if what == "pause" {
+			changed, err = a.PauseSchedule(ctx, name)
+		} else {
+			changed, err = a.ResumeSchedule(ctx, name)
+		}
+		if err != nil {
+			return err
+		}
+		switch {
+		case changed && what == "pause":
+			fmt.Fprintf(stdout, "schedule %s: paused\n", termsafe.String(name))
+		case changed:
+			fmt.Fprintf(stdout, "schedule %s: resumed\n", termsafe.String(name))
+		case what == "pause":
+			fmt.Fprintf(stdout, "schedule %s: already paused\n", termsafe.String(name))
+		default:
+			fmt.Fprintf(stdout, "schedule %s: not paused\n", termsafe.String(name))
+		}
+		return nil
+	})
+}

@@ -1,0 +1,539 @@
+// Package schedule fires the durable schedules of a pgdispatch schema: rows
+// of its schedules table, each of which creates a job at every slot of its
+// cron expression or interval (see Timing).
+//
+// Every worker runs a Scheduler; none leads. A pass is one transaction: it
+// locks the due schedules with FOR UPDATE SKIP LOCKED in id order, inserts
+// each one's job with the dedup_key 'schedule:<name>:<slot>' (ON CONFLICT DO
+// NOTHING), and moves its next_run_at on. A schedule is thus fired by one
+// worker, once per slot, and the job and the move commit together.
+//
+// Between passes the scheduler sleeps until the earliest next_run_at it
+// knows, or the fallback (5 minutes by default). A change to the table
+// wakes it (a trigger notifies on the control channel; Wake), and so does
+// the listener's reconnect. A schedule another worker is firing as this
+// one looks is due for a moment longer: its next slot is computed here, so
+// that no worker polls while another commits.
+//
+// After downtime, a schedule whose catch_up is skip creates one job, for
+// its latest slot, and counts the others as missed; one whose catch_up is
+// all creates a job for each missed slot, up to catch_up_limit (the latest
+// ones), counting the rest as missed and those created late as caught up.
+// A schedule whose timing the scheduler cannot compute, or whose job the
+// jobs table refuses, gets the reason in its error column and is left alone
+// until it is changed.
+package schedule
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/internal/retry"
+)
+
+// DefaultFallback is the longest a scheduler sleeps without a wake-up.
+const DefaultFallback = 5 * time.Minute
+
+const (
+	defaultBatchSize        = 100
+	defaultStatementTimeout = 10 * time.Second
+	// dueLookahead bounds the schedules held by other workers whose next
+	// slot is computed here.
+	dueLookahead = 100
+	// maxTimings bounds the parsed timings kept.
+	maxTimings = 1000
+)
+
+// Config configures a Scheduler.
+type Config struct {
+	// Pool runs every statement. Required.
+	Pool *pgxpool.Pool
+	// Schema holds the schedules and jobs tables. Required.
+	Schema string
+	// Fallback is the longest sleep without a wake-up. Default: 5 minutes.
+	Fallback time.Duration
+	// BatchSize bounds the schedules one transaction fires. Default: 100.
+	BatchSize int
+	// StatementTimeout bounds each pass's transaction. Default: 10s.
+	StatementTimeout time.Duration
+	// Now, when set, is the clock of Pass instead of the database's now(),
+	// for tests.
+	Now func() time.Time
+	// Logger receives the scheduler's logs. Default: no logging.
+	Logger *zap.Logger
+}
+
+// Stats are what the scheduler's passes did so far, in total.
+type Stats struct {
+	Passes   int64 // transactions run
+	Created  int64 // jobs created
+	Missed   int64 // slots that passed without a job (downtime under skip, or past catch_up_limit)
+	CaughtUp int64 // jobs created late, for slots missed under catch_up all
+	Failed   int64 // schedules given an error
+}
+
+// Result is what one pass did.
+type Result struct {
+	Stats
+	// Wait is how long until the earliest slot the pass knows of; 0 when
+	// there is more to fire now, and Config.Fallback when no schedule is
+	// enabled.
+	Wait time.Duration
+}
+
+// Scheduler fires due schedules. Create it with New.
+type Scheduler struct {
+	cfg      Config
+	logger   *zap.Logger
+	sql      map[string]string
+	wake     chan struct{}
+	poolSize int
+
+	mu      sync.Mutex
+	timings map[timingKey]*timingResult
+
+	passes, created, missed, caughtUp, failed atomic.Int64
+}
+
+type timingKey struct {
+	cron  string
+	every int64
+	tz    string
+}
+
+type timingResult struct {
+	t   *Timing
+	err error
+}
+
+// New checks cfg and returns a Scheduler.
+func New(cfg Config) (*Scheduler, error) {
+	switch {
+	case cfg.Pool == nil:
+		return nil, errors.New("schedule: Pool is required")
+	case cfg.Schema == "":
+		return nil, errors.New("schedule: Schema is required")
+	case cfg.Fallback < 0, cfg.BatchSize < 0, cfg.StatementTimeout < 0:
+		return nil, errors.New("schedule: durations and counts must not be negative")
+	}
+	cfg.Fallback = cmp.Or(cfg.Fallback, DefaultFallback)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
+	r := strings.NewReplacer("{schedules}", pgx.Identifier{cfg.Schema, "schedules"}.Sanitize(),
+		"{insert}", pgx.Identifier{cfg.Schema, "insert_scheduled_jobs"}.Sanitize())
+	queries := map[string]string{}
+	for name, q := range map[string]string{
+		"now": nowSQL, "quiet": quietSQL, "lock": lockSQL, "insert": insertSQL, "update": updateSQL, "earliest": earliestSQL, "held": heldSQL,
+	} {
+		queries[name] = r.Replace(q)
+	}
+	return &Scheduler{
+		cfg:      cfg,
+		logger:   cmp.Or(cfg.Logger, zap.NewNop()).Named("scheduler"),
+		sql:      queries,
+		wake:     make(chan struct{}, 1),
+		poolSize: int(cfg.Pool.Config().MaxConns),
+		timings:  map[timingKey]*timingResult{},
+	}, nil
+}
+
+// Wake makes the scheduler read the schedules again now. It never blocks.
+func (s *Scheduler) Wake() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Stats returns what the passes so far did.
+func (s *Scheduler) Stats() Stats {
+	return Stats{
+		Passes: s.passes.Load(), Created: s.created.Load(), Missed: s.missed.Load(),
+		CaughtUp: s.caughtUp.Load(), Failed: s.failed.Load(),
+	}
+}
+
+const (
+	nowSQL = `SELECT coalesce($1::timestamptz, now())`
+
+	// lockSQL takes the due schedules, and those whose next_run_at no
+	// worker has computed yet.
+	lockSQL = `
+SELECT id, name, cron, extract(epoch FROM every)::int8, time_zone, catch_up, catch_up_limit, next_run_at, updated_at
+FROM {schedules}
+WHERE enabled AND error IS NULL AND (next_run_at IS NULL OR next_run_at <= coalesce($1::timestamptz, now()))
+ORDER BY id
+LIMIT $2
+FOR UPDATE SKIP LOCKED`
+
+	// insertSQL creates the jobs of the slots fired, in schedule and slot
+	// order; a slot's job that exists already (its dedup_key is taken) is
+	// not made again (migration 011).
+	insertSQL = `SELECT {insert}($1::bigint[], $2::timestamptz[])`
+
+	// updateSQL moves the schedules on; they are locked already. It runs
+	// after quietSQL, which keeps the table's triggers from checking the
+	// rows again and from waking every worker.
+	updateSQL = `
+UPDATE {schedules} s
+SET next_run_at = u.next, last_run_at = coalesce(u.last, s.last_run_at), runs = s.runs + u.runs,
+    missed = s.missed + u.missed, caught_up = s.caught_up + u.caught_up, error = u.error
+FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int8[], $5::int8[], $6::int8[], $7::text[])
+     AS u(id, next, last, runs, missed, caught_up, error)
+WHERE s.id = u.id`
+
+	// quietSQL marks the transaction's changes as the scheduler's own, for
+	// the table's triggers.
+	quietSQL = `SELECT set_config('pgdispatch.scheduling', 'on', true)`
+
+	earliestSQL = `
+SELECT min(next_run_at) FROM {schedules}
+WHERE enabled AND error IS NULL AND next_run_at > coalesce($1::timestamptz, now())`
+
+	// heldSQL reads the schedules that are due. After a pass has fired
+	// those it could lock, other workers are firing the rest.
+	heldSQL = `
+SELECT cron, extract(epoch FROM every)::int8, time_zone FROM {schedules}
+WHERE enabled AND error IS NULL AND (next_run_at IS NULL OR next_run_at <= coalesce($1::timestamptz, now()))
+ORDER BY id
+LIMIT $2`
+)
+
+// Run fires due schedules until ctx ends, starting at once, sleeping
+// between passes until the next slot, a Wake or the fallback. It returns
+// nil when ctx is cancelled.
+func (s *Scheduler) Run(ctx context.Context) error {
+	s.logger.Info("scheduler started", zap.Duration("fallback", s.cfg.Fallback))
+	t := time.NewTimer(0)
+	defer t.Stop()
+	backoff := retry.New(s.poolSize)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-s.wake:
+		}
+		res, err := s.Pass(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		next := min(res.Wait, s.cfg.Fallback)
+		if err != nil {
+			next = min(backoff.Next(err), s.cfg.Fallback)
+			s.logger.Warn("schedules: pass failed", zap.Error(err), zap.Int("failures", backoff.Failures()), zap.Duration("retry_in", next))
+		} else {
+			backoff = retry.New(s.poolSize)
+		}
+		t.Reset(next)
+	}
+}
+
+// due is a locked schedule as the pass reads it.
+type due struct {
+	id                   int64
+	name, catchUp, tz    string
+	cron                 *string
+	every                *int64
+	limit                int32
+	nextRunAt, updatedAt *time.Time
+}
+
+// plan is what a pass does to one schedule.
+type plan struct {
+	id                     int64
+	slots                  []time.Time
+	next, last             *time.Time
+	runs, missed, caughtUp int64
+	err                    *string
+}
+
+// Pass fires the due schedules in one transaction and reports what it did
+// and how long until the next slot it knows of. When none is due it only
+// reads, in one statement batch.
+func (s *Scheduler) Pass(ctx context.Context) (Result, error) {
+	var clock *time.Time
+	if s.cfg.Now != nil {
+		now := s.cfg.Now()
+		clock = &now
+	}
+	if res, due, err := s.peek(ctx, clock); err != nil || !due {
+		return res, err
+	}
+	res, err := s.pass(ctx, clock, false)
+	var pgErr *pgconn.PgError
+	if err != nil && errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")) {
+		// A job the table refuses: fire each schedule on its own, and
+		// give the refused ones the reason.
+		s.logger.Warn("schedules: a job was refused; firing each schedule on its own", zap.Error(err))
+		res, err = s.pass(ctx, clock, true)
+	}
+	return res, err
+}
+
+// peek reads, outside a transaction of its own, whether a schedule is due,
+// and otherwise how long until the next slot.
+func (s *Scheduler) peek(ctx context.Context, clock *time.Time) (res Result, due bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+	defer cancel()
+	s.passes.Add(1)
+	batch := &pgx.Batch{}
+	var now time.Time
+	batch.Queue(s.sql["now"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
+	earliest, held := s.queueWake(batch, clock)
+	if err := s.cfg.Pool.SendBatch(ctx, batch).Close(); err != nil {
+		return res, false, fmt.Errorf("schedules: read next slot: %w", err)
+	}
+	if len(*held) > 0 {
+		return res, true, nil
+	}
+	res.Wait = s.wait(now, *earliest, nil)
+	return res, false, nil
+}
+
+// queueWake queues the reads of the earliest next slot and of the
+// schedules that are due.
+func (s *Scheduler) queueWake(batch *pgx.Batch, clock *time.Time) (earliest **time.Time, held *[]due) {
+	earliest, held = new(*time.Time), new([]due)
+	batch.Queue(s.sql["earliest"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(earliest) })
+	batch.Queue(s.sql["held"], clock, dueLookahead).Query(func(r pgx.Rows) error {
+		var err error
+		*held, err = pgx.CollectRows(r, func(r pgx.CollectableRow) (due, error) {
+			var d due
+			err := r.Scan(&d.cron, &d.every, &d.tz)
+			return d, err
+		})
+		return err
+	})
+	return earliest, held
+}
+
+// wait is how long from now until earliest or the next slot of a held
+// schedule, at most the fallback.
+func (s *Scheduler) wait(now time.Time, earliest *time.Time, held []due) time.Duration {
+	wake := earliest
+	for _, d := range held {
+		t, err := s.timing(d)
+		if err != nil {
+			continue
+		}
+		if n := t.Next(now); !n.IsZero() && (wake == nil || n.Before(*wake)) {
+			wake = &n
+		}
+	}
+	if wake == nil {
+		return s.cfg.Fallback
+	}
+	return min(max(wake.Sub(now), 0), s.cfg.Fallback)
+}
+
+func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (res Result, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
+	defer cancel()
+	tx, err := s.cfg.Pool.Begin(ctx)
+	if err != nil {
+		return res, fmt.Errorf("schedules: begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit this is a no-op
+	s.passes.Add(1)
+
+	batch := &pgx.Batch{}
+	var now time.Time
+	batch.Queue(s.sql["now"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
+	var rows []due
+	batch.Queue(s.sql["lock"], clock, s.cfg.BatchSize).Query(func(r pgx.Rows) error {
+		var err error
+		rows, err = pgx.CollectRows(r, func(r pgx.CollectableRow) (due, error) {
+			var d due
+			err := r.Scan(&d.id, &d.name, &d.cron, &d.every, &d.tz, &d.catchUp, &d.limit, &d.nextRunAt, &d.updatedAt)
+			return d, err
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return res, fmt.Errorf("schedules: find due ones: %w", err)
+	}
+
+	plans := make([]plan, 0, len(rows))
+	for _, d := range rows {
+		plans = append(plans, s.plan(d, now))
+	}
+
+	if oneByOne {
+		for i := range plans {
+			p := &plans[i]
+			if len(p.slots) == 0 {
+				continue
+			}
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return res, fmt.Errorf("schedules: savepoint: %w", err)
+			}
+			var n int64
+			err = sp.QueryRow(ctx, s.sql["insert"], repeat(p.id, len(p.slots)), p.slots).Scan(&n)
+			if err == nil {
+				res.Created += n
+				err = sp.Commit(ctx)
+			} else {
+				_ = sp.Rollback(ctx)
+				msg := "the jobs table refused its job: " + err.Error()
+				p.err, p.next, p.last, p.slots = &msg, nil, nil, nil
+				p.runs, p.missed, p.caughtUp = 0, 0, 0
+				for _, d := range rows {
+					if d.id == p.id {
+						p.next = d.nextRunAt
+					}
+				}
+				s.logger.Warn("schedules: the jobs table refused a schedule's job; the schedule waits for a change", zap.Int64("schedule_id", p.id), zap.Error(err))
+				continue
+			}
+			if err != nil {
+				return res, fmt.Errorf("schedules: release savepoint: %w", err)
+			}
+		}
+	}
+
+	var (
+		ids, runs, missed, caughtUp []int64
+		nexts, lasts                []*time.Time
+		errs                        []*string
+		jobIDs                      []int64
+		slots                       []time.Time
+	)
+	for _, p := range plans {
+		ids = append(ids, p.id)
+		nexts = append(nexts, p.next)
+		lasts = append(lasts, p.last)
+		runs = append(runs, p.runs)
+		missed = append(missed, p.missed)
+		caughtUp = append(caughtUp, p.caughtUp)
+		errs = append(errs, p.err)
+		if !oneByOne {
+			jobIDs = append(jobIDs, repeat(p.id, len(p.slots))...)
+			slots = append(slots, p.slots...)
+		}
+		res.Missed += p.missed
+		res.CaughtUp += p.caughtUp
+		if p.err != nil {
+			res.Failed++
+		}
+	}
+	batch = &pgx.Batch{}
+	batch.Queue(s.sql["quiet"])
+	if len(slots) > 0 {
+		batch.Queue(s.sql["insert"], jobIDs, slots).QueryRow(func(row pgx.Row) error {
+			var n int64
+			err := row.Scan(&n)
+			res.Created += n
+			return err
+		})
+	}
+	if len(ids) > 0 {
+		batch.Queue(s.sql["update"], ids, nexts, lasts, runs, missed, caughtUp, errs)
+	}
+	earliest, held := s.queueWake(batch, &now)
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return res, fmt.Errorf("schedules: fire: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return res, fmt.Errorf("schedules: commit: %w", err)
+	}
+	s.created.Add(res.Created)
+	s.missed.Add(res.Missed)
+	s.caughtUp.Add(res.CaughtUp)
+	s.failed.Add(res.Failed)
+	if res.Created > 0 || res.Failed > 0 {
+		s.logger.Debug("schedules fired", zap.Int64("jobs", res.Created), zap.Int64("missed", res.Missed),
+			zap.Int64("caught_up", res.CaughtUp), zap.Int64("failed", res.Failed))
+	}
+
+	if len(rows) == s.cfg.BatchSize {
+		return res, nil // more are due: at once
+	}
+	res.Wait = s.wait(now, *earliest, *held)
+	return res, nil
+}
+
+// plan decides what to do with the due schedule d at now.
+func (s *Scheduler) plan(d due, now time.Time) plan {
+	p := plan{id: d.id, next: d.nextRunAt}
+	fail := func(err error) plan {
+		msg := err.Error()
+		s.logger.Warn("schedules: a schedule cannot be computed; it waits for a change", zap.Int64("schedule_id", d.id), zap.Error(err))
+		return plan{id: d.id, err: &msg}
+	}
+	t, err := s.timing(d)
+	if err != nil {
+		return fail(err)
+	}
+	first := d.nextRunAt
+	if first == nil {
+		base := now
+		if d.updatedAt != nil && d.updatedAt.Before(now) {
+			base = *d.updatedAt
+		}
+		n := t.Next(base)
+		if n.IsZero() {
+			return fail(errors.New("its timing names no time in the next five years"))
+		}
+		first = &n
+	}
+	keep := 1
+	if d.catchUp == "all" {
+		keep = int(d.limit)
+	}
+	kept, total, next := t.Due(*first, now, keep)
+	if next.IsZero() {
+		return fail(errors.New("its timing names no time in the next five years"))
+	}
+	p.next = &next
+	if total == 0 {
+		return p
+	}
+	last := kept[len(kept)-1]
+	p.slots, p.last = kept, &last
+	p.runs = int64(len(kept))
+	p.missed = total - int64(len(kept))
+	p.caughtUp = int64(len(kept)) - 1
+	return p
+}
+
+func (s *Scheduler) timing(d due) (*Timing, error) {
+	k := timingKey{tz: d.tz}
+	if d.cron != nil {
+		k.cron = *d.cron
+	}
+	if d.every != nil {
+		k.every = *d.every
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.timings[k]; ok {
+		return r.t, r.err
+	}
+	if len(s.timings) >= maxTimings {
+		clear(s.timings)
+	}
+	t, err := Parse(k.cron, time.Duration(k.every)*time.Second, k.tz)
+	s.timings[k] = &timingResult{t, err}
+	return t, err
+}
+
+func repeat(id int64, n int) []int64 {
+	out := make([]int64, n)
+	for i := range out {
+		out[i] = id
+	}
+	return out
+}
