@@ -174,13 +174,16 @@ func (s *Timing) instant(wall, after time.Time) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// maxDue bounds the slots counted one by one in Due.
-const maxDue = 1_000_000
+// maxDue bounds the slots counted one by one from first in Due: a pass
+// computes a hundred schedules within its timeout, however far behind
+// their next_run_at is.
+const maxDue = 2_000
 
 // Due returns the slots from first (a slot, or a time set by hand) through
 // now: the last keep of them, oldest first, and how many there were in all;
-// and the first slot after now. Past a million slots of a cron expression,
-// the rest are estimated and only the last one is kept.
+// and the first slot after now. Past maxDue slots of a cron expression,
+// those before the last keep are estimated from the spacing of the first
+// ones.
 func (s *Timing) Due(first, now time.Time, keep int) (kept []time.Time, total int64, next time.Time) {
 	if first.After(now) {
 		return nil, 0, first
@@ -215,17 +218,19 @@ func (s *Timing) Due(first, now time.Time, keep int) (kept []time.Time, total in
 		ring = append(ring, t)
 	}
 	at := first
+	jumped := false
 	for !at.After(now) {
-		if total == maxDue {
-			last, ok := s.lastBefore(now)
-			if !ok {
-				break
+		if total == maxDue && !jumped {
+			jumped = true
+			spacing := float64(at.Unix()-first.Unix()) / float64(total)
+			if from := s.window(at, now, keep, spacing); from.After(at) {
+				// The slots in [at, from] are counted by their spacing
+				// so far, and none of them is kept.
+				total += int64(float64(from.Unix()-at.Unix())/max(spacing, 1)) + 1
+				ring = ring[:0]
+				at = s.Next(from)
+				continue
 			}
-			span := at.Sub(first)
-			if span > 0 {
-				total += int64(float64(now.Sub(at)) / (float64(span) / float64(total)))
-			}
-			return []time.Time{last}, total, s.Next(last)
 		}
 		add(at)
 		total++
@@ -237,20 +242,22 @@ func (s *Timing) Due(first, now time.Time, keep int) (kept []time.Time, total in
 	return ring, total, at
 }
 
-// lastBefore returns the last slot at or before now.
-func (s *Timing) lastBefore(now time.Time) (time.Time, bool) {
-	for w := time.Minute; w < 6*366*24*time.Hour; w *= 2 {
-		at := s.Next(now.Add(-w))
-		if at.IsZero() || at.After(now) {
-			continue
+// window returns a time after at such that (from, now] holds at least
+// keep slots, or at when there is none. spacing is the mean seconds
+// between slots so far.
+func (s *Timing) window(at, now time.Time, keep int, spacing float64) time.Time {
+	for w := int64(max(spacing, 60) * float64(2*keep)); w > 0; w *= 2 {
+		from := time.Unix(now.Unix()-w, 0)
+		if !from.After(at) {
+			return at
 		}
-		for {
-			n := s.Next(at)
-			if n.IsZero() || n.After(now) {
-				return at, true
-			}
-			at = n
+		n := 0
+		for t := s.Next(from); !t.IsZero() && !t.After(now) && n < keep; t = s.Next(t) {
+			n++
+		}
+		if n >= keep {
+			return from
 		}
 	}
-	return time.Time{}, false
+	return at
 }

@@ -134,13 +134,24 @@ func TestCronDue(t *testing.T) {
 	require.Equal(t, []time.Time{utc("2026-01-01T08:00:00Z"), utc("2026-01-01T09:00:00Z")}, kept)
 	require.Equal(t, utc("2026-01-01T10:00:00Z"), next)
 
-	// Years of minutes: counted up to a million, then estimated.
+	// Years of minutes: counted up to maxDue, then estimated; the last
+	// keep are kept.
 	tm, err = Parse("* * * * *", 0, "UTC")
 	require.NoError(t, err)
 	kept, total, next = tm.Due(utc("2020-01-01T00:00:00Z"), utc("2024-01-01T00:00:30Z"), 5)
 	require.InDelta(t, 2103841, total, 5000)
-	require.Equal(t, []time.Time{utc("2024-01-01T00:00:00Z")}, kept)
+	require.Equal(t, []time.Time{utc("2023-12-31T23:56:00Z"), utc("2023-12-31T23:57:00Z"), utc("2023-12-31T23:58:00Z"),
+		utc("2023-12-31T23:59:00Z"), utc("2024-01-01T00:00:00Z")}, kept)
 	require.Equal(t, utc("2024-01-01T00:01:00Z"), next)
+
+	// A monthly schedule set back to the year 1 keeps its latest 1000.
+	tm, err = Parse("@monthly", 0, "UTC")
+	require.NoError(t, err)
+	kept, total, next = tm.Due(utc("0001-01-01T00:00:00Z"), utc("2024-01-15T00:00:00Z"), 1000)
+	require.InDelta(t, 2023*12+1, total, 300)
+	require.Len(t, kept, 1000)
+	require.Equal(t, utc("2024-01-01T00:00:00Z"), kept[999])
+	require.Equal(t, utc("2024-02-01T00:00:00Z"), next)
 }
 
 func TestParseErrors(t *testing.T) {
