@@ -221,6 +221,11 @@ func TestRolesScript(t *testing.T) {
 	for _, sql := range []string{
 		"INSERT INTO " + pgx.Identifier{b.schema, "schedules"}.Sanitize() + " (name, cron, kind) VALUES ('w', '@daily', 'record')",
 		"DELETE FROM " + pgx.Identifier{b.schema, "schedules"}.Sanitize(),
+		// What a schedule's jobs are, and whether it runs, are the
+		// operator's: else the worker makes any job it likes through
+		// insert_scheduled_jobs().
+		"UPDATE " + pgx.Identifier{b.schema, "schedules"}.Sanitize() + " SET kind = 'http_callback', payload = '{}'",
+		"UPDATE " + pgx.Identifier{b.schema, "schedules"}.Sanitize() + " SET enabled = true",
 	} {
 		requireDenied(t, worker, sql)
 	}

@@ -62,7 +62,7 @@ GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts) O
 -- worker
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
 GRANT SELECT ON :"schema".schema_version, :"schema".queues TO :"worker";
-GRANT SELECT, UPDATE ON :"schema".schedules TO :"worker";
+GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error) ON :"schema".schedules TO :"worker";
 GRANT EXECUTE ON FUNCTION :"schema".insert_scheduled_jobs(bigint[], timestamptz[]) TO :"worker";
 
 -- operator

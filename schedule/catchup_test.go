@@ -30,3 +30,15 @@ func TestFarBehindSchedulesFireWithinTheTimeout(t *testing.T) {
 	// Each creates its latest 1000 slots.
 	require.EqualValues(t, 10*1000, res.Created)
 }
+
+// insert_scheduled_jobs creates no job for a paused schedule: the workers
+// may call it, but only an operator pauses and resumes.
+func TestInsertScheduledJobsSkipsPausedSchedules(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.exec(t, "SELECT "+pgx.Identifier{e.schema, "schedule"}.Sanitize()+"('p', '@daily', 'noop')")
+	e.exec(t, "SELECT "+pgx.Identifier{e.schema, "pause_schedule"}.Sanitize()+"('p')")
+	e.exec(t, "SELECT "+pgx.Identifier{e.schema, "insert_scheduled_jobs"}.Sanitize()+
+		"(array(SELECT id FROM "+e.schedules+"), ARRAY[now()])")
+	require.Empty(t, e.keys(t))
+}

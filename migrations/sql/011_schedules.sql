@@ -327,7 +327,8 @@ $$;
 -- insert_scheduled_jobs creates the jobs of the slots a worker fires: for
 -- each schedule id of ids, a job of that schedule at the slot of slots at
 -- the same place, its dedup_key 'schedule:<name>:<slot, RFC 3339 in UTC>';
--- a slot whose key a job holds already gets none. It returns how many jobs
+-- a slot whose key a job holds already gets none, and a paused schedule
+-- none. It returns how many jobs
 -- it created. It runs with its owner's rights, so that a worker may create
 -- the jobs its schedules describe and insert no others.
 CREATE OR REPLACE FUNCTION {{.schema}}.insert_scheduled_jobs(ids bigint[], slots timestamptz[]) RETURNS bigint
@@ -341,6 +342,7 @@ AS $$
                'schedule:' || s.name || ':' || to_char(f.slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
         FROM unnest(insert_scheduled_jobs.ids, insert_scheduled_jobs.slots) WITH ORDINALITY AS f(id, slot, n)
         JOIN {{.schema}}.schedules s ON s.id = f.id
+        WHERE s.enabled
         ORDER BY f.n
         ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING 1
