@@ -105,7 +105,9 @@ func New(cfg Config) (*Listener, error) {
 // Connected reports whether LISTEN is in place on a live connection.
 func (l *Listener) Connected() bool { return l.connected.Load() }
 
-// Notifications counts the notifications received.
+// Notifications counts the notifications received on Channel: the
+// wake-ups. Those on ControlChannel, which every schema's functions share,
+// are not counted.
 func (l *Listener) Notifications() int64 { return l.notifications.Load() }
 
 // Run listens until ctx is done, reconnecting by itself. It returns nil when
@@ -206,7 +208,6 @@ func (l *Listener) listened() {
 type controlHandler struct{ l *Listener }
 
 func (h controlHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	h.l.notifications.Add(1)
 	h.l.cfg.Control(n.Payload)
 	return nil
 }

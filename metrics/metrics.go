@@ -285,7 +285,7 @@ var (
 	descSleeps = prometheus.NewDesc(namespace+"_claimer_sleeps_total",
 		"Times a claimer went to sleep holding its queue's sleep key, after which writers notify.", []string{"queue"}, nil)
 	descNotifications = prometheus.NewDesc(namespace+"_notifications_received_total",
-		"Notifications the listener received.", nil, nil)
+		"Wake-up notifications the listener received on the schema's channel (not those on pgdispatch.control).", nil, nil)
 	descConnected = prometheus.NewDesc(namespace+"_listener_connected",
 		"1 while the listener's connection is up and LISTEN is in place, else 0.", nil, nil)
 	descRescued = prometheus.NewDesc(namespace+"_jobs_rescued_total",

@@ -27,8 +27,10 @@ func TestFarBehindSchedulesFireWithinTheTimeout(t *testing.T) {
 	t.Logf("pass took %s: %+v", time.Since(start), res)
 	require.NoError(t, err)
 	require.Less(t, time.Since(start), 5*time.Second)
-	// Each creates its latest 1000 slots.
-	require.EqualValues(t, 10*1000, res.Created)
+	// Each creates its latest 1000 slots; and "fine" one, once its first
+	// second has come.
+	require.GreaterOrEqual(t, res.Created, int64(10*1000))
+	require.LessOrEqual(t, res.Created, int64(10*1000+1))
 }
 
 // insert_scheduled_jobs creates no job for a paused schedule: the workers
