@@ -183,7 +183,7 @@ func TestReviewConcurrentSwitches(t *testing.T) {
 	a, b := <-done, <-done
 	require.NoError(t, a.err)
 	require.NoError(t, b.err)
-	require.True(t, a.plan.AlreadySwitched != b.plan.AlreadySwitched, "one switches, the other finds it switched")
+	require.NotEqual(t, a.plan.AlreadySwitched, b.plan.AlreadySwitched, "one switches, the other finds it switched")
 }
 
 // newRole makes a role of the test's own, dropped when it ends.

@@ -336,8 +336,10 @@ type historyEntry struct {
 
 // entry is r's entry in the job's errors, as JSON.
 func (c *Claimer) entry(r *run, errText string) *string {
-	e := historyEntry{Attempt: r.job.Attempt, FinishedAt: time.Now().UTC(), Worker: c.cfg.WorkerID,
-		Error: errText, Result: r.result()}
+	e := historyEntry{
+		Attempt: r.job.Attempt, FinishedAt: time.Now().UTC(), Worker: c.cfg.WorkerID,
+		Error: errText, Result: r.result(),
+	}
 	if s := r.started.Load(); s != 0 {
 		e.StartedAt = ptr(time.Unix(0, s).UTC())
 	}

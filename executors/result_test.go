@@ -31,9 +31,9 @@ func TestRecordResult(t *testing.T) {
 
 func TestSnooze(t *testing.T) {
 	var s *executors.SnoozeError
-	require.True(t, errors.As(executors.Snooze(time.Minute), &s))
+	require.ErrorAs(t, executors.Snooze(time.Minute), &s)
 	assert.Equal(t, time.Minute, s.Delay)
-	require.True(t, errors.As(executors.Snooze(-time.Second), &s))
+	require.ErrorAs(t, executors.Snooze(-time.Second), &s)
 	assert.Zero(t, s.Delay)
 }
 

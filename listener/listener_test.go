@@ -30,7 +30,9 @@ func TestConfigValidation(t *testing.T) {
 	require.ErrorContains(t, err, "Channel is required")
 	// A schema named as the control channel: one channel would carry both,
 	// and its one LISTEN would never complete the pair.
-	_, err = New(Config{ConnConfig: &pgx.ConnConfig{}, Channel: "pgdispatch.control", Wake: func(string) {}, WakeAll: func() {},
-		ControlChannel: "pgdispatch.control", Control: func(string) {}})
+	_, err = New(Config{
+		ConnConfig: &pgx.ConnConfig{}, Channel: "pgdispatch.control", Wake: func(string) {}, WakeAll: func() {},
+		ControlChannel: "pgdispatch.control", Control: func(string) {},
+	})
 	require.ErrorContains(t, err, "must differ")
 }

@@ -140,8 +140,10 @@ func TestCronDue(t *testing.T) {
 	require.NoError(t, err)
 	kept, total, next = tm.Due(utc("2020-01-01T00:00:00Z"), utc("2024-01-01T00:00:30Z"), 5)
 	require.InDelta(t, 2103841, total, 5000)
-	require.Equal(t, []time.Time{utc("2023-12-31T23:56:00Z"), utc("2023-12-31T23:57:00Z"), utc("2023-12-31T23:58:00Z"),
-		utc("2023-12-31T23:59:00Z"), utc("2024-01-01T00:00:00Z")}, kept)
+	require.Equal(t, []time.Time{
+		utc("2023-12-31T23:56:00Z"), utc("2023-12-31T23:57:00Z"), utc("2023-12-31T23:58:00Z"),
+		utc("2023-12-31T23:59:00Z"), utc("2024-01-01T00:00:00Z"),
+	}, kept)
 	require.Equal(t, utc("2024-01-01T00:01:00Z"), next)
 
 	// A monthly schedule set back to the year 1 keeps its latest 1000.

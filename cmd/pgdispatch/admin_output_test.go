@@ -185,8 +185,10 @@ func TestJobsShowPrintsTheAttempts(t *testing.T) {
 
 	show := a.run(t, "jobs", "show", id)
 	requireNoControls(t, "jobs show", show)
-	for _, want := range []string{"attempt 1", "took 250ms", "on w1", "HTTP 500 from https://bob:xxxxx@example.com/hook",
-		`"status":500`, "(1 entries not in the worker's form", `"status":200`, `"token":"xxxxx"`} {
+	for _, want := range []string{
+		"attempt 1", "took 250ms", "on w1", "HTTP 500 from https://bob:xxxxx@example.com/hook",
+		`"status":500`, "(1 entries not in the worker's form", `"status":200`, `"token":"xxxxx"`,
+	} {
 		require.Contains(t, show, want)
 	}
 	require.NotContains(t, show, "hunter2")
