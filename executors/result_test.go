@@ -2,7 +2,6 @@ package executors_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
