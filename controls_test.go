@@ -491,3 +491,42 @@ func TestCancelWhileTheListenerIsAway(t *testing.T) {
 		t.Fatal("the run did not stop after the listener came back")
 	}
 }
+
+// A cancelled job whose executor ignores its context gives its slot back
+// within the abandon grace of the cancel, not of the job's timeout.
+func TestCancelledExecutorThatIgnoresItsContextGivesItsSlotBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stuck := make(chan struct{})
+	defer close(stuck)
+	started := make(chan int64, 2)
+	b.registry.Register("stubborn", executors.Func(func(_ context.Context, job *executors.Job) error {
+		started <- job.ID
+		if job.Priority == 0 {
+			<-stuck // ignores ctx
+		}
+		return nil
+	}))
+	cfg := b.config(t, "w")
+	cfg.Concurrency = 1
+	cfg.JobTimeout = time.Hour
+	start(t, cfg)
+	first := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('stubborn') RETURNING id")
+	require.Equal(t, first, <-started)
+	second := b.insert(t, "INSERT INTO "+b.jobs+" (kind, priority) VALUES ('stubborn', 1) RETURNING id")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cancelled := time.Now()
+	_, err := admin.New(pgtest.Pool(t), b.schema, 0).Cancel(ctx, []int64{first})
+	require.NoError(t, err)
+	select {
+	case got := <-started:
+		require.Equal(t, second, got)
+		t.Logf("the slot came back %s after the cancel", time.Since(cancelled))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the cancelled job kept its slot")
+	}
+	b.watch.Status(t, second, "done", waitFor)
+	status, _, _ := b.row(t, first)
+	require.Equal(t, "cancelled", status)
+}

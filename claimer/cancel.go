@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -147,7 +148,7 @@ func (c *Claimer) cancelRuns(runs []*run, cause error) int {
 		if r.reported || r.cancelled != nil {
 			continue
 		}
-		r.cancelled = cause
+		r.cancelled, r.cancelledAt = cause, time.Now()
 		if r.stop != nil {
 			r.stop()
 		}

@@ -31,9 +31,10 @@ type run struct {
 	attempt   executors.Attempt // what the executor records
 
 	// Guarded by the claimer's mu.
-	reported  bool               // its outcome is in unwritten (or was written, or dropped)
-	cancelled error              // why the run was cancelled (cancel), nil while it was not
-	stop      context.CancelFunc // cancels the executor's context; nil until it starts
+	reported    bool               // its outcome is in unwritten (or was written, or dropped)
+	cancelled   error              // why the run was cancelled (cancel), nil while it was not
+	cancelledAt time.Time          // when it was
+	stop        context.CancelFunc // cancels the executor's context; nil until it starts
 }
 
 // outcome is what becomes of one attempt.
@@ -188,10 +189,16 @@ func (c *Claimer) runWatchdog(ctx, workCtx context.Context) {
 			return
 		case <-t.C:
 		}
-		limit := time.Now().Add(-abandonGrace).UnixNano()
+		now := time.Now()
+		limit := now.Add(-abandonGrace).UnixNano()
 		for _, r := range c.unreported(func(r *run) bool { d := r.deadline.Load(); return d != 0 && d < limit }) {
 			err := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", abandonGrace, r.job.Timeout)
 			c.abandon(r, err, workCtx.Err() != nil)
+		}
+		// A cancelled run gets the same grace from its cancel: its outcome
+		// is dropped, and its slot is free again.
+		for _, r := range c.unreported(func(r *run) bool { return r.cancelled != nil && now.Sub(r.cancelledAt) > abandonGrace }) {
+			c.abandon(r, errors.New("the executor did not return after its job was cancelled: abandoned"), false)
 		}
 	}
 }
