@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -145,7 +143,7 @@ func queueSwitch(ctx context.Context, what string, args []string, stdout, stderr
 		"resume": "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
 	}[what], stderr)
 	v := newValues(fs, connSettings)
-	queue, err := parseName(fs, args)
+	queue, err := oneName(fs, args, "queue")
 	if err != nil {
 		return err
 	}
@@ -172,29 +170,4 @@ func queueSwitch(ctx context.Context, what string, args []string, stdout, stderr
 		}
 		return nil
 	})
-}
-
-// parseName parses flags and one queue name, which may come before, between
-// or after the flags.
-func parseName(fs *flag.FlagSet, args []string) (string, error) {
-	var names []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return "", err
-			}
-			return "", errUsage
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		names = append(names, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(names) != 1 || names[0] == "" {
-		fmt.Fprintln(fs.Output(), "give one queue name")
-		fs.Usage()
-		return "", errUsage
-	}
-	return names[0], nil
 }

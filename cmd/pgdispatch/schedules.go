@@ -70,14 +70,15 @@ func parseNames(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// oneName parses flags and exactly one name.
-func oneName(fs *flag.FlagSet, args []string, stderr io.Writer) (string, error) {
+// oneName parses flags and exactly one name of a noun (a schedule, a
+// queue).
+func oneName(fs *flag.FlagSet, args []string, noun string) (string, error) {
 	names, err := parseNames(fs, args)
 	if err != nil {
 		return "", err
 	}
 	if len(names) != 1 || names[0] == "" {
-		fmt.Fprintln(stderr, "give one schedule name")
+		fmt.Fprintf(fs.Output(), "give one %s name\n", noun)
 		fs.Usage()
 		return "", errUsage
 	}
@@ -97,7 +98,7 @@ func schedulesAdd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	maxAttempts := fs.Int("max-attempts", 0, "the jobs' attempts; 0: the worker's MAX_ATTEMPTS")
 	catchUp := fs.String("catch-up", "", "after downtime: skip creates one job, all one per missed slot; empty: skip for a new schedule")
 	catchUpLimit := fs.Int("catch-up-limit", 0, "the most jobs all creates for missed slots, the latest ones; 0: 100 for a new schedule")
-	name, err := oneName(fs, args, stderr)
+	name, err := oneName(fs, args, "schedule")
 	if err != nil {
 		return err
 	}
@@ -228,7 +229,7 @@ func printSchedules(w io.Writer, list []admin.Schedule, details bool) error {
 func schedulesRemove(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("schedules remove", "Delete a schedule; the jobs it created stay: pgdispatch schedules remove NAME", stderr)
 	v := newValues(fs, connSettings)
-	name, err := oneName(fs, args, stderr)
+	name, err := oneName(fs, args, "schedule")
 	if err != nil {
 		return err
 	}
@@ -259,7 +260,7 @@ func scheduleSwitch(ctx context.Context, what string, args []string, stdout, std
 		"resume": "Start a paused schedule again from its next slot (the paused slots are not caught up): pgdispatch schedules resume NAME",
 	}[what], stderr)
 	v := newValues(fs, connSettings)
-	name, err := oneName(fs, args, stderr)
+	name, err := oneName(fs, args, "schedule")
 	if err != nil {
 		return err
 	}
