@@ -217,9 +217,11 @@ func TestCancelHeardBeforeTheClaimsRunsAreKnown(t *testing.T) {
 	}))
 	schema := pgtest.Schema(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	outcomes := make(outcomeObserver, 4)
 	c, err := New(Config{
 		Pool: pool, Schema: schema, SleepConnConfig: pgtest.Pool(t).Config().ConnConfig,
 		Queue: "default", WorkerID: "w", Registry: registry, Options: Options{ShutdownTimeout: time.Second},
+		Observer: outcomes,
 	})
 	require.NoError(t, err)
 	asleep := make(chan struct{}, 16)
@@ -251,15 +253,27 @@ func TestCancelHeardBeforeTheClaimsRunsAreKnown(t *testing.T) {
 	require.Zero(t, c.Cancel([]int64{id}), "the scenario: the notice comes before the claim's reply")
 	delay.Store(0)
 
-	var runCtx context.Context
+	// The run is dropped as soon as the claim's reply is in: before its
+	// executor starts, or, if the executor has started, by cancelling its
+	// context.
 	select {
-	case runCtx = <-started:
-	case <-ctx.Done():
-		t.Fatal("the claimed job never started")
+	case runCtx := <-started:
+		requireEnds(t, runCtx, 3*time.Second, "the cancelled job's run")
+		require.Equal(t, OutcomeCancelled, <-outcomes)
+	case o := <-outcomes:
+		require.Equal(t, OutcomeCancelled, o, "the run ended without its executor")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the cancelled job's run neither started nor was dropped")
 	}
-	requireEnds(t, runCtx, 3*time.Second, "the cancelled job's run")
 	require.NoError(t, stop())
 	var status string
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
 	require.Equal(t, "cancelled", status)
 }
+
+// outcomeObserver hears each attempt's outcome.
+type outcomeObserver chan Outcome
+
+func (outcomeObserver) JobStarted(*executors.Job) {}
+
+func (o outcomeObserver) JobFinished(_ *executors.Job, outcome Outcome, _ time.Duration) { o <- outcome }
