@@ -276,4 +276,6 @@ type outcomeObserver chan Outcome
 
 func (outcomeObserver) JobStarted(*executors.Job) {}
 
-func (o outcomeObserver) JobFinished(_ *executors.Job, outcome Outcome, _ time.Duration) { o <- outcome }
+func (o outcomeObserver) JobFinished(_ *executors.Job, outcome Outcome, _ time.Duration) {
+	o <- outcome
+}
