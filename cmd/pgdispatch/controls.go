@@ -130,44 +130,36 @@ func queuesList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func queuesPause(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return queueSwitch(ctx, "pause", args, stdout, stderr)
+	return pauseCommand(ctx, "queue", "pause", "Pause a queue: no worker claims its jobs until it is resumed: pgdispatch queues pause QUEUE",
+		(*admin.Admin).Pause, args, stdout, stderr)
 }
 
 func queuesResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return queueSwitch(ctx, "resume", args, stdout, stderr)
+	return pauseCommand(ctx, "queue", "resume", "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
+		(*admin.Admin).Resume, args, stdout, stderr)
 }
 
-func queueSwitch(ctx context.Context, what string, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("queues "+what, map[string]string{
-		"pause":  "Pause a queue: no worker claims its jobs until it is resumed: pgdispatch queues pause QUEUE",
-		"resume": "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
-	}[what], stderr)
+// pauseCommand is the pause or resume (verb) of one queue or schedule
+// (noun), through set, which reports whether the state changed.
+func pauseCommand(ctx context.Context, noun, verb, help string, set func(*admin.Admin, context.Context, string) (bool, error),
+	args []string, stdout, stderr io.Writer,
+) error {
+	fs := newFlagSet(noun+"s "+verb, help, stderr)
 	v := newValues(fs, connSettings)
-	queue, err := oneName(fs, args, "queue")
+	name, err := oneName(fs, args, noun)
 	if err != nil {
 		return err
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
-		var changed bool
-		var err error
-		if what == "pause" {
-			changed, err = a.Pause(ctx, queue)
-		} else {
-			changed, err = a.Resume(ctx, queue)
-		}
+		changed, err := set(a, ctx, name)
 		if err != nil {
 			return err
 		}
-		switch {
-		case changed && what == "pause":
-			fmt.Fprintf(stdout, "queue %s: paused\n", termsafe.String(queue))
-		case changed:
-			fmt.Fprintf(stdout, "queue %s: resumed\n", termsafe.String(queue))
-		case what == "pause":
-			fmt.Fprintf(stdout, "queue %s: already paused\n", termsafe.String(queue))
-		default:
-			fmt.Fprintf(stdout, "queue %s: not paused\n", termsafe.String(queue))
-		}
+		said := map[[2]bool]string{
+			{true, true}: "paused", {true, false}: "already paused",
+			{false, true}: "resumed", {false, false}: "not paused",
+		}[[2]bool{verb == "pause", changed}]
+		fmt.Fprintf(stdout, "%s %s: %s\n", noun, termsafe.String(name), said)
 		return nil
 	})
 }

@@ -247,44 +247,12 @@ func schedulesRemove(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 func schedulesPause(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return scheduleSwitch(ctx, "pause", args, stdout, stderr)
+	return pauseCommand(ctx, "schedule", "pause", "Stop a schedule from creating jobs until it is resumed: pgdispatch schedules pause NAME",
+		(*admin.Admin).PauseSchedule, args, stdout, stderr)
 }
 
 func schedulesResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return scheduleSwitch(ctx, "resume", args, stdout, stderr)
-}
-
-func scheduleSwitch(ctx context.Context, what string, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("schedules "+what, map[string]string{
-		"pause":  "Stop a schedule from creating jobs until it is resumed: pgdispatch schedules pause NAME",
-		"resume": "Start a paused schedule again from its next slot (the paused slots are not caught up): pgdispatch schedules resume NAME",
-	}[what], stderr)
-	v := newValues(fs, connSettings)
-	name, err := oneName(fs, args, "schedule")
-	if err != nil {
-		return err
-	}
-	return withAdmin(ctx, v, func(a *admin.Admin) error {
-		var changed bool
-		var err error
-		if what == "pause" {
-			changed, err = a.PauseSchedule(ctx, name)
-		} else {
-			changed, err = a.ResumeSchedule(ctx, name)
-		}
-		if err != nil {
-			return err
-		}
-		switch {
-		case changed && what == "pause":
-			fmt.Fprintf(stdout, "schedule %s: paused\n", termsafe.String(name))
-		case changed:
-			fmt.Fprintf(stdout, "schedule %s: resumed\n", termsafe.String(name))
-		case what == "pause":
-			fmt.Fprintf(stdout, "schedule %s: already paused\n", termsafe.String(name))
-		default:
-			fmt.Fprintf(stdout, "schedule %s: not paused\n", termsafe.String(name))
-		}
-		return nil
-	})
+	return pauseCommand(ctx, "schedule", "resume",
+		"Start a paused schedule again from its next slot (the paused slots are not caught up): pgdispatch schedules resume NAME",
+		(*admin.Admin).ResumeSchedule, args, stdout, stderr)
 }
