@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/internal/bench"
 	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 )
 
@@ -228,34 +228,6 @@ func TestScheduleChangedFromSQL(t *testing.T) {
 	require.True(t, jobs[n].Slot.After(disabled.Add(3*time.Second)), "the paused slots are not caught up: %s", jobs[n].Key)
 }
 
-// statementCounter counts what a pool sends, as the bench's idle scenario
-// does: each batch and each statement outside a transaction is one
-// transaction, and every statement is one statement.
-type statementCounter struct {
-	transactions, statements atomic.Int64
-}
-
-func (s *statementCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	s.statements.Add(1)
-	if conn.PgConn().TxStatus() == 'I' {
-		s.transactions.Add(1)
-	}
-	return ctx
-}
-
-func (s *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (s *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	s.transactions.Add(1)
-	return ctx
-}
-
-func (s *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
-	s.statements.Add(1)
-}
-
-func (s *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
-
 // Acceptance 6: an idle worker with ten schedules due in an hour sends no
 // more transactions than one with none: the scheduler sleeps until the
 // slot. Both workers run side by side over the same window, with the
@@ -264,7 +236,7 @@ func TestScheduleIdleCost(t *testing.T) {
 	t.Parallel()
 	type idle struct {
 		w       *pgdispatch.Worker
-		counter *statementCounter
+		counter *bench.StatementCounter
 	}
 	var runs []idle
 	for i, schedules := range []int{0, 10} {
@@ -273,7 +245,7 @@ func TestScheduleIdleCost(t *testing.T) {
 			b.declare(t, fmt.Sprintf("'s%d', '@hourly', 'record'", n))
 		}
 		b.exec(t, "UPDATE "+pgx.Identifier{b.schema, "schedules"}.Sanitize()+" SET next_run_at = now() + interval '1 hour'")
-		counter := &statementCounter{}
+		counter := &bench.StatementCounter{}
 		pc := pgtest.Pool(t).Config().Copy()
 		pc.ConnConfig.Tracer = counter
 		pool, err := pgxpool.NewWithConfig(context.Background(), pc)
@@ -289,7 +261,7 @@ func TestScheduleIdleCost(t *testing.T) {
 	time.Sleep(2 * time.Second) // the start-up's passes and claims settle
 	var before [2][2]int64
 	for i, r := range runs {
-		before[i] = [2]int64{r.counter.transactions.Load(), r.counter.statements.Load()}
+		before[i] = [2]int64{r.counter.Transactions.Load(), r.counter.Statements.Load()}
 	}
 	passes := runs[1].w.Scheduler().Stats().Passes
 	const window = 20 * time.Second
@@ -298,8 +270,8 @@ func TestScheduleIdleCost(t *testing.T) {
 	var got [2][2]float64
 	for i, r := range runs {
 		got[i] = [2]float64{
-			float64(r.counter.transactions.Load()-before[i][0]) * perMinute,
-			float64(r.counter.statements.Load()-before[i][1]) * perMinute,
+			float64(r.counter.Transactions.Load()-before[i][0]) * perMinute,
+			float64(r.counter.Statements.Load()-before[i][1]) * perMinute,
 		}
 	}
 	t.Logf("transactions / statements a minute: no schedules %.1f / %.1f; ten due in an hour %.1f / %.1f",

@@ -19,7 +19,7 @@ func (b *bench) idle(ctx context.Context) ([]*Result, error) {
 	// In a database of its own when the role may create one, so that the
 	// commit count is the worker's alone and not also autovacuum's work on
 	// the tables the other scenarios dropped.
-	counter := &statementCounter{}
+	counter := &StatementCounter{}
 	ib, database, dropDB, err := b.idleBench(ctx, counter)
 	if err != nil {
 		return nil, err
@@ -38,7 +38,7 @@ func (b *bench) idle(ctx context.Context) ([]*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	tx, st := counter.transactions.Load(), counter.statements.Load()
+	tx, st := counter.Transactions.Load(), counter.Statements.Load()
 	time.Sleep(b.opts.IdleDuration)
 	after, err := b.xactCommit(ctx, database)
 	if err != nil {
@@ -47,8 +47,8 @@ func (b *bench) idle(ctx context.Context) ([]*Result, error) {
 	perMinute := float64(time.Minute) / float64(b.opts.IdleDuration)
 	r := &Result{Scenario: "idle", Conditions: fmt.Sprintf("one idle worker for %s, POLL_INTERVAL=%s, SWEEP_INTERVAL=%s, one queue, database %s",
 		b.opts.IdleDuration, b.base.PollInterval, b.base.SweepInterval, database)}
-	r.set("worker_transactions_per_min", float64(counter.transactions.Load()-tx)*perMinute)
-	r.set("worker_statements_per_min", float64(counter.statements.Load()-st)*perMinute)
+	r.set("worker_transactions_per_min", float64(counter.Transactions.Load()-tx)*perMinute)
+	r.set("worker_statements_per_min", float64(counter.Statements.Load()-st)*perMinute)
 	r.set("transactions", float64(after-before))
 	return []*Result{r}, nil
 }
@@ -56,7 +56,7 @@ func (b *bench) idle(ctx context.Context) ([]*Result, error) {
 // idleBench returns a bench whose pool counts what it sends with counter,
 // on a fresh database when the role may create one (else on b's), the
 // database's name, and a func that closes the pool and drops the database.
-func (b *bench) idleBench(ctx context.Context, counter *statementCounter) (*bench, string, func(), error) {
+func (b *bench) idleBench(ctx context.Context, counter *StatementCounter) (*bench, string, func(), error) {
 	buf := make([]byte, 4)
 	_, _ = rand.Read(buf)
 	name := "pgdispatch_bench_idle_" + hex.EncodeToString(buf)
@@ -95,30 +95,30 @@ func (b *bench) xactCommit(ctx context.Context, database string) (int64, error) 
 	return n, err
 }
 
-// statementCounter counts what a worker's pool sends: each batch and each
-// statement outside a transaction is one transaction, and every statement
-// is one statement.
-type statementCounter struct {
-	transactions, statements atomic.Int64
+// StatementCounter is a pgx tracer that counts what a pool sends, as the
+// idle scenario counts a worker's: each batch and each statement outside a
+// transaction is one transaction, and every statement is one statement.
+type StatementCounter struct {
+	Transactions, Statements atomic.Int64
 }
 
-func (s *statementCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	s.statements.Add(1)
+func (s *StatementCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	s.Statements.Add(1)
 	if conn.PgConn().TxStatus() == 'I' {
-		s.transactions.Add(1)
+		s.Transactions.Add(1)
 	}
 	return ctx
 }
 
-func (s *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *StatementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-func (s *statementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	s.transactions.Add(1)
+func (s *StatementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	s.Transactions.Add(1)
 	return ctx
 }
 
-func (s *statementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
-	s.statements.Add(1)
+func (s *StatementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	s.Statements.Add(1)
 }
 
-func (s *statementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (s *StatementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
