@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdispatch/pgdispatch"
-	"github.com/pgdispatch/pgdispatch/internal/exampledb"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/exampledb"
 )
 
 // Enqueue takes the caller's transaction: the job commits with the order,

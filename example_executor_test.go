@@ -13,7 +13,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
-	"github.com/pgdispatch/pgdispatch/internal/exampledb"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/exampledb"
 )
 
 // thumbnailer is a custom executor: any type with an Execute method. The

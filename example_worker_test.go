@@ -8,7 +8,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
-	"github.com/pgdispatch/pgdispatch/internal/exampledb"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/exampledb"
 )
 
 // A program can run a worker of its own, on its own pool, beside its other

@@ -18,8 +18,8 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
-	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
 // startLog is an executor that records when each job started, and lets

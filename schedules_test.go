@@ -14,8 +14,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch"
-	"github.com/pgdispatch/pgdispatch/internal/bench"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/stmtcount"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
 // scheduled is a job a schedule created: its slot (run_at) and when its
@@ -236,7 +236,7 @@ func TestScheduleIdleCost(t *testing.T) {
 	t.Parallel()
 	type idle struct {
 		w       *pgdispatch.Worker
-		counter *bench.StatementCounter
+		counter *stmtcount.Counter
 	}
 	var runs []idle
 	for i, schedules := range []int{0, 10} {
@@ -245,7 +245,7 @@ func TestScheduleIdleCost(t *testing.T) {
 			b.declare(t, fmt.Sprintf("'s%d', '@hourly', 'record'", n))
 		}
 		b.exec(t, "UPDATE "+pgx.Identifier{b.schema, "schedules"}.Sanitize()+" SET next_run_at = now() + interval '1 hour'")
-		counter := &bench.StatementCounter{}
+		counter := &stmtcount.Counter{}
 		pc := pgtest.Pool(t).Config().Copy()
 		pc.ConnConfig.Tracer = counter
 		pool, err := pgxpool.NewWithConfig(context.Background(), pc)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
-	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
 // A transaction that sent NOTIFY cannot be prepared, and the trigger sends

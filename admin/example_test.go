@@ -11,7 +11,7 @@ import (
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/executors"
-	"github.com/pgdispatch/pgdispatch/internal/exampledb"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/exampledb"
 )
 
 // A job's row is its outcome: Get reads it by the id Enqueue returned, and

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/atworker"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
 // waitBlocked waits until a session whose query contains marker waits on a

@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgdispatch/pgdispatch/executors"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
 // newTestClaimer is a claimer of the default queue of a schema of the test's

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgdispatch/pgdispatch/internal/amqptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
 )
 
 // broker is a virtual host of its own on the machine's RabbitMQ, so that

@@ -21,8 +21,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgdispatch/pgdispatch/executors/email"
-	"github.com/pgdispatch/pgdispatch/internal/amqptest"
-	"github.com/pgdispatch/pgdispatch/internal/smtptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/smtptest"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 

@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
 var (

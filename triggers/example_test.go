@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdispatch/pgdispatch"
-	"github.com/pgdispatch/pgdispatch/internal/exampledb"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/exampledb"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
 

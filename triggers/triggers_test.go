@@ -14,8 +14,8 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
-	"github.com/pgdispatch/pgdispatch/internal/workertest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
 

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/internal/redact"
-	"github.com/pgdispatch/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 

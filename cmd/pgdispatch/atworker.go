@@ -15,7 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/atworker"
-	"github.com/pgdispatch/pgdispatch/internal/termsafe"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 )
 
 const atWorkerUsage = `Usage:

@@ -18,9 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/admin"
-	"github.com/pgdispatch/pgdispatch/internal/amqptest"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
-	"github.com/pgdispatch/pgdispatch/internal/smtptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/smtptest"
 )
 
 // atWorkerDDL is the AT Worker's table as its README implies (the columns

@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdispatch/pgdispatch"
-	"github.com/pgdispatch/pgdispatch/internal/bench"
-	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/bench"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
 func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {

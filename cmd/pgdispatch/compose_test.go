@@ -18,7 +18,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
 // Docker cannot run here: the compose file is checked with the compose

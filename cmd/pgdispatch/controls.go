@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
-	"github.com/pgdispatch/pgdispatch/internal/termsafe"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 )
 
 // printHistory prints j's failed attempts and its result, for jobs show.

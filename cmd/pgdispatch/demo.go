@@ -7,8 +7,8 @@ import (
 	"io"
 	"time"
 
-	"github.com/pgdispatch/pgdispatch/internal/demo"
-	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/demo"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
 // The demo's own schema, so that it never touches a real installation's jobs.

@@ -25,9 +25,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch"
-	"github.com/pgdispatch/pgdispatch/internal/amqptest"
-	"github.com/pgdispatch/pgdispatch/internal/exampledb"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/exampledb"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 

@@ -14,9 +14,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgdispatch/pgdispatch/internal/amqptest"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
-	"github.com/pgdispatch/pgdispatch/internal/smtptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/smtptest"
 )
 
 // Malformed payloads across the three kinds, in one stream with good jobs, on

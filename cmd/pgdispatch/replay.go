@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
-	"github.com/pgdispatch/pgdispatch/internal/termsafe"
 )
 
 // deadFlags are the filters of jobs retry --all-dead.

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
-	"github.com/pgdispatch/pgdispatch/internal/termsafe"
 )
 
 const schedulesUsage = `Usage:

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/internal/redact"
-	"github.com/pgdispatch/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
 

@@ -13,9 +13,9 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
-	"github.com/pgdispatch/pgdispatch/internal/smtptest"
-	"github.com/pgdispatch/pgdispatch/internal/workertest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/smtptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/pgdispatch/pgdispatch/executors/email"
-	"github.com/pgdispatch/pgdispatch/internal/payloadcheck"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/payloadcheck"
 )
 
 func FuzzValidate(f *testing.F) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
-	"github.com/pgdispatch/pgdispatch/internal/smtptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/smtptest"
 )
 
 // runAttempt runs one attempt of a job with payload, as a worker would,

@@ -22,7 +22,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
 // Receivers that behave as an attacker's would. Each job ends with a clear

@@ -16,9 +16,9 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
-	"github.com/pgdispatch/pgdispatch/internal/amqptest"
-	"github.com/pgdispatch/pgdispatch/internal/pgtest"
-	"github.com/pgdispatch/pgdispatch/internal/workertest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }

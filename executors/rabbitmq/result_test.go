@@ -12,7 +12,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
-	"github.com/pgdispatch/pgdispatch/internal/amqptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
 )
 
 // Each attempt records the broker's answer: an ack, a nack, or the return

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
 // helperEnv makes the test binary, run again, start a cluster, print its

@@ -28,7 +28,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
-	"github.com/pgdispatch/pgdispatch/internal/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
 const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"

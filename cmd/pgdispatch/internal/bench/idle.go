@@ -5,11 +5,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgdispatch/pgdispatch/internal/stmtcount"
 )
 
 // idle: what a worker with nothing to do sends: the transactions and
@@ -19,7 +20,7 @@ func (b *bench) idle(ctx context.Context) ([]*Result, error) {
 	// In a database of its own when the role may create one, so that the
 	// commit count is the worker's alone and not also autovacuum's work on
 	// the tables the other scenarios dropped.
-	counter := &StatementCounter{}
+	counter := &stmtcount.Counter{}
 	ib, database, dropDB, err := b.idleBench(ctx, counter)
 	if err != nil {
 		return nil, err
@@ -56,7 +57,7 @@ func (b *bench) idle(ctx context.Context) ([]*Result, error) {
 // idleBench returns a bench whose pool counts what it sends with counter,
 // on a fresh database when the role may create one (else on b's), the
 // database's name, and a func that closes the pool and drops the database.
-func (b *bench) idleBench(ctx context.Context, counter *StatementCounter) (*bench, string, func(), error) {
+func (b *bench) idleBench(ctx context.Context, counter *stmtcount.Counter) (*bench, string, func(), error) {
 	buf := make([]byte, 4)
 	_, _ = rand.Read(buf)
 	name := "pgdispatch_bench_idle_" + hex.EncodeToString(buf)
@@ -94,31 +95,3 @@ func (b *bench) xactCommit(ctx context.Context, database string) (int64, error) 
 	err := b.pool.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = $1", database).Scan(&n)
 	return n, err
 }
-
-// StatementCounter is a pgx tracer that counts what a pool sends, as the
-// idle scenario counts a worker's: each batch and each statement outside a
-// transaction is one transaction, and every statement is one statement.
-type StatementCounter struct {
-	Transactions, Statements atomic.Int64
-}
-
-func (s *StatementCounter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	s.Statements.Add(1)
-	if conn.PgConn().TxStatus() == 'I' {
-		s.Transactions.Add(1)
-	}
-	return ctx
-}
-
-func (s *StatementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (s *StatementCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
-	s.Transactions.Add(1)
-	return ctx
-}
-
-func (s *StatementCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
-	s.Statements.Add(1)
-}
-
-func (s *StatementCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
