@@ -4,7 +4,9 @@
 //
 // The jobs table's triggers (created by package migrations) send
 // pg_notify(channel, queue) when a job becomes pending while a worker of its
-// queue sleeps. The channel is the schema's name, so two pgdispatch schemas
+// queue sleeps. migrations/schema.sql shows them as they are today, in one
+// place: jobs_notify_insert and jobs_notify_update, whose WHEN tries the
+// queue's sleep key, and the function notify_sleeper they call. The channel is the schema's name, so two pgdispatch schemas
 // in one database never hear each other. The payload is only the queue name.
 //
 // Add attaches a dispatch trigger to any table: each inserted, updated or

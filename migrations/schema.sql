@@ -1,0 +1,706 @@
+-- The pgdispatch schema as the migrations in sql/ build it, read back from
+-- the catalog of a freshly migrated schema: tables, indexes, views,
+-- functions and triggers, each in name order. It is generated and checked
+-- by TestSchemaSnapshot; the migrations are what runs. Write it again with
+--
+--   go test ./migrations -run TestSchemaSnapshot -update
+--
+-- The sleep key's first half, written into the triggers as a literal, is
+-- migrations.SleepKey of the schema's name; here it is the schema pgdispatch's.
+
+-- Tables
+
+CREATE TABLE event_triggers (
+    name text NOT NULL,
+    table_oid oid NOT NULL,
+    table_name text NOT NULL,
+    events text[] NOT NULL,
+    kind text NOT NULL,
+    queue text NOT NULL,
+    payload jsonb NOT NULL,
+    when_expr text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT event_triggers_pkey PRIMARY KEY (name)
+);
+
+CREATE TABLE jobs (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    kind text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    status text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    dedup_key text,
+    last_error text,
+    locked_by text,
+    locked_until timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    errors jsonb,
+    result jsonb,
+    CONSTRAINT jobs_attempts_check CHECK (((attempts >= 0) AND (attempts <= 1000000))),
+    CONSTRAINT jobs_dedup_key_check CHECK ((char_length(dedup_key) <= 512)),
+    CONSTRAINT jobs_kind_check CHECK (((char_length(kind) >= 1) AND (char_length(kind) <= 128))),
+    CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000000))),
+    CONSTRAINT jobs_payload_size_check CHECK ((pg_column_size(payload) <= 1048576)),
+    CONSTRAINT jobs_pkey PRIMARY KEY (id),
+    CONSTRAINT jobs_queue_check CHECK (((char_length(queue) >= 1) AND (char_length(queue) <= 128))),
+    CONSTRAINT jobs_run_at_check CHECK (((run_at >= '0001-01-01 00:00:00+00'::timestamp with time zone) AND (run_at < '9999-01-01 00:00:00+00'::timestamp with time zone))),
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'dead'::text, 'cancelled'::text])))
+);
+
+CREATE TABLE queues (
+    name text NOT NULL,
+    paused_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT queues_name_check CHECK (((char_length(name) >= 1) AND (char_length(name) <= 128))),
+    CONSTRAINT queues_pkey PRIMARY KEY (name)
+);
+
+CREATE TABLE schedules (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    name text NOT NULL,
+    cron text,
+    every interval,
+    time_zone text DEFAULT 'UTC'::text NOT NULL,
+    kind text NOT NULL,
+    payload jsonb DEFAULT '{}'::jsonb NOT NULL,
+    queue text DEFAULT 'default'::text NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    max_attempts integer,
+    catch_up text DEFAULT 'skip'::text NOT NULL,
+    catch_up_limit integer DEFAULT 100 NOT NULL,
+    enabled boolean DEFAULT true NOT NULL,
+    next_run_at timestamp with time zone,
+    last_run_at timestamp with time zone,
+    runs bigint DEFAULT 0 NOT NULL,
+    missed bigint DEFAULT 0 NOT NULL,
+    caught_up bigint DEFAULT 0 NOT NULL,
+    error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schedules_catch_up_check CHECK ((catch_up = ANY (ARRAY['skip'::text, 'all'::text]))),
+    CONSTRAINT schedules_catch_up_limit_check CHECK (((catch_up_limit >= 1) AND (catch_up_limit <= 1000))),
+    CONSTRAINT schedules_kind_check CHECK (((char_length(kind) >= 1) AND (char_length(kind) <= 128))),
+    CONSTRAINT schedules_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000000))),
+    CONSTRAINT schedules_name_check CHECK (((char_length(name) >= 1) AND (char_length(name) <= 200))),
+    CONSTRAINT schedules_name_key UNIQUE (name),
+    CONSTRAINT schedules_next_run_at_check CHECK (((next_run_at >= '0001-01-01 00:00:00+00'::timestamp with time zone) AND (next_run_at < '9999-01-01 00:00:00+00'::timestamp with time zone))),
+    CONSTRAINT schedules_payload_size_check CHECK ((pg_column_size(payload) <= 1048576)),
+    CONSTRAINT schedules_pkey PRIMARY KEY (id),
+    CONSTRAINT schedules_queue_check CHECK (((char_length(queue) >= 1) AND (char_length(queue) <= 128))),
+    CONSTRAINT schedules_timing_check CHECK ((num_nonnulls(cron, every) = 1))
+);
+
+CREATE TABLE schema_version (
+    version integer NOT NULL
+);
+
+-- Indexes
+
+CREATE UNIQUE INDEX event_triggers_pkey ON pgdispatch.event_triggers USING btree (name);
+
+CREATE INDEX jobs_claim_idx ON pgdispatch.jobs USING btree (queue, priority, run_at, id) WHERE (status = 'pending'::text);
+
+CREATE UNIQUE INDEX jobs_dedup_key_idx ON pgdispatch.jobs USING btree (dedup_key) WHERE (dedup_key IS NOT NULL);
+
+CREATE INDEX jobs_finished_idx ON pgdispatch.jobs USING btree (status, finished_at) WHERE (finished_at IS NOT NULL);
+
+CREATE INDEX jobs_lease_idx ON pgdispatch.jobs USING btree (locked_until) WHERE (status = 'running'::text);
+
+CREATE UNIQUE INDEX jobs_pkey ON pgdispatch.jobs USING btree (id);
+
+CREATE INDEX jobs_schedule_idx ON pgdispatch.jobs USING btree (queue, run_at) WHERE (status = 'pending'::text);
+
+CREATE UNIQUE INDEX queues_pkey ON pgdispatch.queues USING btree (name);
+
+CREATE UNIQUE INDEX schedules_name_key ON pgdispatch.schedules USING btree (name);
+
+CREATE INDEX schedules_next_run_idx ON pgdispatch.schedules USING btree (next_run_at) WHERE (enabled AND (error IS NULL));
+
+CREATE UNIQUE INDEX schedules_pkey ON pgdispatch.schedules USING btree (id);
+
+-- Views
+
+-- Functions
+
+CREATE OR REPLACE FUNCTION pgdispatch.add_trigger(table_name text, events text[], kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, when_expr text DEFAULT NULL::text, trigger_name text DEFAULT NULL::text, lock_wait interval DEFAULT '00:00:01'::interval)
+ RETURNS TABLE(name text, created boolean)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    tbl       regclass;
+    evs       text[];
+    trig_name text;
+    trig_fn   oid;
+BEGIN
+    tbl := add_trigger.table_name::regclass;
+    IF add_trigger.kind IS NULL OR add_trigger.kind = '' THEN
+        RAISE EXCEPTION 'kind is required' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF add_trigger.queue IS NULL OR add_trigger.queue = '' THEN
+        RAISE EXCEPTION 'queue must not be empty' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF jsonb_typeof(add_trigger.payload) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'payload must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT array_agg(DISTINCT upper(btrim(e)) ORDER BY upper(btrim(e))) INTO evs FROM unnest(add_trigger.events) e;
+    IF evs IS NULL OR NOT evs <@ ARRAY['DELETE', 'INSERT', 'UPDATE'] THEN
+        RAISE EXCEPTION 'events must be some of insert, update and delete, not %', add_trigger.events
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF add_trigger.when_expr ~ '(;|--|/\*)' THEN
+        RAISE EXCEPTION 'the WHEN condition may not contain ";" or comments'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    trig_name := coalesce(add_trigger.trigger_name,
+                          (SELECT c.relname FROM pg_class c WHERE c.oid = tbl) || '_' || add_trigger.kind);
+
+    IF EXISTS (SELECT 1 FROM pgdispatch.event_triggers t WHERE t.name = trig_name) THEN
+        RAISE NOTICE 'pgdispatch trigger % exists already: nothing changed (remove it first to change it)', trig_name;
+        RETURN QUERY SELECT trig_name, false;
+        RETURN;
+    END IF;
+
+    PERFORM set_config('lock_timeout', (extract(epoch FROM add_trigger.lock_wait) * 1000)::bigint::text, true);
+    EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW %s EXECUTE FUNCTION %I.dispatch_event(%L, %L, %L)',
+                   trig_name, array_to_string(evs, ' OR '), tbl,
+                   CASE WHEN add_trigger.when_expr IS NULL THEN '' ELSE 'WHEN (' || add_trigger.when_expr || ')' END,
+                   E'pgdispatch', add_trigger.kind, add_trigger.queue, add_trigger.payload::text);
+    SELECT t.tgfoid INTO trig_fn FROM pg_trigger t WHERE t.tgrelid = tbl AND t.tgname = trig_name;
+    IF trig_fn IS DISTINCT FROM (SELECT p.oid FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                                 WHERE n.nspname = E'pgdispatch' AND p.proname = 'dispatch_event') THEN
+        RAISE EXCEPTION 'the WHEN condition % is not a plain condition', add_trigger.when_expr
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    INSERT INTO pgdispatch.event_triggers (name, table_oid, table_name, events, kind, queue, payload, when_expr)
+    VALUES (trig_name, tbl, tbl::text, evs, add_trigger.kind, add_trigger.queue, add_trigger.payload, add_trigger.when_expr);
+    RETURN QUERY SELECT trig_name, true;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.cancel(VARIADIC ids bigint[])
+ RETURNS TABLE(id bigint, previous_status text, cancelled boolean)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    found_ids      bigint[];
+    found_statuses text[];
+    changed        boolean[];
+    running        bigint[];
+BEGIN
+    WITH l AS (
+        SELECT j.id, j.status FROM pgdispatch.jobs j WHERE j.id = ANY(cancel.ids) ORDER BY j.id FOR UPDATE
+    ), u AS (
+        UPDATE pgdispatch.jobs j
+        SET status = 'cancelled',
+            errors = CASE WHEN l.status = 'running' THEN
+                         jsonb_path_query_array(coalesce(j.errors, '[]'), '$[last - 18 to last]')
+                         || jsonb_build_object('attempt', j.attempts, 'started_at', j.updated_at,
+                                               'finished_at', now(), 'worker', j.locked_by,
+                                               'error', 'cancelled by ' || session_user)
+                     ELSE j.errors END,
+            finished_at = now(), locked_by = NULL, locked_until = NULL, updated_at = now()
+        FROM l WHERE j.id = l.id AND l.status IN ('pending', 'running')
+        RETURNING j.id
+    )
+    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.status ORDER BY l.id), array_agg(u.id IS NOT NULL ORDER BY l.id)
+    INTO found_ids, found_statuses, changed
+    FROM l LEFT JOIN u ON u.id = l.id;
+
+    SELECT array_agg(f.id ORDER BY f.id) INTO running
+    FROM unnest(found_ids, found_statuses, changed) AS f(id, status, changed)
+    WHERE f.status = 'running' AND f.changed;
+    FOR i IN 0 .. (coalesce(cardinality(running), 0) - 1) / 300 LOOP
+        EXIT WHEN running IS NULL;
+        PERFORM pg_catalog.pg_notify('pgdispatch.control',
+            jsonb_build_object('schema', E'pgdispatch', 'cancel', to_jsonb(running[i * 300 + 1 : (i + 1) * 300]))::text);
+    END LOOP;
+
+    RETURN QUERY SELECT f.id, f.status, f.changed FROM unnest(found_ids, found_statuses, changed) AS f(id, status, changed);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.check_payload_size()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    -- || detoasts its operands: the size of the result is the decompressed
+    -- size (an object joined with {} is itself).
+    size integer := pg_column_size(NEW.payload || '{}'::jsonb);
+BEGIN
+    IF size > 1048576 THEN
+        RAISE EXCEPTION 'new row for relation "%" violates check constraint "jobs_payload_size_check"', TG_TABLE_NAME
+            USING ERRCODE = 'check_violation', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
+                  CONSTRAINT = 'jobs_payload_size_check',
+                  DETAIL = format('The payload is %s bytes decompressed; the limit is 1048576 (1 MiB).', size);
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.check_schedule()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    fields   text[];
+    part     text;
+    m        text[];
+    lo       integer;
+    hi       integer;
+    a        integer;
+    b        integer;
+    names    text[];
+    what     text;
+    secs     numeric;
+    timing   boolean := TG_OP = 'INSERT'
+                        OR NEW.cron IS DISTINCT FROM OLD.cron
+                        OR NEW.every IS DISTINCT FROM OLD.every
+                        OR NEW.time_zone IS DISTINCT FROM OLD.time_zone;
+BEGIN
+    IF num_nonnulls(NEW.cron, NEW.every) <> 1 THEN
+        RAISE EXCEPTION 'schedule %: give a cron expression or an interval (every), not %',
+            NEW.name, CASE WHEN NEW.cron IS NULL THEN 'neither' ELSE 'both' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF NEW.catch_up IS DISTINCT FROM 'skip' AND NEW.catch_up IS DISTINCT FROM 'all' THEN
+        RAISE EXCEPTION 'schedule %: catch_up is skip (one job after downtime) or all (one job per missed slot), not %', NEW.name, coalesce(NEW.catch_up, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF timing AND NEW.cron IS NOT NULL THEN
+        NEW.cron := btrim(regexp_replace(NEW.cron, '\s+', ' ', 'g'));
+        IF NEW.cron ~ '^@' THEN
+            IF NEW.cron ~* '^@every' THEN
+                RAISE EXCEPTION 'schedule %: cron "%" is an interval: pass it as every (every => ''1 hour'')', NEW.name, NEW.cron
+                    USING ERRCODE = 'invalid_parameter_value';
+            ELSIF NEW.cron NOT IN ('@yearly', '@annually', '@monthly', '@weekly', '@daily', '@midnight', '@hourly') THEN
+                RAISE EXCEPTION 'schedule %: cron "%" is no shortcut pgdispatch knows: use @yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly, or five fields', NEW.name, NEW.cron
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+        ELSE
+            IF NEW.cron ~* '^(CRON_)?TZ=' THEN
+                RAISE EXCEPTION 'schedule %: cron "%" names a time zone: give it as time_zone instead', NEW.name, NEW.cron
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            fields := string_to_array(NEW.cron, ' ');
+            IF coalesce(cardinality(fields), 0) <> 5 THEN
+                RAISE EXCEPTION 'schedule %: cron "%" has % fields; it needs 5: minute hour day-of-month month day-of-week, or a shortcut such as @daily',
+                    NEW.name, NEW.cron, coalesce(cardinality(fields), 0)
+                    USING ERRCODE = 'invalid_parameter_value';
+            END IF;
+            FOR i IN 1 .. 5 LOOP
+                what := (ARRAY['minute', 'hour', 'day of month', 'month', 'day of week'])[i];
+                lo := (ARRAY[0, 0, 1, 1, 0])[i];
+                hi := (ARRAY[59, 23, 31, 12, 6])[i];
+                names := CASE i
+                    WHEN 4 THEN ARRAY['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec']
+                    WHEN 5 THEN ARRAY['sun', 'mon', 'tue', 'wed', 'thu', 'fri', 'sat']
+                END;
+                FOREACH part IN ARRAY string_to_array(fields[i], ',') LOOP
+                    m := regexp_match(lower(part), '^(?:([*?])|([0-9]+|[a-z]+)(?:-([0-9]+|[a-z]+))?)(?:/([0-9]+))?$');
+                    IF m IS NULL THEN
+                        RAISE EXCEPTION 'schedule %: cron "%": the % field''s "%" is not *, a value or a range a-b, with an optional /step',
+                            NEW.name, NEW.cron, what, part
+                            USING ERRCODE = 'invalid_parameter_value';
+                    END IF;
+                    IF m[1] IS NOT NULL THEN
+                        a := lo;
+                        b := hi;
+                    ELSE
+                        a := CASE WHEN m[2] ~ '^[0-9]+$' THEN least(m[2]::numeric, 1000)::integer
+                                  ELSE array_position(names, m[2]) - 1 + (CASE WHEN i = 4 THEN 1 ELSE 0 END) END;
+                        b := CASE WHEN m[3] IS NULL THEN (CASE WHEN m[4] IS NULL THEN a ELSE hi END)
+                                  WHEN m[3] ~ '^[0-9]+$' THEN least(m[3]::numeric, 1000)::integer
+                                  ELSE array_position(names, m[3]) - 1 + (CASE WHEN i = 4 THEN 1 ELSE 0 END) END;
+                        IF a IS NULL OR b IS NULL THEN
+                            RAISE EXCEPTION 'schedule %: cron "%": the % field''s "%" names no %', NEW.name, NEW.cron, what, part,
+                                CASE i WHEN 4 THEN 'month (jan to dec)' WHEN 5 THEN 'day (sun to sat)' ELSE 'value: this field takes numbers' END
+                                USING ERRCODE = 'invalid_parameter_value';
+                        END IF;
+                        IF a < lo OR b > hi THEN
+                            RAISE EXCEPTION 'schedule %: cron "%": the % field''s "%" is outside % to %', NEW.name, NEW.cron, what, part, lo, hi
+                                USING ERRCODE = 'invalid_parameter_value';
+                        ELSIF a > b THEN
+                            RAISE EXCEPTION 'schedule %: cron "%": the % field''s range "%" ends before it starts', NEW.name, NEW.cron, what, part
+                                USING ERRCODE = 'invalid_parameter_value';
+                        END IF;
+                    END IF;
+                    IF m[4] IS NOT NULL AND least(m[4]::numeric, 1000) = 0 THEN
+                        RAISE EXCEPTION 'schedule %: cron "%": the % field''s "%" has a step of 0', NEW.name, NEW.cron, what, part
+                            USING ERRCODE = 'invalid_parameter_value';
+                    END IF;
+                END LOOP;
+            END LOOP;
+        END IF;
+    END IF;
+
+    IF timing AND NEW.every IS NOT NULL THEN
+        secs := extract(epoch FROM NEW.every);
+        IF date_part('month', NEW.every) <> 0 OR date_part('year', NEW.every) <> 0 THEN
+            RAISE EXCEPTION 'schedule %: every % counts months, whose length varies: use a cron expression such as @monthly', NEW.name, NEW.every
+                USING ERRCODE = 'invalid_parameter_value';
+        ELSIF secs < 1 OR secs <> trunc(secs) THEN
+            RAISE EXCEPTION 'schedule %: every % must be a whole number of seconds, at least 1', NEW.name, NEW.every
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+
+    IF timing AND (NEW.time_zone IN ('localtime', 'posixrules', 'Factory')
+                   OR NOT EXISTS (SELECT FROM pg_catalog.pg_timezone_names z WHERE z.name = NEW.time_zone)) THEN
+        RAISE EXCEPTION 'schedule %: time zone "%" is unknown: give an IANA name such as Europe/Berlin, or UTC', NEW.name, NEW.time_zone
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    IF TG_OP = 'UPDATE' THEN
+        IF timing OR (NEW.enabled AND NOT OLD.enabled) THEN
+            NEW.next_run_at := NULL;
+        END IF;
+        IF timing OR NEW.enabled IS DISTINCT FROM OLD.enabled OR NEW.kind IS DISTINCT FROM OLD.kind
+           OR NEW.payload IS DISTINCT FROM OLD.payload OR NEW.queue IS DISTINCT FROM OLD.queue
+           OR NEW.priority IS DISTINCT FROM OLD.priority OR NEW.max_attempts IS DISTINCT FROM OLD.max_attempts
+           OR NEW.catch_up IS DISTINCT FROM OLD.catch_up OR NEW.catch_up_limit IS DISTINCT FROM OLD.catch_up_limit
+           OR NEW.next_run_at IS DISTINCT FROM OLD.next_run_at THEN
+            NEW.error := NULL;
+            NEW.updated_at := now();
+        END IF;
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.dispatch_event()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    job_kind    text  := TG_ARGV[0];
+    job_queue   text  := TG_ARGV[1];
+    job_payload jsonb := TG_ARGV[2]::jsonb;
+    envelope    jsonb;
+    field       text;
+BEGIN
+    envelope := pg_catalog.jsonb_build_object(
+        'event_id', pg_catalog.gen_random_uuid(),
+        'trigger',  TG_NAME,
+        'op',       TG_OP,
+        'schema',   TG_TABLE_SCHEMA,
+        'table',    TG_TABLE_NAME,
+        'at',       pg_catalog.now(),
+        'new',      CASE WHEN TG_OP <> 'DELETE' THEN pg_catalog.to_jsonb(NEW) END,
+        'old',      CASE WHEN TG_OP <> 'INSERT' THEN pg_catalog.to_jsonb(OLD) END);
+    -- http_callback POSTs data, rabbitmq publishes body; other kinds read event.
+    field := CASE job_kind WHEN 'http_callback' THEN 'data' WHEN 'rabbitmq' THEN 'body' ELSE 'event' END;
+    IF pg_catalog.jsonb_typeof(job_payload -> field) = 'object' THEN
+        envelope := (job_payload -> field) || envelope;
+    END IF;
+    INSERT INTO pgdispatch.jobs (kind, queue, payload)
+    VALUES (job_kind, job_queue, pg_catalog.jsonb_set(job_payload, ARRAY[field], envelope));
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.enqueue(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    job_id bigint;
+BEGIN
+    INSERT INTO pgdispatch.jobs AS j (kind, payload, queue, run_at, priority, dedup_key, max_attempts)
+    VALUES (enqueue.kind, coalesce(enqueue.payload, '{}'), coalesce(enqueue.queue, 'default'),
+            coalesce(enqueue.run_at, now()), coalesce(enqueue.priority, 0), enqueue.dedup_key,
+            enqueue.max_attempts)
+    ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+    RETURNING j.id INTO job_id;
+    IF job_id IS NULL THEN
+        SELECT e.id INTO job_id
+        FROM pgdispatch.enqueue_checked(enqueue.kind, enqueue.payload, enqueue.queue, enqueue.run_at,
+                                         enqueue.priority, enqueue.dedup_key, enqueue.max_attempts) e;
+    END IF;
+    RETURN job_id;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.enqueue_checked(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, OUT id bigint, OUT created boolean, OUT conflict boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    want_payload  jsonb       := coalesce(enqueue_checked.payload, '{}');
+    want_queue    text        := coalesce(enqueue_checked.queue, 'default');
+    want_run_at   timestamptz := coalesce(enqueue_checked.run_at, now());
+    want_priority smallint    := coalesce(enqueue_checked.priority, 0);
+    differs       text;
+BEGIN
+    LOOP
+        INSERT INTO pgdispatch.jobs AS j (kind, payload, queue, run_at, priority, dedup_key, max_attempts)
+        VALUES (enqueue_checked.kind, want_payload, want_queue, want_run_at, want_priority,
+                enqueue_checked.dedup_key, enqueue_checked.max_attempts)
+        ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+        RETURNING j.id INTO id;
+        IF id IS NOT NULL THEN
+            created := true;
+            conflict := false;
+            RETURN;
+        END IF;
+
+        SELECT j.id,
+               concat_ws(', ',
+                   CASE WHEN j.kind IS DISTINCT FROM enqueue_checked.kind THEN 'kind' END,
+                   CASE WHEN j.queue IS DISTINCT FROM want_queue THEN 'queue' END,
+                   CASE WHEN j.payload IS DISTINCT FROM want_payload THEN 'payload' END,
+                   CASE WHEN j.priority IS DISTINCT FROM want_priority THEN 'priority' END,
+                   CASE WHEN enqueue_checked.max_attempts IS NOT NULL
+                             AND j.max_attempts IS DISTINCT FROM enqueue_checked.max_attempts THEN 'max_attempts' END,
+                   CASE WHEN j.attempts = 0 AND j.run_at > want_run_at THEN 'a later run_at' END)
+        INTO id, differs
+        FROM pgdispatch.jobs j
+        WHERE j.dedup_key = enqueue_checked.dedup_key;
+        IF id IS NOT NULL THEN
+            created := false;
+            conflict := differs <> '';
+            IF conflict THEN
+                RAISE NOTICE 'pgdispatch: dedup_key % is held by job %, which differs from the job asked for (%); no job was created',
+                    enqueue_checked.dedup_key, id, differs
+                    USING HINT = 'Another writer may have taken the key first. Look at that job: pgdispatch jobs show '
+                                 || id || '.';
+            END IF;
+            RETURN;
+        END IF;
+        -- The holder of the key was deleted between the two statements: try again.
+    END LOOP;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.insert_scheduled_jobs(ids bigint[], slots timestamp with time zone[])
+ RETURNS bigint
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    WITH created AS (
+        INSERT INTO pgdispatch.jobs (kind, payload, queue, priority, max_attempts, run_at, dedup_key)
+        SELECT s.kind, s.payload, s.queue, s.priority, s.max_attempts, f.slot,
+               'schedule:' || s.name || ':' || to_char(f.slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+        FROM unnest(insert_scheduled_jobs.ids, insert_scheduled_jobs.slots) WITH ORDINALITY AS f(id, slot, n)
+        JOIN pgdispatch.schedules s ON s.id = f.id
+        WHERE s.enabled
+        ORDER BY f.n
+        ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+        RETURNING 1
+    )
+    SELECT count(*) FROM created
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.notify_schedules()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    PERFORM pg_catalog.pg_notify('pgdispatch.control',
+        jsonb_build_object('schema', E'pgdispatch', 'schedules', true)::text);
+    RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.notify_sleeper()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    IF NEW.status = 'pending'
+       AND pg_catalog.char_length(NEW.queue) <= 128
+       AND pg_catalog.current_setting('pgdispatch.notified', true)
+           IS DISTINCT FROM pg_catalog.concat(TG_TABLE_SCHEMA, '/', NEW.queue)
+       AND pg_catalog.current_setting('pgdispatch.notify', true) IS DISTINCT FROM 'off' THEN
+        PERFORM pg_catalog.pg_notify(TG_TABLE_SCHEMA, NEW.queue),
+                pg_catalog.set_config('pgdispatch.notified',
+                                      pg_catalog.concat(TG_TABLE_SCHEMA, '/', NEW.queue), true);
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.pause_queue(queue text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    was_paused timestamptz;
+BEGIN
+    SELECT q.paused_at INTO was_paused FROM pgdispatch.queues q WHERE q.name = pause_queue.queue FOR UPDATE;
+    IF was_paused IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    INSERT INTO pgdispatch.queues AS q (name, paused_at) VALUES (pause_queue.queue, now())
+    ON CONFLICT (name) DO UPDATE SET paused_at = now(), updated_at = now();
+    RETURN true;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.pause_schedule(name text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pgdispatch.schedules s WHERE s.name = pause_schedule.name) THEN
+        RAISE EXCEPTION 'no schedule is called %', pause_schedule.name USING ERRCODE = 'undefined_object';
+    END IF;
+    UPDATE pgdispatch.schedules s SET enabled = false WHERE s.name = pause_schedule.name AND s.enabled;
+    RETURN FOUND;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.remove_trigger(trigger_name text, lock_wait interval DEFAULT '00:00:01'::interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    t pgdispatch.event_triggers;
+BEGIN
+    SELECT * INTO t FROM pgdispatch.event_triggers e WHERE e.name = remove_trigger.trigger_name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no pgdispatch trigger is named %', remove_trigger.trigger_name
+            USING ERRCODE = 'undefined_object';
+    END IF;
+    PERFORM set_config('lock_timeout', (extract(epoch FROM remove_trigger.lock_wait) * 1000)::bigint::text, true);
+    IF EXISTS (SELECT 1 FROM pg_class c WHERE c.oid = t.table_oid) THEN
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', t.name, t.table_oid::regclass);
+    END IF;
+    DELETE FROM pgdispatch.event_triggers e WHERE e.name = t.name;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.resume_queue(queue text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    UPDATE pgdispatch.queues q SET paused_at = NULL, updated_at = now()
+    WHERE q.name = resume_queue.queue AND q.paused_at IS NOT NULL;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pg_catalog.pg_notify(E'pgdispatch', resume_queue.queue);
+    RETURN true;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.resume_schedule(name text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pgdispatch.schedules s WHERE s.name = resume_schedule.name) THEN
+        RAISE EXCEPTION 'no schedule is called %', resume_schedule.name USING ERRCODE = 'undefined_object';
+    END IF;
+    UPDATE pgdispatch.schedules s SET enabled = true WHERE s.name = resume_schedule.name AND NOT s.enabled;
+    RETURN FOUND;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.schedule(name text, cron text, kind text, payload jsonb DEFAULT NULL::jsonb, queue text DEFAULT NULL::text, time_zone text DEFAULT NULL::text, priority smallint DEFAULT NULL::smallint, max_attempts integer DEFAULT NULL::integer, catch_up text DEFAULT NULL::text, catch_up_limit integer DEFAULT NULL::integer, every interval DEFAULT NULL::interval, enabled boolean DEFAULT NULL::boolean, OUT id bigint, OUT created boolean)
+ RETURNS record
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+BEGIN
+    IF schedule.kind IS NOT NULL
+       AND schedule.kind NOT IN ('http_callback', 'rabbitmq', 'email', 'noop') THEN
+        RAISE NOTICE 'pgdispatch: schedule %: kind % is none of pgdispatch''s executors (http_callback, rabbitmq, email, noop)', schedule.name, schedule.kind
+            USING HINT = 'A worker must have an executor registered for it, or its jobs die.';
+    END IF;
+    INSERT INTO pgdispatch.schedules AS s
+        (name, cron, every, time_zone, kind, payload, queue, priority, max_attempts, catch_up, catch_up_limit, enabled)
+    VALUES (schedule.name, schedule.cron, schedule.every, coalesce(schedule.time_zone, 'UTC'), schedule.kind,
+            coalesce(schedule.payload, '{}'), coalesce(schedule.queue, 'default'), coalesce(schedule.priority, 0),
+            schedule.max_attempts, coalesce(schedule.catch_up, 'skip'), coalesce(schedule.catch_up_limit, 100),
+            coalesce(schedule.enabled, true))
+    ON CONFLICT (name) DO UPDATE SET
+        cron           = CASE WHEN schedule.cron IS NOT NULL OR schedule.every IS NOT NULL THEN schedule.cron ELSE s.cron END,
+        every          = CASE WHEN schedule.cron IS NOT NULL OR schedule.every IS NOT NULL THEN schedule.every ELSE s.every END,
+        time_zone      = coalesce(schedule.time_zone, s.time_zone),
+        kind           = coalesce(schedule.kind, s.kind),
+        payload        = coalesce(schedule.payload, s.payload),
+        queue          = coalesce(schedule.queue, s.queue),
+        priority       = coalesce(schedule.priority, s.priority),
+        max_attempts   = coalesce(schedule.max_attempts, s.max_attempts),
+        catch_up       = coalesce(schedule.catch_up, s.catch_up),
+        catch_up_limit = coalesce(schedule.catch_up_limit, s.catch_up_limit),
+        enabled        = coalesce(schedule.enabled, s.enabled)
+    RETURNING s.id, s.xmax = 0 INTO id, created;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.snooze(id bigint, delay interval)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF delay IS NULL OR delay < interval '0' THEN
+        RAISE EXCEPTION 'snooze: the delay must be zero or more, not %', delay
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE pgdispatch.jobs j SET run_at = now() + snooze.delay, updated_at = now()
+    WHERE j.id = snooze.id AND j.status = 'pending';
+    RETURN FOUND;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.unschedule(name text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    DELETE FROM pgdispatch.schedules s WHERE s.name = unschedule.name;
+    RETURN FOUND;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.wake(queue text DEFAULT 'default'::text)
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$ SELECT pg_catalog.pg_notify(E'pgdispatch', queue) $function$;
+
+-- Triggers
+
+CREATE TRIGGER jobs_notify_insert BEFORE INSERT ON pgdispatch.jobs FOR EACH ROW WHEN (NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(new.queue))) EXECUTE FUNCTION pgdispatch.notify_sleeper();
+
+CREATE TRIGGER jobs_notify_update BEFORE UPDATE OF status, run_at, queue ON pgdispatch.jobs FOR EACH ROW WHEN (new.status = 'pending'::text AND (old.status IS DISTINCT FROM 'pending'::text OR old.run_at IS DISTINCT FROM new.run_at OR old.queue IS DISTINCT FROM new.queue) AND NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(new.queue))) EXECUTE FUNCTION pgdispatch.notify_sleeper();
+
+CREATE TRIGGER jobs_payload_size BEFORE INSERT OR UPDATE OF payload ON pgdispatch.jobs FOR EACH ROW WHEN (pg_column_size(new.payload) > 4096) EXECUTE FUNCTION pgdispatch.check_payload_size();
+
+CREATE TRIGGER schedules_check BEFORE INSERT OR UPDATE ON pgdispatch.schedules FOR EACH ROW WHEN (current_setting('pgdispatch.scheduling'::text, true) IS DISTINCT FROM 'on'::text) EXECUTE FUNCTION pgdispatch.check_schedule();
+
+CREATE TRIGGER schedules_notify AFTER INSERT OR DELETE OR UPDATE ON pgdispatch.schedules FOR EACH STATEMENT WHEN (current_setting('pgdispatch.scheduling'::text, true) IS DISTINCT FROM 'on'::text) EXECUTE FUNCTION pgdispatch.notify_schedules();
+
+-- Event triggers
