@@ -7,7 +7,8 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
-test: ## run every test with the race detector, against a real PostgreSQL (TEST_DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster)
+test: ## install or start what the tests need (scripts/test-deps), then run every test with the race detector, against a real PostgreSQL (TEST_DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster)
+	@scripts/test-deps
 	$(GO) test -race -count=1 ./...
 
 .PHONY: demo
