@@ -71,8 +71,8 @@ func TestMakeDemoCtrlC(t *testing.T) {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	})
 
-	out.waitFor(t, serving, 3*time.Minute)
-	_, err = master.Write([]byte{3}) // Ctrl-C
+	out.waitFor(t, serving, 5*time.Minute) // make builds the binary first
+	_, err = master.Write([]byte{0x03})    // Ctrl-C, typed
 	require.NoError(t, err)
 	select {
 	case err = <-done:
