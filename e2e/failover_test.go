@@ -76,9 +76,13 @@ func TestFailover(t *testing.T) {
 			30*time.Second, 20*time.Millisecond, "worker %s never listened again after the failover", w.id)
 	}
 	var listeners int
-	require.NoError(t, s.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE application_name = 'pgdispatch-listener' AND query ILIKE 'listen %' AND datname = current_database()`).Scan(&listeners))
-	require.Equal(t, len(ws), listeners, "listener sessions on the promoted standby")
+	require.Eventually(t, func() bool {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		err := s.pool.QueryRow(callCtx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'pgdispatch-listener' AND query ILIKE 'listen %' AND datname = current_database()`).Scan(&listeners)
+		return err == nil && listeners == len(ws)
+	}, 10*time.Second, 20*time.Millisecond, "not one listener session a worker on the promoted standby")
 	s.checkServing(r, slots)
 	s.grepLogs()
 }
