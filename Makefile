@@ -7,12 +7,18 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: test
-test: ## run every test with the race detector, against a real PostgreSQL (TEST_DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster)
+test: ## install or start what the tests need (scripts/test-deps), then run every test with the race detector, against a real PostgreSQL (TEST_DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster)
+	@scripts/test-deps
 	$(GO) test -race -count=1 ./...
 
+# Ctrl-C in a terminal interrupts its foreground process group. go run would
+# exit 1 on it, and make, interrupted too, would end with it; so the demo is
+# built, then run with job control on (set -m) when there is a terminal: the
+# shell gives the demo a process group of its own and the terminal's
+# foreground, Ctrl-C reaches the demo alone, and make exits with its status.
 .PHONY: demo
-demo: ## deliver sample webhooks and mail to receivers in the process, on a throwaway PostgreSQL (or DATABASE_URL)
-	$(GO) run ./cmd/pgdispatch demo
+demo: build ## deliver sample webhooks and mail to receivers in the process, on a throwaway PostgreSQL (or DATABASE_URL)
+	@if [ -t 0 ]; then set -m; fi; bin/pgdispatch demo
 
 .PHONY: bench
 bench: ## run the default benchmark set (about 3 minutes) on a throwaway PostgreSQL, or DATABASE_URL

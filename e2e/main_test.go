@@ -1,8 +1,10 @@
 // Package e2e runs the pgdispatch binary as real worker processes against a
 // PostgreSQL cluster the tests own, the machine's RabbitMQ, and HTTP and
 // SMTP receivers the tests control, and breaks things the way production
-// does: workers killed, connections cut, the server restarted, the broker's
-// connections closed, receivers failing and hanging, and garbage rows.
+// does: workers killed, connections cut, the server restarted, a primary
+// crashed and its synchronous standby promoted (on a pair of clusters of its
+// own), the broker's connections closed, receivers failing and hanging, and
+// garbage rows.
 //
 // Each scenario records every delivery on the receiving side, keyed by the
 // producer's own key, and checks both directions at the end: every committed

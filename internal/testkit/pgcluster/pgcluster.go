@@ -44,10 +44,40 @@ type Cluster struct {
 	// the kernel does when this process ends, however it ends.
 	reaper     *exec.Cmd
 	reaperPipe *os.File
+	crashed    bool // Crash stopped the server
 }
 
 // Start creates and starts a cluster.
-func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	return start(ctx, opts, func(c *Cluster) error {
+		if out, err := c.command(ctx, "initdb", "-D", c.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
+			return fmt.Errorf("initdb: %w\n%s", err, out)
+		}
+		return nil
+	})
+}
+
+// StartStandby creates a streaming standby of c from a base backup
+// (pg_basebackup -R, which writes its primary_conninfo) and starts it, with
+// opts for its own settings: a hot standby that serves reads, until Promote.
+// The standby's max_connections must be at least the primary's, as
+// PostgreSQL requires; the default is the same on both. To make it
+// synchronous, set synchronous_standby_names on c (ALTER SYSTEM), since the
+// standby's walreceiver connects as "walreceiver" unless cluster_name is set.
+func (c *Cluster) StartStandby(ctx context.Context, opts Options) (*Cluster, error) {
+	return start(ctx, opts, func(s *Cluster) error {
+		out, err := s.command(ctx, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port), "-U", "postgres",
+			"-D", s.data, "-R", "-X", "stream", "-c", "fast", "--no-sync").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("pg_basebackup from port %d: %w\n%s", c.port, err, out)
+		}
+		return nil
+	})
+}
+
+// start makes the cluster's directory, fills its data directory with
+// create, and starts the server on a free port.
+func start(ctx context.Context, opts Options, create func(*Cluster) error) (c *Cluster, err error) {
 	bin, err := findBin()
 	if err != nil {
 		return nil, err
@@ -71,8 +101,8 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			return nil, fmt.Errorf("throwaway cluster: hand %s to the postgres user: %w", dir, err)
 		}
 	}
-	if out, err := c.command(ctx, "initdb", "-D", c.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("throwaway cluster: initdb: %w\n%s", err, out)
+	if err := create(c); err != nil {
+		return nil, fmt.Errorf("throwaway cluster: %w", err)
 	}
 	c.port, err = freePort()
 	if err != nil {
@@ -128,17 +158,24 @@ func (c *Cluster) URL() string {
 	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
 }
 
+// Port is the port the server listens on, at 127.0.0.1.
+func (c *Cluster) Port() int { return c.port }
+
 // Dir is the directory that holds the cluster's data and log; Stop removes it.
 func (c *Cluster) Dir() string { return c.dir }
 
 // LogPath is the server's log file.
 func (c *Cluster) LogPath() string { return filepath.Join(c.dir, "postgres.log") }
 
-// Stop stops the server and removes its directory.
+// Stop stops the server, unless Crash did, and removes its directory.
 func (c *Cluster) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-w", "-m", "fast", "stop").CombinedOutput()
+	var out []byte
+	var err error
+	if !c.crashed {
+		out, err = c.command(ctx, "pg_ctl", "-D", c.data, "-w", "-m", "fast", "stop").CombinedOutput()
+	}
 	rmErr := os.RemoveAll(c.dir)
 	if c.reaper != nil {
 		_ = c.reaperPipe.Close()
@@ -149,6 +186,29 @@ func (c *Cluster) Stop() error {
 		return fmt.Errorf("throwaway cluster: pg_ctl stop: %w\n%s", err, out)
 	}
 	return rmErr
+}
+
+// Crash stops the server as a crash of its machine would, as far as its
+// clients can tell: pg_ctl stop -m immediate, which ends every process of
+// the server at once, with no checkpoint and no goodbye to the sessions.
+// The directory stays until Stop.
+func (c *Cluster) Crash(ctx context.Context) error {
+	out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-w", "-m", "immediate", "stop").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("throwaway cluster: pg_ctl stop -m immediate: %w\n%s", err, out)
+	}
+	c.crashed = true
+	return nil
+}
+
+// Promote makes a standby a primary (pg_ctl promote) and waits until it
+// accepts writes.
+func (c *Cluster) Promote(ctx context.Context) error {
+	out, err := c.command(ctx, "pg_ctl", "-D", c.data, "-w", "-t", "60", "promote").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("throwaway cluster: pg_ctl promote: %w\n%s", err, out)
+	}
+	return nil
 }
 
 // Restart stops the server at once (pg_ctl restart -m fast: sessions are
@@ -170,11 +230,17 @@ func (c *Cluster) command(ctx context.Context, name string, args ...string) *exe
 	return cmd
 }
 
-// findBin finds the directory of initdb and pg_ctl: PATH first, then the
+// findBin finds the directory of initdb, pg_ctl and the other server
+// binaries: PATH first, then the
 // newest /usr/lib/postgresql/*/bin.
 func findBin() (string, error) {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if _, err := exec.LookPath("pg_ctl"); err == nil {
+			// The directory of the real binaries, which holds pg_basebackup
+			// too, even when PATH reaches initdb through a link.
+			if real, err := filepath.EvalSymlinks(p); err == nil {
+				p = real
+			}
 			return filepath.Dir(p), nil
 		}
 	}
