@@ -32,8 +32,13 @@ package atworker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,6 +60,44 @@ const StoreSuffix = "_at_worker"
 
 // JobIDColumn is the store's column that holds each row's job.
 const JobIDColumn = "pgdispatch_job_id"
+
+// meta is what Settle and Revert need to know of a switch, kept as JSON
+// in the comment on the store's JobIDColumn.
+type meta struct {
+	// KeyPrefix begins the dedup_key of every job the bridge makes; the
+	// row's id ends it. It is unique to the switch, so that a switch made
+	// after a revert makes new keys while the old jobs are kept.
+	KeyPrefix string `json:"dedup_key_prefix"`
+	// StuckTimeout is how long after its updated_at a row that was
+	// processing at the switch became due, in seconds.
+	StuckTimeout float64 `json:"stuck_timeout_seconds"`
+}
+
+var keyPrefix = regexp.MustCompile(`^at-worker:[0-9a-f]{16}:$`)
+
+func newMeta(stuck time.Duration) meta {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return meta{KeyPrefix: "at-worker:" + hex.EncodeToString(b) + ":", StuckTimeout: stuck.Seconds()}
+}
+
+func parseMeta(comment string) (meta, error) {
+	var m meta
+	if err := json.Unmarshal([]byte(comment), &m); err != nil || !keyPrefix.MatchString(m.KeyPrefix) || !(m.StuckTimeout > 0) {
+		return m, fmt.Errorf("the comment on its column %s is not the switch's (%q)", JobIDColumn, comment)
+	}
+	return m, nil
+}
+
+func (m meta) String() string {
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// grace is StuckTimeout as an SQL interval.
+func (m meta) grace() string {
+	return "make_interval(secs => " + strconv.FormatFloat(m.StuckTimeout, 'g', -1, 64) + ")"
+}
 
 // The AT Worker's statuses.
 const (
