@@ -5,17 +5,24 @@
 // table into a bridge, in one transaction:
 //
 //   - the table is renamed to its store, scheduled_tasks_at_worker, which
-//     keeps every row, column, index, constraint, grant and the id sequence,
-//     and gains a column pgdispatch_job_id;
-//   - every row becomes a job of pgdispatch.jobs: pending rows are pending
-//     jobs due at execute_at; rows an AT Worker was processing are pending
-//     jobs due once its stuck timeout has passed since their updated_at, so
-//     that an AT Worker still running can finish them first (its UPDATE
-//     marks the job done or dead, and it never runs); completed rows are
-//     done jobs and failed rows dead ones;
+//     keeps every row, column, index, constraint and the id sequence, and
+//     gains a column pgdispatch_job_id;
+//   - every row becomes a job of pgdispatch.jobs, with the row's updated_at
+//     and a dedup_key unique to the switch and the row (meta): pending rows
+//     are pending jobs due at execute_at; rows an AT Worker was processing
+//     are pending jobs due once its stuck timeout has passed since their
+//     updated_at, so that an AT Worker still running can finish them first
+//     (its UPDATE marks the job done or dead, and it never runs); completed
+//     rows are done jobs and failed rows dead ones;
 //   - a view named scheduled_tasks, with the table's columns in their order
 //     and types, reads each row's state from its job (status under the AT
-//     Worker's names), and from the store once the job is purged;
+//     Worker's names), and from the store once the job is purged, or while
+//     the store holds the row's final state and the job has not changed
+//     since. The view, its triggers, Settle and Revert take a row's job to
+//     be the job pgdispatch_job_id names only when its dedup_key is the
+//     row's;
+//   - the table's grants move to the view: the store is its owner's alone,
+//     so that no role can point a row at another job;
 //   - INSTEAD OF triggers on the view make an INSERT a job and a store row,
 //     in the producer's transaction; an UPDATE reaches the job as far as it
 //     makes sense (an AT Worker finishing a task it held, an operator

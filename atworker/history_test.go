@@ -3,6 +3,8 @@ package atworker_test
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,10 +131,19 @@ func TestProducerOnConflictAfterSwitch(t *testing.T) {
 	require.NoError(t, err)
 
 	// With a conflict target: refused, whether or not the id is taken.
-	_, err = pool.Exec(ctx, `INSERT INTO `+table+` (id, task_type, payload) VALUES (7, 'noop', '{}') ON CONFLICT (id) DO NOTHING`)
 	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "%v", err)
-	require.Equal(t, "42P10", pgErr.Code, "%v", err) // invalid_column_reference
+	for _, action := range []string{"DO NOTHING", "DO UPDATE SET payload = excluded.payload"} {
+		_, err = pool.Exec(ctx, `INSERT INTO `+table+` (id, task_type, payload) VALUES (7, 'noop', '{}') ON CONFLICT (id) `+action)
+		require.True(t, errors.As(err, &pgErr), "%v", err)
+		require.Equal(t, "42P10", pgErr.Code, "%v", err) // invalid_column_reference
+	}
+	var version int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version))
+	if version < 170000 {
+		_, err = pool.Exec(ctx, `MERGE INTO `+table+` t USING (SELECT 7 AS id) n ON t.id = n.id
+			WHEN NOT MATCHED THEN INSERT (id, task_type, payload) VALUES (n.id, 'noop', '{}')`)
+		require.ErrorContains(t, err, "cannot execute MERGE on relation")
+	}
 	// Without one: accepted, but a taken id is a unique_violation.
 	noTarget := `INSERT INTO ` + table + ` (id, task_type, payload) VALUES (6, 'noop', '{}') ON CONFLICT DO NOTHING`
 	_, err = pool.Exec(ctx, noTarget)
@@ -142,10 +153,15 @@ func TestProducerOnConflictAfterSwitch(t *testing.T) {
 	require.Equal(t, "23505", pgErr.Code, "%v", err)
 
 	// The guide's statement: a redelivery inserts nothing.
-	insert := `INSERT INTO ` + table + ` (id, task_type, payload)
-		SELECT $1, 'noop', '{}' WHERE NOT EXISTS (SELECT FROM ` + table + ` WHERE id = $1)`
+	guide, err := os.ReadFile("../docs/migrating-from-at-worker.md")
+	require.NoError(t, err)
+	const idempotent = `INSERT INTO scheduled_tasks (id, task_type, payload)
+SELECT $1, $2, $3
+WHERE NOT EXISTS (SELECT FROM scheduled_tasks WHERE id = $1);`
+	require.Contains(t, string(guide), idempotent)
+	insert := strings.ReplaceAll(strings.TrimSuffix(idempotent, ";"), "scheduled_tasks", table)
 	for _, want := range []int64{1, 0} {
-		tag, err := pool.Exec(ctx, insert, 7)
+		tag, err := pool.Exec(ctx, insert, 7, "noop", "{}")
 		require.NoError(t, err)
 		require.Equal(t, want, tag.RowsAffected())
 	}

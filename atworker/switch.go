@@ -286,12 +286,12 @@ type RunningJob struct {
 
 // Revert makes the bridge's view a table again, with every row's current
 // state, in one transaction: the store takes the table's name back, with
-// its rows, columns, indexes, constraints, grants and sequence. Pending
-// jobs are cancelled (the AT Worker runs their rows from now on). Jobs
-// that were running keep running: their rows read processing, with
-// updated_at now so that the AT Worker's cleaner leaves them alone for its
-// stuck timeout, and Wait writes their outcomes. Every job stays in
-// pgdispatch.jobs, until the sweeper purges it.
+// its rows, columns, indexes, constraints and sequence, and the view's
+// grants. Pending jobs are cancelled (the AT Worker runs their rows from
+// now on). Jobs that were running keep running: their rows read
+// processing, with updated_at now so that the AT Worker's cleaner leaves
+// them alone for its stuck timeout, and Wait writes their outcomes. Every
+// job stays in pgdispatch.jobs, until the sweeper purges it.
 func Revert(ctx context.Context, db DB, o Options) (RevertResult, error) {
 	if err := o.fill(); err != nil {
 		return RevertResult{}, err

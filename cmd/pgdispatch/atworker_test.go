@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -529,6 +530,30 @@ func TestATWorkerRevertNamesRowsByTheTablesIDs(t *testing.T) {
 		WHERE id IN (SELECT pgdispatch_job_id FROM `+pgx.Identifier{app, "scheduled_tasks_at_worker"}.Sanitize()+`)`)
 	require.NoError(t, err)
 	require.Equal(t, int64(2), tag.RowsAffected())
+
+	// The guide's query in place of the README's pg_locks one names the
+	// rows and the worker that holds them.
+	guide, err := os.ReadFile("../../docs/migrating-from-at-worker.md")
+	require.NoError(t, err)
+	const held = `SELECT s.id, j.locked_by AS worker, j.updated_at AS started_at, j.locked_until AS lease_until
+FROM scheduled_tasks_at_worker s
+JOIN pgdispatch.jobs j ON j.id = s.pgdispatch_job_id
+WHERE j.status = 'running'
+ORDER BY s.id;`
+	require.Contains(t, string(guide), held)
+	rows, err := db.Query(ctx, strings.Replace(held, "pgdispatch.jobs", jobs, 1))
+	require.NoError(t, err)
+	var holders []string
+	var (
+		id     int64
+		worker string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &worker, nil, nil}, func() error {
+		holders = append(holders, fmt.Sprintf("%d:%s", id, worker))
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{"501:w1", "502:w1"}, holders)
 
 	rv := start(t, e, "at-worker", "revert", "--table", table, "--wait", "0s")
 	require.Equal(t, 0, rv.wait(t, 30*time.Second), rv.stderr.String())
