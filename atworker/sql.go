@@ -15,6 +15,7 @@ type bridge struct {
 	cols   []column // the table's columns, in order
 	byName map[string]column
 	meta   meta
+	jobIDs string // the sequence of the jobs' ids, as a qualified name
 }
 
 // key is the SQL expression of the dedup_key of the job the bridge makes
@@ -237,7 +238,7 @@ BEGIN
     -- The row first, so that its own constraints speak first (a taken id
     -- is a unique_violation, as it was in the table); then its job, made
     -- from the row as stored.
-    job := nextval(pg_get_serial_sequence(%[13]s, 'id'));
+    job := nextval(%[13]s::regclass);
     INSERT INTO %[6]s (%[8]s, %[9]s)%[7]s
     VALUES (%[10]s, job)
     RETURNING %[11]s INTO NEW;
@@ -250,7 +251,7 @@ BEGIN
 END
 $body$`, b.rel.function("insert"), fmt.Sprintf(checkStatus, tableLit), jobs, cols, vals,
 		store, b.overriding(), idents(ins, ""), JobIDColumn, idents(ins, "NEW."), idents(b.cols, ""),
-		fmt.Sprintf(keyTaken, b.key("NEW.id"), tableLit), literal(jobs))
+		fmt.Sprintf(keyTaken, b.key("NEW.id"), tableLit), literal(b.jobIDs))
 
 	changed := func(name string) string {
 		c := pgx.Identifier{name}.Sanitize()

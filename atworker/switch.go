@@ -81,13 +81,17 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 	if err != nil {
 		return plan, err
 	}
-	var unique, taken, jobsExist bool
+	var (
+		unique, taken, jobsExist bool
+		jobIDs                   string
+	)
 	if err := tx.QueryRow(ctx, `
 		SELECT EXISTS (SELECT FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
 		               WHERE i.indrelid = $1 AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'id'),
 		       to_regclass($2) IS NOT NULL OR to_regprocedure($3) IS NOT NULL,
-		       to_regclass($4) IS NOT NULL`,
-		rel.oid, rel.store(), rel.function("insert")+"()", jobsTable(o.Schema)).Scan(&unique, &taken, &jobsExist); err != nil {
+		       to_regclass($4) IS NOT NULL,
+		       CASE WHEN to_regclass($4) IS NOT NULL THEN coalesce(pg_get_serial_sequence($4, 'id'), '') ELSE '' END`,
+		rel.oid, rel.store(), rel.function("insert")+"()", jobsTable(o.Schema)).Scan(&unique, &taken, &jobsExist, &jobIDs); err != nil {
 		return plan, err
 	}
 	switch {
@@ -128,7 +132,7 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 			plan.Columns = append(plan.Columns, c.name)
 		}
 	}
-	b := bridge{rel: rel, schema: o.Schema, queue: o.Queue, cols: cols, byName: byName, meta: newMeta(o.StuckTimeout)}
+	b := bridge{rel: rel, schema: o.Schema, queue: o.Queue, cols: cols, byName: byName, meta: newMeta(o.StuckTimeout), jobIDs: jobIDs}
 	plan.Statements = b.switchStatements()
 	moved, err := moveGrants(ctx, tx, rel)
 	if err != nil {
