@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/atworker"
@@ -59,21 +59,20 @@ func setupRights(ctx context.Context, t *testing.T) rights {
 	return r
 }
 
-// roleConn is a session of the pool acting as role, released when the
-// test ends.
-func roleConn(ctx context.Context, t *testing.T, role string) *pgxpool.Conn {
+// roleConn is a session logged in as role, closed when the test ends.
+func roleConn(ctx context.Context, t *testing.T, role string) *pgx.Conn {
 	t.Helper()
-	conn, err := pgtest.Pool(t).Acquire(ctx)
+	_, err := pgtest.Pool(t).Exec(ctx, "ALTER ROLE "+role+" LOGIN")
 	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := conn.Exec(context.Background(), "RESET ROLE")
-		if err != nil {
-			_ = conn.Conn().Close(context.Background())
-		}
-		conn.Release()
-	})
-	_, err = conn.Exec(ctx, "SET ROLE "+role)
+	cfg, err := pgx.ParseConfig(pgtest.URL())
 	require.NoError(t, err)
+	cfg.User = strings.Trim(role, `"`)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var super bool
+	require.NoError(t, conn.QueryRow(ctx, "SELECT rolsuper FROM pg_roles WHERE rolname = session_user").Scan(&super))
+	require.False(t, super)
 	return conn
 }
 
