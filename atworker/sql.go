@@ -35,6 +35,14 @@ func (b bridge) ownJob() string { return "j.dedup_key = " + b.key("s.id") }
 const stored = `(j.id IS NULL OR (s.status IN ('completed', 'failed') AND j.status IN ('done', 'dead', 'cancelled')
     AND j.updated_at = s.updated_at::timestamptz))`
 
+// held is the condition that store row s was processing at the switch
+// and its job j has not run here, nor changed, since: the row is the AT
+// Worker's as it was, and Revert gives it back as it is.
+func (b bridge) held() string {
+	return fmt.Sprintf("(s.status = 'processing' AND j.status = 'pending' AND j.attempts = s.attempts AND j.run_at = s.updated_at::timestamptz + %s)",
+		b.meta.grace())
+}
+
 func (b bridge) jobs() string { return jobsTable(b.schema) }
 
 func (b bridge) typ(name string) string { return b.byName[name].typ }

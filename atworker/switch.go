@@ -367,10 +367,12 @@ func Revert(ctx context.Context, db DB, o Options) (RevertResult, error) {
 	statements := []string{
 		// Every row's current state, as the view shows it, where the store
 		// does not hold it already; running jobs' rows are processing from
-		// now on.
-		fmt.Sprintf("UPDATE %s s SET %s FROM %s j WHERE j.id = s.%s AND %s AND NOT %s", store,
+		// now on. A row an AT Worker was processing at the switch, whose
+		// job has not run here, goes back as it was: processing, with its
+		// updated_at, for the AT Worker's cleaner to judge.
+		fmt.Sprintf("UPDATE %s s SET %s FROM %s j WHERE j.id = s.%s AND %s AND NOT %s AND NOT %s", store,
 			b.settleSet(fmt.Sprintf("CASE WHEN j.status = 'running' THEN now() ELSE j.updated_at::%s END", b.typ("updated_at"))),
-			jobs, JobIDColumn, b.ownJob(), stored),
+			jobs, JobIDColumn, b.ownJob(), stored, b.held()),
 		// Rows whose job is gone before it was settled: done and deleted
 		// at once (see Settle).
 		fmt.Sprintf("UPDATE %s s SET status = 'completed' WHERE s.status NOT IN ('completed', 'failed') AND NOT EXISTS (SELECT FROM %s j WHERE j.id = s.%s AND %s)",
