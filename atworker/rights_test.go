@@ -22,7 +22,7 @@ import (
 // the job of another tenant's row.
 type rights struct {
 	pgd, schema, table, store string
-	owner, app                string
+	owner, app, reader        string // reader may read two columns
 	o                         atworker.Options
 	mine                      int64   // the application's own row
 	victims                   []int64 // the jobs it must not reach
@@ -35,7 +35,10 @@ func setupRights(ctx context.Context, t *testing.T) rights {
 	r.schema, r.table, r.owner, r.app = ownedTable(ctx, t)
 	r.store = r.schema + ".scheduled_tasks_at_worker"
 	grantJobs(ctx, t, r.pgd, r.owner)
-	_, err := pool.Exec(ctx, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s", r.table, r.app))
+	r.reader = newRole(ctx, t, "reader")
+	_, err := pool.Exec(ctx, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON %[1]s TO %[2]s;
+		ALTER TABLE %[1]s ADD COLUMN "note$1" text; GRANT USAGE ON SCHEMA %[3]s TO %[4]s; GRANT SELECT (id, "note$1") ON %[1]s TO %[4]s`,
+		r.table, r.app, r.schema, r.reader))
 	require.NoError(t, err)
 	jobs := pgx.Identifier{r.pgd, "jobs"}.Sanitize()
 	var other, tenant int64
@@ -107,13 +110,22 @@ func TestBridgeStoreClosedToTheApplication(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), tag.RowsAffected())
 
+	// A column's grant moves too.
+	var onView, onStore bool
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT has_column_privilege($1::regrole, $2, 'note$1', 'SELECT'),
+		has_column_privilege($1::regrole, $3, 'note$1', 'SELECT')`, r.reader, r.table, r.store).Scan(&onView, &onStore))
+	require.True(t, onView, "the reader's column grant on the view")
+	require.False(t, onStore, "the reader's column grant left on the store")
+
 	// The revert gives the table its grants back.
 	_, err = atworker.Revert(ctx, roleConn(ctx, t, r.owner), r.o)
 	require.NoError(t, err)
-	var all bool
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT has_table_privilege($1::regrole, $2, 'SELECT, INSERT, UPDATE, DELETE')`,
-		r.app, r.table).Scan(&all))
+	var all, column bool
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT has_table_privilege($1::regrole, $2, 'SELECT, INSERT, UPDATE, DELETE'),
+		has_column_privilege($3::regrole, $2, 'note$1', 'SELECT') AND NOT has_column_privilege($3::regrole, $2, 'tenant', 'SELECT')`,
+		r.app, r.table, r.reader).Scan(&all, &column))
 	require.True(t, all, "the application's grants on the table after the revert")
+	require.True(t, column, "the reader's column grant on the table after the revert")
 	_, err = app.Exec(ctx, `INSERT INTO `+r.table+` (task_type, payload) VALUES ('noop', '{}')`)
 	require.NoError(t, err)
 }

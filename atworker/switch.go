@@ -364,6 +364,10 @@ func Revert(ctx context.Context, db DB, o Options) (RevertResult, error) {
 	if err != nil {
 		return res, fmt.Errorf("read the grants on %s: %w", rel.ident(), err)
 	}
+	// cancelSQL cancels the pending jobs, $1.
+	cancelSQL := fmt.Sprintf(`UPDATE %s j SET status = 'cancelled', finished_at = now(), updated_at = now(),
+    last_error = 'handed back to the AT Worker by pgdispatch at-worker revert'
+WHERE j.id = ANY($1::bigint[]) AND j.status = 'pending'`, jobs)
 	statements := []string{
 		// Every row's current state, as the view shows it, where the store
 		// does not hold it already; running jobs' rows are processing from
@@ -377,9 +381,7 @@ func Revert(ctx context.Context, db DB, o Options) (RevertResult, error) {
 		// at once (see Settle).
 		fmt.Sprintf("UPDATE %s s SET status = 'completed' WHERE s.status NOT IN ('completed', 'failed') AND NOT EXISTS (SELECT FROM %s j WHERE j.id = s.%s AND %s)",
 			store, jobs, JobIDColumn, b.ownJob()),
-		fmt.Sprintf(`UPDATE %s j SET status = 'cancelled', finished_at = now(), updated_at = now(),
-    last_error = 'handed back to the AT Worker by pgdispatch at-worker revert'
-WHERE j.id = ANY($1::bigint[]) AND j.status = 'pending'`, jobs),
+		cancelSQL,
 	}
 	statements = append(statements, back...)
 	statements = append(statements,
@@ -394,7 +396,7 @@ WHERE j.id = ANY($1::bigint[]) AND j.status = 'pending'`, jobs),
 	}
 	for _, sql := range statements {
 		var args []any
-		if strings.Contains(sql, "$1") {
+		if sql == cancelSQL {
 			args = []any{pending}
 		}
 		if _, err := tx.Exec(ctx, sql, args...); err != nil {
