@@ -5,17 +5,24 @@
 // table into a bridge, in one transaction:
 //
 //   - the table is renamed to its store, scheduled_tasks_at_worker, which
-//     keeps every row, column, index, constraint, grant and the id sequence,
-//     and gains a column pgdispatch_job_id;
-//   - every row becomes a job of pgdispatch.jobs: pending rows are pending
-//     jobs due at execute_at; rows an AT Worker was processing are pending
-//     jobs due once its stuck timeout has passed since their updated_at, so
-//     that an AT Worker still running can finish them first (its UPDATE
-//     marks the job done or dead, and it never runs); completed rows are
-//     done jobs and failed rows dead ones;
+//     keeps every row, column, index, constraint and the id sequence, and
+//     gains a column pgdispatch_job_id;
+//   - every row becomes a job of pgdispatch.jobs, with the row's updated_at
+//     and a dedup_key unique to the switch and the row (meta): pending rows
+//     are pending jobs due at execute_at; rows an AT Worker was processing
+//     are pending jobs due once its stuck timeout has passed since their
+//     updated_at, so that an AT Worker still running can finish them first
+//     (its UPDATE marks the job done or dead, and it never runs); completed
+//     rows are done jobs and failed rows dead ones;
 //   - a view named scheduled_tasks, with the table's columns in their order
 //     and types, reads each row's state from its job (status under the AT
-//     Worker's names), and from the store once the job is purged;
+//     Worker's names), and from the store once the job is purged, or while
+//     the store holds the row's final state and the job has not changed
+//     since. The view, its triggers, Settle and Revert take a row's job to
+//     be the job pgdispatch_job_id names only when its dedup_key is the
+//     row's;
+//   - the table's grants move to the view: the store is its owner's alone,
+//     so that no role can point a row at another job;
 //   - INSTEAD OF triggers on the view make an INSERT a job and a store row,
 //     in the producer's transaction; an UPDATE reaches the job as far as it
 //     makes sense (an AT Worker finishing a task it held, an operator
@@ -32,8 +39,13 @@ package atworker
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -55,6 +67,44 @@ const StoreSuffix = "_at_worker"
 
 // JobIDColumn is the store's column that holds each row's job.
 const JobIDColumn = "pgdispatch_job_id"
+
+// meta is what Settle and Revert need to know of a switch, kept as JSON
+// in the comment on the store's JobIDColumn.
+type meta struct {
+	// KeyPrefix begins the dedup_key of every job the bridge makes; the
+	// row's id ends it. It is unique to the switch, so that a switch made
+	// after a revert makes new keys while the old jobs are kept.
+	KeyPrefix string `json:"dedup_key_prefix"`
+	// StuckTimeout is how long after its updated_at a row that was
+	// processing at the switch became due, in seconds.
+	StuckTimeout float64 `json:"stuck_timeout_seconds"`
+}
+
+var keyPrefix = regexp.MustCompile(`^at-worker:[0-9a-f]{16}:$`)
+
+func newMeta(stuck time.Duration) meta {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return meta{KeyPrefix: "at-worker:" + hex.EncodeToString(b) + ":", StuckTimeout: stuck.Seconds()}
+}
+
+func parseMeta(comment string) (meta, error) {
+	var m meta
+	if err := json.Unmarshal([]byte(comment), &m); err != nil || !keyPrefix.MatchString(m.KeyPrefix) || !(m.StuckTimeout > 0) {
+		return m, fmt.Errorf("the comment on its column %s is not the switch's (%q)", JobIDColumn, comment)
+	}
+	return m, nil
+}
+
+func (m meta) String() string {
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// grace is StuckTimeout as an SQL interval.
+func (m meta) grace() string {
+	return "make_interval(secs => " + strconv.FormatFloat(m.StuckTimeout, 'g', -1, 64) + ")"
+}
 
 // The AT Worker's statuses.
 const (

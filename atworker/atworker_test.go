@@ -198,7 +198,7 @@ func TestRevertWaitsForRunningJobs(t *testing.T) {
 	w, err := atworker.Wait(ctx, pool, pgd, res.Table, res.Running, 0, 10*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, 2, w.Finished)
-	require.Equal(t, []int64{3}, w.Cut)
+	require.Equal(t, []atworker.RunningJob{{JobID: 3, RowID: "3"}}, w.Cut)
 	rows, err := pool.Query(ctx, `SELECT id || ':' || status || ':' || coalesce(error_message, '') FROM `+table+` ORDER BY id`)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[string])

@@ -81,13 +81,17 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 	if err != nil {
 		return plan, err
 	}
-	var unique, taken, jobsExist bool
+	var (
+		unique, taken, jobsExist bool
+		jobIDs                   string
+	)
 	if err := tx.QueryRow(ctx, `
 		SELECT EXISTS (SELECT FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
 		               WHERE i.indrelid = $1 AND i.indisunique AND i.indnkeyatts = 1 AND i.indpred IS NULL AND a.attname = 'id'),
 		       to_regclass($2) IS NOT NULL OR to_regprocedure($3) IS NOT NULL,
-		       to_regclass($4) IS NOT NULL`,
-		rel.oid, rel.store(), rel.function("insert")+"()", jobsTable(o.Schema)).Scan(&unique, &taken, &jobsExist); err != nil {
+		       to_regclass($4) IS NOT NULL,
+		       CASE WHEN to_regclass($4) IS NOT NULL THEN coalesce(pg_get_serial_sequence($4, 'id'), '') ELSE '' END`,
+		rel.oid, rel.store(), rel.function("insert")+"()", jobsTable(o.Schema)).Scan(&unique, &taken, &jobsExist, &jobIDs); err != nil {
 		return plan, err
 	}
 	switch {
@@ -128,9 +132,13 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 			plan.Columns = append(plan.Columns, c.name)
 		}
 	}
-	b := bridge{rel: rel, schema: o.Schema, queue: o.Queue, cols: cols, byName: byName}
-	plan.Statements = b.switchStatements(o.StuckTimeout)
-	plan.Statements = append(plan.Statements, grants(ctx, tx, rel)...)
+	b := bridge{rel: rel, schema: o.Schema, queue: o.Queue, cols: cols, byName: byName, meta: newMeta(o.StuckTimeout), jobIDs: jobIDs}
+	plan.Statements = b.switchStatements()
+	moved, err := moveGrants(ctx, tx, rel)
+	if err != nil {
+		return plan, err
+	}
+	plan.Statements = append(plan.Statements, moved...)
 	if len(odd) > 0 {
 		sort.Strings(odd)
 		return plan, fmt.Errorf("cannot switch %s: rows have statuses other than pending, processing, completed and failed: %s",
@@ -144,6 +152,9 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 			return plan, fmt.Errorf("switch %s: %w\n%s", rel.ident(), err, sql)
 		}
 	}
+	if err := checkStoreClosed(ctx, tx, rel); err != nil {
+		return plan, err
+	}
 	return plan, tx.Commit(ctx)
 }
 
@@ -156,32 +167,74 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// grants are the GRANTs that give the view the privileges the table has,
-// so that its producers and readers keep theirs. The bridge's functions
-// run as their owner, who ran the switch.
-func grants(ctx context.Context, tx pgx.Tx, rel relation) []string {
-	rows, err := tx.Query(ctx, `
-		SELECT CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END, a.privilege_type, a.is_grantable
-		FROM pg_class c, aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee
-		WHERE c.oid = $1 AND a.grantee <> c.relowner
-		ORDER BY 1, 2`, rel.oid)
+// grantsSQL reads the privileges granted on a relation, its own and its
+// columns', but those of its owner.
+const grantsSQL = `
+SELECT CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(r.rolname) END, g.privilege_type, g.is_grantable, coalesce(quote_ident(g.col), '')
+FROM (SELECT a.grantee, a.privilege_type, a.is_grantable, NULL::name AS col
+      FROM pg_class c, aclexplode(c.relacl) a WHERE c.oid = $1 AND a.grantee <> c.relowner
+      UNION ALL
+      SELECT a.grantee, a.privilege_type, a.is_grantable, t.attname
+      FROM pg_class c JOIN pg_attribute t ON t.attrelid = c.oid AND t.attnum > 0 AND NOT t.attisdropped, aclexplode(t.attacl) a
+      WHERE c.oid = $1 AND a.grantee <> c.relowner) g
+LEFT JOIN pg_roles r ON r.oid = g.grantee
+ORDER BY 1, 4, 2`
+
+// grants are the GRANTs that give to the relation named to the privileges
+// granted on the relation from, and the grantees.
+func grants(ctx context.Context, tx pgx.Tx, from uint32, to string) (sql, grantees []string, err error) {
+	rows, err := tx.Query(ctx, grantsSQL, from)
 	if err != nil {
-		return nil
+		return nil, nil, err
 	}
 	var (
-		out           []string
-		grantee, priv string
-		grantable     bool
+		grantee, priv, col string
+		grantable          bool
 	)
-	_, _ = pgx.ForEachRow(rows, []any{&grantee, &priv, &grantable}, func() error {
-		sql := fmt.Sprintf("GRANT %s ON %s TO %s", priv, rel.ident(), grantee)
-		if grantable {
-			sql += " WITH GRANT OPTION"
+	_, err = pgx.ForEachRow(rows, []any{&grantee, &priv, &grantable, &col}, func() error {
+		if col != "" {
+			priv += " (" + col + ")"
 		}
-		out = append(out, sql)
+		g := fmt.Sprintf("GRANT %s ON %s TO %s", priv, to, grantee)
+		if grantable {
+			g += " WITH GRANT OPTION"
+		}
+		sql = append(sql, g)
+		if !contains(grantees, grantee) {
+			grantees = append(grantees, grantee)
+		}
 		return nil
 	})
-	return out
+	return sql, grantees, err
+}
+
+// moveGrants are the statements that give the view the privileges the
+// table has, so that its producers and readers keep theirs, and take them
+// from the store: the view's functions run as the table's owner, and a
+// right on the store would let a role point a row at any job
+// (JobIDColumn) or write the row's state around its job.
+func moveGrants(ctx context.Context, tx pgx.Tx, rel relation) ([]string, error) {
+	sql, grantees, err := grants(ctx, tx, rel.oid, rel.ident())
+	if err != nil {
+		return nil, fmt.Errorf("read the grants on %s: %w", rel.ident(), err)
+	}
+	if len(grantees) > 0 {
+		sql = append(sql, fmt.Sprintf("REVOKE ALL ON %s FROM %s CASCADE", rel.store(), strings.Join(grantees, ", ")))
+	}
+	return sql, nil
+}
+
+// checkStoreClosed returns an error if a role other than its owner holds a
+// privilege on the store.
+func checkStoreClosed(ctx context.Context, tx pgx.Tx, rel relation) error {
+	_, grantees, err := grants(ctx, tx, rel.oid, rel.store())
+	if err != nil {
+		return err
+	}
+	if len(grantees) > 0 {
+		return fmt.Errorf("switch %s: privileges on %s remain to %s after the switch revoked them", rel.ident(), rel.store(), strings.Join(grantees, ", "))
+	}
+	return nil
 }
 
 // loadBridge reads the bridge of the view rel.
@@ -202,7 +255,16 @@ func loadBridge(ctx context.Context, tx pgx.Tx, rel relation, schema string) (br
 			byName[c.name] = c
 		}
 	}
-	return bridge{rel: rel, schema: schema, cols: own, byName: byName}, nil
+	var comment string
+	if err := tx.QueryRow(ctx, `SELECT coalesce(col_description($1, a.attnum), '') FROM pg_attribute a
+		WHERE a.attrelid = $1 AND a.attname = $2`, store.oid, JobIDColumn).Scan(&comment); err != nil {
+		return bridge{}, fmt.Errorf("the store of %s: %w", rel.ident(), err)
+	}
+	m, err := parseMeta(comment)
+	if err != nil {
+		return bridge{}, fmt.Errorf("the store of %s, %s: %w", rel.ident(), rel.store(), err)
+	}
+	return bridge{rel: rel, schema: schema, cols: own, byName: byName, meta: m}, nil
 }
 
 // RevertResult is what Revert did.
@@ -228,12 +290,12 @@ type RunningJob struct {
 
 // Revert makes the bridge's view a table again, with every row's current
 // state, in one transaction: the store takes the table's name back, with
-// its rows, columns, indexes, constraints, grants and sequence. Pending
-// jobs are cancelled (the AT Worker runs their rows from now on). Jobs
-// that were running keep running: their rows read processing, with
-// updated_at now so that the AT Worker's cleaner leaves them alone for its
-// stuck timeout, and Wait writes their outcomes. Every job stays in
-// pgdispatch.jobs, until the sweeper purges it.
+// its rows, columns, indexes, constraints and sequence, and the view's
+// grants. Pending jobs are cancelled (the AT Worker runs their rows from
+// now on). Jobs that were running keep running: their rows read
+// processing, with updated_at now so that the AT Worker's cleaner leaves
+// them alone for its stuck timeout, and Wait writes their outcomes. Every
+// job stays in pgdispatch.jobs, until the sweeper purges it.
 func Revert(ctx context.Context, db DB, o Options) (RevertResult, error) {
 	if err := o.fill(); err != nil {
 		return RevertResult{}, err
@@ -271,8 +333,8 @@ func Revert(ctx context.Context, db DB, o Options) (RevertResult, error) {
 		return res, err
 	}
 	store, jobs := rel.store(), b.jobs()
-	lockSQL := fmt.Sprintf(`SELECT j.id, j.status, s.id::text FROM %s j JOIN %s s ON s.%s = j.id
-		WHERE j.status IN ('pending', 'running') ORDER BY j.id`, jobs, store, JobIDColumn)
+	lockSQL := fmt.Sprintf(`SELECT j.id, j.status, s.id::text FROM %s j JOIN %s s ON s.%s = j.id AND %s
+		WHERE j.status IN ('pending', 'running') ORDER BY j.id`, jobs, store, JobIDColumn, b.ownJob())
 	if !o.DryRun {
 		lockSQL += " FOR UPDATE OF j"
 	}
@@ -297,30 +359,44 @@ func Revert(ctx context.Context, db DB, o Options) (RevertResult, error) {
 		return res, err
 	}
 	res.Cancelled = int64(len(pending))
+	// The table's privileges are the view's (see moveGrants).
+	back, _, err := grants(ctx, tx, rel.oid, store)
+	if err != nil {
+		return res, fmt.Errorf("read the grants on %s: %w", rel.ident(), err)
+	}
+	// cancelSQL cancels the pending jobs, $1.
+	cancelSQL := fmt.Sprintf(`UPDATE %s j SET status = 'cancelled', finished_at = now(), updated_at = now(),
+    last_error = 'handed back to the AT Worker by pgdispatch at-worker revert'
+WHERE j.id = ANY($1::bigint[]) AND j.status = 'pending'`, jobs)
 	statements := []string{
-		// Every row's current state, as the view shows it; running jobs'
-		// rows are processing from now on.
-		fmt.Sprintf("UPDATE %s s SET %s FROM %s j WHERE j.id = s.%s", store,
-			b.settleSet(fmt.Sprintf("CASE WHEN j.status = 'running' THEN now() ELSE j.updated_at::%s END", b.typ("updated_at"))), jobs, JobIDColumn),
+		// Every row's current state, as the view shows it, where the store
+		// does not hold it already; running jobs' rows are processing from
+		// now on. A row an AT Worker was processing at the switch, whose
+		// job has not run here, goes back as it was: processing, with its
+		// updated_at, for the AT Worker's cleaner to judge.
+		fmt.Sprintf("UPDATE %s s SET %s FROM %s j WHERE j.id = s.%s AND %s AND NOT %s AND NOT %s", store,
+			b.settleSet(fmt.Sprintf("CASE WHEN j.status = 'running' THEN now() ELSE j.updated_at::%s END", b.typ("updated_at"))),
+			jobs, JobIDColumn, b.ownJob(), stored, b.held()),
 		// Rows whose job is gone before it was settled: done and deleted
 		// at once (see Settle).
-		fmt.Sprintf("UPDATE %s s SET status = 'completed' WHERE s.status NOT IN ('completed', 'failed') AND NOT EXISTS (SELECT FROM %s j WHERE j.id = s.%s)",
-			store, jobs, JobIDColumn),
-		fmt.Sprintf(`UPDATE %s j SET status = 'cancelled', finished_at = now(), updated_at = now(),
-    last_error = 'handed back to the AT Worker by pgdispatch at-worker revert'
-WHERE j.id = ANY($1::bigint[]) AND j.status = 'pending'`, jobs),
+		fmt.Sprintf("UPDATE %s s SET status = 'completed' WHERE s.status NOT IN ('completed', 'failed') AND NOT EXISTS (SELECT FROM %s j WHERE j.id = s.%s AND %s)",
+			store, jobs, JobIDColumn, b.ownJob()),
+		cancelSQL,
+	}
+	statements = append(statements, back...)
+	statements = append(statements,
 		fmt.Sprintf("DROP VIEW %s", rel.ident()),
 		fmt.Sprintf("DROP FUNCTION %s(), %s(), %s()", rel.function("insert"), rel.function("update"), rel.function("delete")),
 		fmt.Sprintf("ALTER TABLE %s DROP COLUMN %s", store, JobIDColumn),
 		fmt.Sprintf("ALTER TABLE %s RENAME TO %s", store, pgx.Identifier{rel.name}.Sanitize()),
-	}
+	)
 	if o.DryRun {
 		res.Rows, err = countByStatus(ctx, tx, rel.ident())
 		return res, err
 	}
 	for _, sql := range statements {
 		var args []any
-		if strings.Contains(sql, "$1") {
+		if sql == cancelSQL {
 			args = []any{pending}
 		}
 		if _, err := tx.Exec(ctx, sql, args...); err != nil {
@@ -351,10 +427,10 @@ func countByStatus(ctx context.Context, tx pgx.Tx, table string) (map[string]int
 type WaitResult struct {
 	Finished int // written into their rows as completed or failed
 	Retried  int // failed and due again: cancelled, and their rows pending for the AT Worker
-	// Cut are the jobs still running when the wait ended: cancelled, and
-	// their rows made pending, so that the AT Worker runs them again. An
-	// attempt cut short may have delivered already.
-	Cut []int64
+	// Cut are the jobs still running when the wait ended, and their rows:
+	// cancelled, and the rows made pending, so that the AT Worker runs them
+	// again. An attempt cut short may have delivered already.
+	Cut []RunningJob
 }
 
 // Wait waits up to wait for the jobs that were running at a revert to end,
@@ -470,7 +546,9 @@ func Wait(ctx context.Context, db DB, schema, table string, running []RunningJob
 					return res, err
 				}
 			}
-			res.Cut = ids
+			for _, id := range ids {
+				res.Cut = append(res.Cut, RunningJob{JobID: id, RowID: left[id]})
+			}
 			break
 		}
 		select {

@@ -175,7 +175,12 @@ func atWorkerRevert(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 		fmt.Fprintf(stdout, "%d finished and written; %d to be retried, made pending for the AT Worker", w.Finished, w.Retried)
 		if len(w.Cut) > 0 {
-			fmt.Fprintf(stdout, "; %d still running were cancelled and made pending (an attempt cut short may have delivered): jobs %v", len(w.Cut), w.Cut)
+			ids := make([]string, len(w.Cut))
+			for i, c := range w.Cut {
+				ids[i] = c.RowID
+			}
+			fmt.Fprintf(stdout, "; %d still running were cancelled and their rows made pending (an attempt cut short may have delivered): ids %s of %s",
+				len(w.Cut), termsafe.String(strings.Join(ids, ", ")), table)
 		}
 		fmt.Fprintln(stdout)
 		return nil

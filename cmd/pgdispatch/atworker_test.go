@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -100,15 +101,10 @@ func TestATWorkerSwitch(t *testing.T) {
 	ctx := context.Background()
 	brokerURL := amqptest.URL(t)
 	pgd := pgtest.FreshSchema(t)
-	app := pgtest.EmptySchemaName(t)
 	pool := pgtest.Pool(t)
-	_, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{app}.Sanitize())
-	require.NoError(t, err)
 	// The application's session: scheduled_tasks on its search_path, the
 	// statement cache of pgx's default.
-	db := appConn(t, app)
-	_, err = db.Exec(ctx, atWorkerDDL)
-	require.NoError(t, err)
+	app, db := atWorkerApp(t)
 
 	// The receivers.
 	rabbitQueue := "pgdispatch-at-worker-" + pgd
@@ -174,7 +170,7 @@ func TestATWorkerSwitch(t *testing.T) {
 			r.n, r.kind, payload(r.kind, r.n), r.status, r.attempts, r.maxAttempt, r.errorMessage, fmt.Sprintf("tenant-%d", r.n))
 		require.NoError(t, err)
 	}
-	_, err = db.Exec(ctx, "SELECT setval('scheduled_tasks_id_seq', 100)")
+	_, err := db.Exec(ctx, "SELECT setval('scheduled_tasks_id_seq', 100)")
 	require.NoError(t, err)
 	var futureAt time.Time
 	require.NoError(t, db.QueryRow(ctx, "SELECT execute_at FROM scheduled_tasks WHERE id = 4").Scan(&futureAt))
@@ -448,6 +444,21 @@ func TestATWorkerSwitch(t *testing.T) {
 		pgx.Identifier{app, "no_such_table"}.Sanitize()), missing.stderr.String())
 }
 
+// atWorkerApp makes a schema of the application's own with the AT
+// Worker's table in it, and a session of the application's on it.
+func atWorkerApp(t *testing.T) (schema string, db *pgx.Conn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	schema = pgtest.EmptySchemaName(t)
+	_, err := pgtest.Pool(t).Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+	require.NoError(t, err)
+	db = appConn(t, schema)
+	_, err = db.Exec(ctx, atWorkerDDL)
+	require.NoError(t, err)
+	return schema, db
+}
+
 // appConn is a session of the application's own, with schema on its
 // search_path.
 func appConn(t *testing.T, schema string) *pgx.Conn {
@@ -493,4 +504,60 @@ func keys[T any](m map[int]T) []int {
 	}
 	sort.Ints(out)
 	return out
+}
+
+// A revert that cuts jobs still running names their rows by the table's
+// ids, which the operator knows, not by the jobs' ids.
+func TestATWorkerRevertNamesRowsByTheTablesIDs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pgd := pgtest.FreshSchema(t)
+	pool := pgtest.Pool(t)
+	app, db := atWorkerApp(t)
+	_, err := db.Exec(ctx, `INSERT INTO scheduled_tasks (id, task_type, payload) VALUES (501, 'noop', '{}'), (502, 'noop', '{}')`)
+	require.NoError(t, err)
+	jobs := pgx.Identifier{pgd, "jobs"}.Sanitize()
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind) SELECT 'noop' FROM generate_series(1, 10)`)
+	require.NoError(t, err)
+
+	table := pgx.Identifier{app, "scheduled_tasks"}.Sanitize()
+	e := dbEnv(pgd)
+	sw := start(t, e, "at-worker", "switch", "--table", table)
+	require.Equal(t, 0, sw.wait(t, 30*time.Second), sw.stderr.String())
+	// A worker runs both rows' jobs, and goes on past the wait.
+	tag, err := pool.Exec(ctx, `UPDATE `+jobs+` SET status = 'running', attempts = 1, locked_by = 'w1', locked_until = now() + interval '1 minute'
+		WHERE id IN (SELECT pgdispatch_job_id FROM `+pgx.Identifier{app, "scheduled_tasks_at_worker"}.Sanitize()+`)`)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), tag.RowsAffected())
+
+	// The guide's query in place of the README's pg_locks one names the
+	// rows and the worker that holds them.
+	guide, err := os.ReadFile("../../docs/migrating-from-at-worker.md")
+	require.NoError(t, err)
+	const held = `SELECT s.id, j.locked_by AS worker, j.updated_at AS started_at, j.locked_until AS lease_until
+FROM scheduled_tasks_at_worker s
+JOIN pgdispatch.jobs j ON j.id = s.pgdispatch_job_id
+WHERE j.status = 'running'
+ORDER BY s.id;`
+	require.Contains(t, string(guide), held)
+	rows, err := db.Query(ctx, strings.Replace(held, "pgdispatch.jobs", jobs, 1))
+	require.NoError(t, err)
+	var holders []string
+	var (
+		id     int64
+		worker string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &worker, nil, nil}, func() error {
+		holders = append(holders, fmt.Sprintf("%d:%s", id, worker))
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{"501:w1", "502:w1"}, holders)
+
+	rv := start(t, e, "at-worker", "revert", "--table", table, "--wait", "0s")
+	require.Equal(t, 0, rv.wait(t, 30*time.Second), rv.stderr.String())
+	out := rv.stdout.String()
+	require.Contains(t, out, "2 still running were cancelled")
+	require.Contains(t, out, "ids 501, 502 of "+table, out)
 }
