@@ -11,9 +11,15 @@
 // Between passes the scheduler sleeps until the earliest next_run_at it
 // knows, or the fallback (5 minutes by default). A change to the table
 // wakes it (a trigger notifies on the control channel; Wake), and so does
-// the listener's reconnect. A schedule another worker is firing as this
-// one looks is due for a moment longer: its next slot is computed here, so
-// that no worker polls while another commits.
+// the listener's reconnect. A due schedule another worker holds is looked
+// at again within HeldRetry: that worker may be committing, or it may have
+// died or frozen mid-pass. A pass bounds itself on the server, with
+// statement_timeout and idle_in_transaction_session_timeout set for its
+// transaction (which PgBouncer's transaction mode keeps too): the session
+// of a worker that freezes mid-pass ends HoldIdleTimeout after its last
+// statement, one that dies ends when the server sees its socket close, and
+// either way its transaction rolls back and another worker fires the slot,
+// late rather than never.
 //
 // After downtime, a schedule whose catch_up is skip creates one job, for
 // its latest slot, and counts the others as missed; one whose catch_up is
@@ -48,9 +54,18 @@ const DefaultFallback = 5 * time.Minute
 const (
 	defaultBatchSize        = 100
 	defaultStatementTimeout = 10 * time.Second
-	// dueLookahead bounds the schedules held by other workers whose next
-	// slot is computed here.
-	dueLookahead = 100
+	// HoldIdleTimeout is the longest a pass's transaction may wait for its
+	// worker between statements: the server ends the session of a worker
+	// that froze mid-pass after it (idle_in_transaction_session_timeout,
+	// set for the transaction), and the schedules it held are free again.
+	HoldIdleTimeout = 2 * time.Second
+	// HoldStatementTimeout bounds each statement of a pass on the server
+	// (statement_timeout, set for the transaction), or the pass's
+	// StatementTimeout when that is shorter.
+	HoldStatementTimeout = 5 * time.Second
+	// HeldRetry is how soon a scheduler looks again at a due schedule it
+	// found locked by another worker, which may have died or frozen.
+	HeldRetry = time.Second
 	// maxTimings bounds the parsed timings kept.
 	maxTimings = 1000
 )
@@ -97,6 +112,7 @@ type Scheduler struct {
 	cfg      Config
 	logger   *zap.Logger
 	sql      map[string]string
+	begin    string
 	wake     chan struct{}
 	poolSize int
 
@@ -104,6 +120,10 @@ type Scheduler struct {
 	timings map[timingKey]*timingResult
 
 	passes, created, missed, caughtUp, failed atomic.Int64
+
+	// afterLock, when set (tests), runs in a pass that locked schedules,
+	// before it fires them.
+	afterLock func(ctx context.Context, tx pgx.Tx)
 }
 
 type timingKey struct {
@@ -142,6 +162,8 @@ func New(cfg Config) (*Scheduler, error) {
 		cfg:      cfg,
 		logger:   cmp.Or(cfg.Logger, zap.NewNop()).Named("scheduler"),
 		sql:      queries,
+		begin: fmt.Sprintf("BEGIN; SET LOCAL statement_timeout = %d; SET LOCAL idle_in_transaction_session_timeout = %d",
+			min(cfg.StatementTimeout, HoldStatementTimeout).Milliseconds(), HoldIdleTimeout.Milliseconds()),
 		wake:     make(chan struct{}, 1),
 		poolSize: int(cfg.Pool.Config().MaxConns),
 		timings:  map[timingKey]*timingResult{},
@@ -201,13 +223,11 @@ WHERE s.id = u.id`
 SELECT min(next_run_at) FROM {schedules}
 WHERE enabled AND error IS NULL AND next_run_at > coalesce($1::timestamptz, now())`
 
-	// heldSQL reads the schedules that are due. After a pass has fired
-	// those it could lock, other workers are firing the rest.
+	// heldSQL reads whether a schedule is due. After a pass has fired
+	// those it could lock, another worker holds the rest.
 	heldSQL = `
-SELECT cron, extract(epoch FROM every)::int8, time_zone FROM {schedules}
-WHERE enabled AND error IS NULL AND (next_run_at IS NULL OR next_run_at <= coalesce($1::timestamptz, now()))
-ORDER BY id
-LIMIT $2`
+SELECT EXISTS (SELECT FROM {schedules}
+               WHERE enabled AND error IS NULL AND (next_run_at IS NULL OR next_run_at <= coalesce($1::timestamptz, now())))`
 )
 
 // Run fires due schedules until ctx ends, starting at once, sleeping
@@ -295,53 +315,44 @@ func (s *Scheduler) peek(ctx context.Context, clock *time.Time) (res Result, due
 	if err := s.cfg.Pool.SendBatch(ctx, batch).Close(); err != nil {
 		return res, false, fmt.Errorf("schedules: read next slot: %w", err)
 	}
-	if len(*held) > 0 {
+	if *held {
 		return res, true, nil
 	}
-	res.Wait = s.wait(now, *earliest, nil)
+	res.Wait = s.wait(now, *earliest, false)
 	return res, false, nil
 }
 
-// queueWake queues the reads of the earliest next slot and of the
-// schedules that are due.
-func (s *Scheduler) queueWake(batch *pgx.Batch, clock *time.Time) (earliest **time.Time, held *[]due) {
-	earliest, held = new(*time.Time), new([]due)
+// queueWake queues the reads of the earliest next slot and of whether a
+// schedule is due.
+func (s *Scheduler) queueWake(batch *pgx.Batch, clock *time.Time) (earliest **time.Time, held *bool) {
+	earliest, held = new(*time.Time), new(bool)
 	batch.Queue(s.sql["earliest"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(earliest) })
-	batch.Queue(s.sql["held"], clock, dueLookahead).Query(func(r pgx.Rows) error {
-		var err error
-		*held, err = pgx.CollectRows(r, func(r pgx.CollectableRow) (due, error) {
-			var d due
-			err := r.Scan(&d.cron, &d.every, &d.tz)
-			return d, err
-		})
-		return err
-	})
+	batch.Queue(s.sql["held"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(held) })
 	return earliest, held
 }
 
-// wait is how long from now until earliest or the next slot of a held
-// schedule, at most the fallback.
-func (s *Scheduler) wait(now time.Time, earliest *time.Time, held []due) time.Duration {
-	wake := earliest
-	for _, d := range held {
-		t, err := s.timing(d)
-		if err != nil {
-			continue
-		}
-		if n := t.Next(now); !n.IsZero() && (wake == nil || n.Before(*wake)) {
-			wake = &n
-		}
+// wait is how long from now until earliest, at most the fallback; or,
+// when another worker holds a due schedule, HeldRetry at most. That worker
+// may be committing, or may have died or frozen mid-pass: the server ends
+// its transaction within HoldIdleTimeout of its last statement, and the
+// slot is then this scheduler's to fire.
+func (s *Scheduler) wait(now time.Time, earliest *time.Time, held bool) time.Duration {
+	limit := s.cfg.Fallback
+	if held {
+		limit = min(limit, HeldRetry)
 	}
-	if wake == nil {
-		return s.cfg.Fallback
+	if earliest == nil {
+		return limit
 	}
-	return min(max(wake.Sub(now), 0), s.cfg.Fallback)
+	return min(max(earliest.Sub(now), 0), limit)
 }
 
 func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (res Result, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
 	defer cancel()
-	tx, err := s.cfg.Pool.Begin(ctx)
+	// The timeouts come with BEGIN, in one round trip: the transaction
+	// never waits for the worker without them.
+	tx, err := s.cfg.Pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.begin})
 	if err != nil {
 		return res, fmt.Errorf("schedules: begin: %w", err)
 	}
@@ -363,6 +374,10 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 	})
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 		return res, fmt.Errorf("schedules: find due ones: %w", err)
+	}
+
+	if s.afterLock != nil && len(rows) > 0 {
+		s.afterLock(ctx, tx)
 	}
 
 	plans := make([]plan, 0, len(rows))
