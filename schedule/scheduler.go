@@ -159,9 +159,9 @@ func New(cfg Config) (*Scheduler, error) {
 		queries[name] = r.Replace(q)
 	}
 	return &Scheduler{
-		cfg:      cfg,
-		logger:   cmp.Or(cfg.Logger, zap.NewNop()).Named("scheduler"),
-		sql:      queries,
+		cfg:    cfg,
+		logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("scheduler"),
+		sql:    queries,
 		begin: fmt.Sprintf("BEGIN; SET LOCAL statement_timeout = %d; SET LOCAL idle_in_transaction_session_timeout = %d",
 			min(cfg.StatementTimeout, HoldStatementTimeout).Milliseconds(), HoldIdleTimeout.Milliseconds()),
 		wake:     make(chan struct{}, 1),
