@@ -527,3 +527,37 @@ func TestEnqueueExecuteFollowsInsert(t *testing.T) {
 		}
 	}
 }
+
+// The schedules table's payload limit is the jobs table's, and holds for
+// values that arrive compressed too: 40 MB of one letter read from a table,
+// through schedule() or an INSERT, is refused at declaration.
+func TestSchedulePayloadLimitSeesCompressedValues(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	schedules := pgx.Identifier{schema, "schedules"}.Sanitize()
+	conn := pgtest.Conn(t)
+	_, err := conn.Exec(ctx, `CREATE TEMP TABLE src (name text, p jsonb);
+		INSERT INTO src VALUES ('huge', jsonb_build_object('a', repeat('a', 40000000))),
+		                       ('fine', jsonb_build_object('a', repeat('b', 800000)))`)
+	require.NoError(t, err)
+	for _, sql := range []string{
+		"INSERT INTO " + schedules + " (name, cron, kind, payload) SELECT 'big', '@daily', 'noop', p FROM src WHERE name = 'huge'",
+		"SELECT " + pgx.Identifier{schema, "schedule"}.Sanitize() + "('big', '@daily', 'noop', (SELECT p FROM src WHERE name = 'huge'))",
+		"UPDATE " + schedules + " SET payload = (SELECT p FROM src WHERE name = 'huge') WHERE name = 'fine'",
+	} {
+		if strings.HasPrefix(sql, "UPDATE") {
+			_, err = conn.Exec(ctx, "SELECT "+pgx.Identifier{schema, "schedule"}.Sanitize()+"('fine', '@daily', 'noop', (SELECT p FROM src WHERE name = 'fine'))")
+			require.NoError(t, err, "a compressed payload under the limit")
+		}
+		_, err = conn.Exec(ctx, sql)
+		pgErr := pgErrorOf(t, err, sql)
+		require.Equal(t, "23514", pgErr.Code, sql)
+		require.Equal(t, "schedules_payload_size_check", pgErr.ConstraintName, sql)
+		require.Contains(t, pgErr.Detail, "40000017 bytes decompressed", sql)
+	}
+	// The jobs table's check names its own constraint still.
+	_, err = conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "jobs"}.Sanitize()+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'huge'")
+	require.Equal(t, "jobs_payload_size_check", pgErrorOf(t, err).ConstraintName)
+}

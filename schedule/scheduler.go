@@ -66,6 +66,9 @@ const (
 	// HeldRetry is how soon a scheduler looks again at a due schedule it
 	// found locked by another worker, which may have died or frozen.
 	HeldRetry = time.Second
+	// planBudget bounds the time a pass spends computing slots between
+	// two statements, well within HoldIdleTimeout.
+	planBudget = HoldIdleTimeout / 4
 	// maxTimings bounds the parsed timings kept.
 	maxTimings = 1000
 )
@@ -96,6 +99,7 @@ type Stats struct {
 	Missed   int64 // slots that passed without a job (downtime under skip, or past catch_up_limit)
 	CaughtUp int64 // jobs created late, for slots missed under catch_up all
 	Failed   int64 // schedules given an error
+	Taken    int64 // slots that created no job: a job held their dedup_key already
 }
 
 // Result is what one pass did.
@@ -119,7 +123,7 @@ type Scheduler struct {
 	mu      sync.Mutex
 	timings map[timingKey]*timingResult
 
-	passes, created, missed, caughtUp, failed atomic.Int64
+	passes, created, missed, caughtUp, failed, taken atomic.Int64
 
 	// afterLock, when set (tests), runs in a pass that locked schedules,
 	// before it fires them.
@@ -151,10 +155,10 @@ func New(cfg Config) (*Scheduler, error) {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
 	r := strings.NewReplacer("{schedules}", pgx.Identifier{cfg.Schema, "schedules"}.Sanitize(),
-		"{insert}", pgx.Identifier{cfg.Schema, "insert_scheduled_jobs"}.Sanitize())
+		"{fire}", pgx.Identifier{cfg.Schema, "fire_schedule_slots"}.Sanitize())
 	queries := map[string]string{}
 	for name, q := range map[string]string{
-		"now": nowSQL, "quiet": quietSQL, "lock": lockSQL, "insert": insertSQL, "update": updateSQL, "earliest": earliestSQL, "held": heldSQL,
+		"now": nowSQL, "quiet": quietSQL, "lock": lockSQL, "fire": fireSQL, "update": updateSQL, "earliest": earliestSQL, "held": heldSQL,
 	} {
 		queries[name] = r.Replace(q)
 	}
@@ -182,7 +186,7 @@ func (s *Scheduler) Wake() {
 func (s *Scheduler) Stats() Stats {
 	return Stats{
 		Passes: s.passes.Load(), Created: s.created.Load(), Missed: s.missed.Load(),
-		CaughtUp: s.caughtUp.Load(), Failed: s.failed.Load(),
+		CaughtUp: s.caughtUp.Load(), Failed: s.failed.Load(), Taken: s.taken.Load(),
 	}
 }
 
@@ -199,10 +203,11 @@ ORDER BY id
 LIMIT $2
 FOR UPDATE SKIP LOCKED`
 
-	// insertSQL creates the jobs of the slots fired, in schedule and slot
-	// order; a slot's job that exists already (its dedup_key is taken) is
-	// not made again (migration 011).
-	insertSQL = `SELECT {insert}($1::bigint[], $2::timestamptz[])`
+	// fireSQL creates the jobs of the slots fired, in schedule and slot
+	// order, and says for each schedule how many it created and how many
+	// slots it could not, their dedup_key held by a job already
+	// (migration 012).
+	fireSQL = `SELECT schedule_id, created, taken, taken_key, taken_by FROM {fire}($1::bigint[], $2::timestamptz[])`
 
 	// updateSQL moves the schedules on; they are locked already. It runs
 	// after quietSQL, which keeps the table's triggers from checking the
@@ -210,9 +215,10 @@ FOR UPDATE SKIP LOCKED`
 	updateSQL = `
 UPDATE {schedules} s
 SET next_run_at = u.next, last_run_at = coalesce(u.last, s.last_run_at), runs = s.runs + u.runs,
-    missed = s.missed + u.missed, caught_up = s.caught_up + u.caught_up, error = u.error
-FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int8[], $5::int8[], $6::int8[], $7::text[])
-     AS u(id, next, last, runs, missed, caught_up, error)
+    missed = s.missed + u.missed, caught_up = s.caught_up + u.caught_up, error = u.error,
+    taken = s.taken + u.taken, warning = coalesce(u.warning, s.warning)
+FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int8[], $5::int8[], $6::int8[], $7::text[], $8::int8[], $9::text[])
+     AS u(id, next, last, runs, missed, caught_up, error, taken, warning)
 WHERE s.id = u.id`
 
 	// quietSQL marks the transaction's changes as the scheduler's own, for
@@ -272,11 +278,11 @@ type due struct {
 
 // plan is what a pass does to one schedule.
 type plan struct {
-	id                     int64
-	slots                  []time.Time
-	next, last             *time.Time
-	runs, missed, caughtUp int64
-	err                    *string
+	id                            int64
+	slots                         []time.Time
+	next, last                    *time.Time
+	runs, missed, caughtUp, taken int64
+	err, warning                  *string
 }
 
 // Pass fires the due schedules in one transaction and reports what it did
@@ -380,86 +386,59 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 		s.afterLock(ctx, tx)
 	}
 
+	// Planning runs between statements, while the server's idle timeout
+	// counts: a pass plans for planBudget at most, and leaves the rest
+	// due for the next pass, at once.
 	plans := make([]plan, 0, len(rows))
+	began := time.Now()
 	for _, d := range rows {
+		if len(plans) > 0 && time.Since(began) > planBudget {
+			break
+		}
 		plans = append(plans, s.plan(d, now))
 	}
-
+	got := map[int64]fired{}
 	if oneByOne {
-		for i := range plans {
-			p := &plans[i]
-			if len(p.slots) == 0 {
-				continue
-			}
-			sp, err := tx.Begin(ctx)
-			if err != nil {
-				return res, fmt.Errorf("schedules: savepoint: %w", err)
-			}
-			var n int64
-			err = sp.QueryRow(ctx, s.sql["insert"], repeat(p.id, len(p.slots)), p.slots).Scan(&n)
-			if err == nil {
-				res.Created += n
-				err = sp.Commit(ctx)
-			} else {
-				_ = sp.Rollback(ctx)
-				msg := "the jobs table refused its job: " + err.Error()
-				p.err, p.next, p.last, p.slots = &msg, nil, nil, nil
-				p.runs, p.missed, p.caughtUp = 0, 0, 0
-				for _, d := range rows {
-					if d.id == p.id {
-						p.next = d.nextRunAt
-					}
-				}
-				s.logger.Warn("schedules: the jobs table refused a schedule's job; the schedule waits for a change", zap.Int64("schedule_id", p.id), zap.Error(err))
-				continue
-			}
-			if err != nil {
-				return res, fmt.Errorf("schedules: release savepoint: %w", err)
-			}
+		if err := s.fireOneByOne(ctx, tx, plans, rows, got); err != nil {
+			return res, err
 		}
+	} else if err := s.fire(ctx, tx, plans, got); err != nil {
+		return res, err
 	}
 
 	var (
-		ids, runs, missed, caughtUp []int64
-		nexts, lasts                []*time.Time
-		errs                        []*string
-		jobIDs                      []int64
-		slots                       []time.Time
+		ids, runs, missed, caughtUp, taken []int64
+		nexts, lasts                       []*time.Time
+		errs, warnings                     []*string
 	)
-	for _, p := range plans {
+	for i := range plans {
+		p := &plans[i]
+		s.settle(p, got[p.id])
 		ids = append(ids, p.id)
 		nexts = append(nexts, p.next)
 		lasts = append(lasts, p.last)
 		runs = append(runs, p.runs)
 		missed = append(missed, p.missed)
 		caughtUp = append(caughtUp, p.caughtUp)
+		taken = append(taken, p.taken)
 		errs = append(errs, p.err)
-		if !oneByOne {
-			jobIDs = append(jobIDs, repeat(p.id, len(p.slots))...)
-			slots = append(slots, p.slots...)
-		}
+		warnings = append(warnings, p.warning)
+		res.Created += p.runs
 		res.Missed += p.missed
 		res.CaughtUp += p.caughtUp
+		res.Taken += p.taken
 		if p.err != nil {
 			res.Failed++
 		}
 	}
 	batch = &pgx.Batch{}
 	batch.Queue(s.sql["quiet"])
-	if len(slots) > 0 {
-		batch.Queue(s.sql["insert"], jobIDs, slots).QueryRow(func(row pgx.Row) error {
-			var n int64
-			err := row.Scan(&n)
-			res.Created += n
-			return err
-		})
-	}
 	if len(ids) > 0 {
-		batch.Queue(s.sql["update"], ids, nexts, lasts, runs, missed, caughtUp, errs)
+		batch.Queue(s.sql["update"], ids, nexts, lasts, runs, missed, caughtUp, errs, taken, warnings)
 	}
 	earliest, held := s.queueWake(batch, &now)
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return res, fmt.Errorf("schedules: fire: %w", err)
+		return res, fmt.Errorf("schedules: move on: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return res, fmt.Errorf("schedules: commit: %w", err)
@@ -468,12 +447,13 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 	s.missed.Add(res.Missed)
 	s.caughtUp.Add(res.CaughtUp)
 	s.failed.Add(res.Failed)
-	if res.Created > 0 || res.Failed > 0 {
+	s.taken.Add(res.Taken)
+	if res.Created > 0 || res.Failed > 0 || res.Taken > 0 {
 		s.logger.Debug("schedules fired", zap.Int64("jobs", res.Created), zap.Int64("missed", res.Missed),
-			zap.Int64("caught_up", res.CaughtUp), zap.Int64("failed", res.Failed))
+			zap.Int64("caught_up", res.CaughtUp), zap.Int64("failed", res.Failed), zap.Int64("taken", res.Taken))
 	}
 
-	if len(rows) == s.cfg.BatchSize {
+	if len(rows) == s.cfg.BatchSize || len(plans) < len(rows) {
 		return res, nil // more are due: at once
 	}
 	res.Wait = s.wait(now, *earliest, *held)
@@ -543,12 +523,4 @@ func (s *Scheduler) timing(d due) (*Timing, error) {
 	t, err := Parse(k.cron, time.Duration(k.every)*time.Second, k.tz)
 	s.timings[k] = &timingResult{t, err}
 	return t, err
-}
-
-func repeat(id int64, n int) []int64 {
-	out := make([]int64, n)
-	for i := range out {
-		out[i] = id
-	}
-	return out
 }
