@@ -232,6 +232,8 @@ func TestRolesScript(t *testing.T) {
 	}
 	requireDenied(t, writer, "SELECT * FROM "+pgx.Identifier{b.schema, "schedules"}.Sanitize())
 	requireDenied(t, operator, "SELECT "+pgx.Identifier{b.schema, "insert_scheduled_jobs"}.Sanitize()+"('{}', '{}')")
+	requireDenied(t, operator, "SELECT * FROM "+pgx.Identifier{b.schema, "fire_schedule_slots"}.Sanitize()+"('{}', '{}')")
+	requireDenied(t, writer, "SELECT * FROM "+pgx.Identifier{b.schema, "fire_schedule_slots"}.Sanitize()+"('{}', '{}')")
 
 	orders := pgx.Identifier{b.schema, "orders"}.Sanitize()
 	requireAllowed(t, pgtest.Pool(t), "CREATE TABLE "+orders+" (id int); "+
