@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgbouncertest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/schedule"
 )
@@ -21,14 +22,17 @@ import (
 // at once (here pg_terminate_backend; kill -9 closes the socket, which the
 // server sees the same way); frozen (a pass stopped mid-transaction, which
 // is all the server sees of a SIGSTOPped worker), the pass's own
-// idle_in_transaction_session_timeout ends it on the server. The slot, an
-// hour's on a controlled clock, gets one job, from the healthy worker.
+// idle_in_transaction_session_timeout ends it on the server, behind a
+// PgBouncer in transaction mode too, which has no such timeout of its
+// own. The slot, an hour's on a controlled clock, gets one job, from the
+// healthy worker.
 func TestSlotOutlivesAHolderThatDiesOrFreezes(t *testing.T) {
 	t.Parallel()
+	bouncer := pgbouncertest.Start(t, pgtest.URL())
 	for _, c := range []struct {
-		name string
-		kill bool
-	}{{"killed", true}, {"frozen", false}} {
+		name          string
+		kill, bounced bool
+	}{{"killed", true, false}, {"frozen", false, false}, {"frozen behind PgBouncer", false, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			e := newEnv(t)
@@ -39,7 +43,11 @@ func TestSlotOutlivesAHolderThatDiesOrFreezes(t *testing.T) {
 
 			// The holder has a pool of its own, whose connection the test
 			// kills; the healthy worker uses the shared one.
-			cfg, err := pgxpool.ParseConfig(pgtest.URL())
+			url := pgtest.URL()
+			if c.bounced {
+				url = bouncer.URL() + "&default_query_exec_mode=cache_describe"
+			}
+			cfg, err := pgxpool.ParseConfig(url)
 			require.NoError(t, err)
 			cfg.MaxConns = 2
 			holderPool, err := pgxpool.NewWithConfig(context.Background(), cfg)
