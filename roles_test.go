@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/schedule"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
 
@@ -231,6 +232,8 @@ func TestRolesScript(t *testing.T) {
 	}
 	requireDenied(t, writer, "SELECT * FROM "+pgx.Identifier{b.schema, "schedules"}.Sanitize())
 	requireDenied(t, operator, "SELECT "+pgx.Identifier{b.schema, "insert_scheduled_jobs"}.Sanitize()+"('{}', '{}')")
+	requireDenied(t, operator, "SELECT * FROM "+pgx.Identifier{b.schema, "fire_schedule_slots"}.Sanitize()+"('{}', '{}')")
+	requireDenied(t, writer, "SELECT * FROM "+pgx.Identifier{b.schema, "fire_schedule_slots"}.Sanitize()+"('{}', '{}')")
 
 	orders := pgx.Identifier{b.schema, "orders"}.Sanitize()
 	requireAllowed(t, pgtest.Pool(t), "CREATE TABLE "+orders+" (id int); "+
@@ -257,4 +260,71 @@ func TestRolesScript(t *testing.T) {
 	} {
 		requireDenied(t, operator, sql)
 	}
+}
+
+// A writer cannot take a schedule's slots: the dedup_keys that begin with
+// schedule: are the schedules', and a writer's INSERT or enqueue of one is
+// refused, even with the setting the workers' function runs under set in
+// its own session, and so is an UPDATE that gives a job such a key. The
+// slot then gets the schedule's own job. The writer may INSERT into jobs,
+// every column of it, and call enqueue() and enqueue_checked().
+func TestScheduleKeysAreReserved(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := setupUnwatched(t)
+	r := createRoles(t)
+	schema := pgx.Identifier{b.schema}.Sanitize()
+	writerRole, operatorRole := pgx.Identifier{r.writer}.Sanitize(), pgx.Identifier{r.operator}.Sanitize()
+	requireAllowed(t, pgtest.Pool(t), "GRANT USAGE ON SCHEMA "+schema+" TO "+writerRole+", "+operatorRole+"; "+
+		"GRANT INSERT ON "+b.jobs+" TO "+writerRole+"; "+
+		"GRANT EXECUTE ON FUNCTION "+schema+".enqueue(text, jsonb, text, timestamptz, smallint, text, integer), "+
+		schema+".enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer) TO "+writerRole+"; "+
+		"GRANT SELECT, UPDATE ON "+b.jobs+" TO "+operatorRole)
+	writer, operator := rolePool(t, r.writer), rolePool(t, r.operator)
+
+	b.declare(t, `'tick', NULL, 'record', every => '1 hour', payload => '{"from": "the schedule"}'`)
+	slot := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	b.exec(t, "UPDATE "+pgx.Identifier{b.schema, "schedules"}.Sanitize()+" SET next_run_at = $1", slot)
+	key := "schedule:tick:2030-01-01T00:00:00Z"
+	enqueue, checked := pgx.Identifier{b.schema, "enqueue"}.Sanitize(), pgx.Identifier{b.schema, "enqueue_checked"}.Sanitize()
+
+	refused := func(db *pgxpool.Pool, firing bool, sql string, args ...any) {
+		t.Helper()
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck // refused: nothing to keep
+		if firing {
+			_, err = tx.Exec(ctx, "SELECT set_config('pgdispatch.firing', 'on', true), set_config('pgdispatch.scheduling', 'on', true)")
+			require.NoError(t, err)
+		}
+		_, err = tx.Exec(ctx, sql, args...)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, sql)
+		require.Equal(t, "42501", pgErr.Code, "%s: %v", sql, err)
+		require.Contains(t, pgErr.Message, `dedup_key "`+key+`" is reserved for the schedules' jobs`)
+	}
+	evil := `{"from": "the writer"}`
+	for _, firing := range []bool{false, true} {
+		refused(writer, firing, "INSERT INTO "+b.jobs+" (kind, payload, run_at, dedup_key) VALUES ('record', $1, $2, $3)", evil, slot, key)
+		refused(writer, firing, "INSERT INTO "+b.jobs+" (kind, payload, run_at, dedup_key) VALUES ('record', $1, $2, $3) ON CONFLICT DO NOTHING", evil, slot, key)
+		refused(writer, firing, "SELECT "+enqueue+"('record', $1, run_at => $2, dedup_key => $3)", evil, slot, key)
+		refused(writer, firing, "SELECT * FROM "+checked+"('record', $1, run_at => $2, dedup_key => $3)", evil, slot, key)
+	}
+	// The operator, who may update jobs, cannot move one onto the key.
+	var id int64
+	require.NoError(t, writer.QueryRow(ctx, "SELECT "+enqueue+"('record', $1, run_at => $2, dedup_key => 'mine')", evil, slot).Scan(&id))
+	for _, firing := range []bool{false, true} {
+		refused(operator, firing, "UPDATE "+b.jobs+" SET dedup_key = $1 WHERE id = $2", key, id)
+	}
+
+	// The slot gets the schedule's job.
+	s, err := schedule.New(schedule.Config{Pool: pgtest.Pool(t), Schema: b.schema, Now: func() time.Time { return slot.Add(time.Minute) }})
+	require.NoError(t, err)
+	res, err := s.Pass(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Created)
+	var payload string
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT payload::text FROM "+b.jobs+" WHERE dedup_key = $1", key).Scan(&payload))
+	require.JSONEq(t, `{"from": "the schedule"}`, payload)
 }

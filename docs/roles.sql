@@ -20,7 +20,7 @@
 --             inserts jobs with the rights of the role that wrote the row.
 --   worker    what `pgdispatch run` needs: it reads, claims, updates and
 --             purges jobs, and fires the schedules. It inserts no jobs but
---             those of the schedules' slots (insert_scheduled_jobs()), and
+--             those of the schedules' slots (fire_schedule_slots()), and
 --             never runs a migration (`pgdispatch migrate` runs as the
 --             owner).
 --   operator  what the admin commands need: `stats`, `jobs list|show|retry|
@@ -62,8 +62,12 @@ GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts) O
 -- worker
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
 GRANT SELECT ON :"schema".schema_version, :"schema".queues TO :"worker";
-GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error) ON :"schema".schedules TO :"worker";
-GRANT EXECUTE ON FUNCTION :"schema".insert_scheduled_jobs(bigint[], timestamptz[]) TO :"worker";
+GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, taken, warning) ON :"schema".schedules TO :"worker";
+-- insert_scheduled_jobs() is what workers of builds before migration 12 call.
+GRANT EXECUTE ON FUNCTION
+    :"schema".fire_schedule_slots(bigint[], timestamptz[]),
+    :"schema".insert_scheduled_jobs(bigint[], timestamptz[])
+    TO :"worker";
 
 -- operator
 GRANT SELECT, UPDATE ON :"schema".jobs TO :"operator";

@@ -85,10 +85,10 @@ type depthSample struct {
 
 // scheduleSample is a row of the schedules table.
 type scheduleSample struct {
-	name                   string
-	next, last             *float64 // unix seconds
-	runs, missed, caughtUp float64
-	failing                bool
+	name                          string
+	next, last                    *float64 // unix seconds
+	runs, missed, caughtUp, taken float64
+	failing                       bool
 }
 
 // New creates the metrics of a worker that runs jobs from pool's schema
@@ -308,6 +308,8 @@ var (
 		"Slots each schedule let pass without a job after downtime (catch_up skip, or past catch_up_limit), sampled with the queue depth.", []string{"schedule"}, nil)
 	descScheduleCaughtUp = prometheus.NewDesc(namespace+"_schedule_caught_up_slots_total",
 		"Jobs each schedule created late, for slots missed during downtime (catch_up all), sampled with the queue depth.", []string{"schedule"}, nil)
+	descScheduleTaken = prometheus.NewDesc(namespace+"_schedule_taken_slots_total",
+		"Slots of each schedule that created no job because a job held their dedup_key already (the schedule's warning names it), sampled with the queue depth.", []string{"schedule"}, nil)
 	descScheduleFailing = prometheus.NewDesc(namespace+"_schedule_failing",
 		"1 while a schedule has an error (the workers cannot compute its slots, or the jobs table refused its job) and is left alone, else 0.", []string{"schedule"}, nil)
 	descSchedulerCreated = prometheus.NewDesc(namespace+"_scheduler_jobs_created_total",
@@ -327,7 +329,7 @@ func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps, descPaused,
 		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp,
 		descNotifyUsage, descInserts, descScheduleNext, descScheduleLast, descScheduleRuns, descScheduleMissed,
-		descScheduleCaughtUp, descScheduleFailing, descSchedulerCreated, descSchedulerPasses,
+		descScheduleCaughtUp, descScheduleTaken, descScheduleFailing, descSchedulerCreated, descSchedulerPasses,
 	} {
 		ch <- d
 	}
@@ -386,6 +388,7 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descScheduleRuns, prometheus.CounterValue, s.runs, s.name)
 			ch <- prometheus.MustNewConstMetric(descScheduleMissed, prometheus.CounterValue, s.missed, s.name)
 			ch <- prometheus.MustNewConstMetric(descScheduleCaughtUp, prometheus.CounterValue, s.caughtUp, s.name)
+			ch <- prometheus.MustNewConstMetric(descScheduleTaken, prometheus.CounterValue, s.taken, s.name)
 			failing := 0.0
 			if s.failing {
 				failing = 1
@@ -412,7 +415,8 @@ SELECT queue, 'dead', count(*) FROM {jobs} WHERE status = 'dead' AND finished_at
 // label set stays bounded.
 const schedulesSQL = `
 SELECT name, CASE WHEN enabled AND error IS NULL THEN extract(epoch FROM next_run_at)::float8 END,
-       extract(epoch FROM last_run_at)::float8, runs::float8, missed::float8, caught_up::float8, error IS NOT NULL
+       extract(epoch FROM last_run_at)::float8, runs::float8, missed::float8, caught_up::float8, taken::float8,
+       error IS NOT NULL
 FROM {schedules} ORDER BY name LIMIT 1000`
 
 // serverSQL reads the server's side of the good-neighbour figures: the NOTIFY
@@ -456,7 +460,7 @@ func (m *Metrics) sampleDepth(schema string, queues []string) depthSample {
 		if err == nil {
 			sample.schedules, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (scheduleSample, error) {
 				var s scheduleSample
-				err := r.Scan(&s.name, &s.next, &s.last, &s.runs, &s.missed, &s.caughtUp, &s.failing)
+				err := r.Scan(&s.name, &s.next, &s.last, &s.runs, &s.missed, &s.caughtUp, &s.taken, &s.failing)
 				return s, err
 			})
 		}

@@ -342,9 +342,22 @@ func TestScheduleMetrics(t *testing.T) {
 	_, err = pool.Exec(context.Background(), "SELECT "+fn+"('tick', NULL, 'noop', every => '1 second'), "+
 		fn+"('never', '0 0 30 2 *', 'noop')")
 	require.NoError(t, err)
+	// And one whose slot a job the owner inserted holds already.
+	slot := time.Now().UTC().Truncate(time.Hour)
+	tx, err := pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit, a no-op
+	_, err = tx.Exec(context.Background(), "SET LOCAL pgdispatch.firing = on; SELECT "+fn+"('held', NULL, 'noop', every => '1 hour')")
+	require.NoError(t, err)
+	_, err = tx.Exec(context.Background(), `INSERT INTO "`+schema+`".jobs (kind, dedup_key) VALUES ('noop', $1)`,
+		"schedule:held:"+slot.Format("2006-01-02T15:04:05Z"))
+	require.NoError(t, err)
+	_, err = tx.Exec(context.Background(), `UPDATE "`+schema+`".schedules SET next_run_at = $1 WHERE name = 'held'`, slot)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(context.Background()))
 	require.Eventually(t, func() bool {
 		s := w.Scheduler().Stats()
-		return s.Created >= 1 && s.Failed >= 1
+		return s.Created >= 1 && s.Failed >= 1 && s.Taken >= 1
 	}, 30*time.Second, 10*time.Millisecond)
 
 	f := scrape(t, srv)
@@ -355,6 +368,8 @@ func TestScheduleMetrics(t *testing.T) {
 	require.GreaterOrEqual(t, value(t, f, "pgdispatch_schedule_runs_total", tick), 1.0)
 	requireValue(t, 0, value(t, f, "pgdispatch_schedule_missed_slots_total", tick))
 	requireValue(t, 0, value(t, f, "pgdispatch_schedule_caught_up_slots_total", tick))
+	requireValue(t, 0, value(t, f, "pgdispatch_schedule_taken_slots_total", tick))
+	requireValue(t, 1, value(t, f, "pgdispatch_schedule_taken_slots_total", map[string]string{"schedule": "held"}))
 	requireValue(t, 0, value(t, f, "pgdispatch_schedule_failing", tick))
 	requireValue(t, 1, value(t, f, "pgdispatch_schedule_failing", never))
 	for _, s := range f["pgdispatch_schedule_next_run_timestamp_seconds"].GetMetric() {

@@ -9,11 +9,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
+	"github.com/pgdispatch/pgdispatch/schedule"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
@@ -526,4 +528,94 @@ func TestEnqueueExecuteFollowsInsert(t *testing.T) {
 			require.Equal(t, want, can, "%s on %s", role, fn)
 		}
 	}
+}
+
+// The schedules table's payload limit is the jobs table's, and holds for
+// values that arrive compressed too: 40 MB of one letter read from a table,
+// through schedule() or an INSERT, is refused at declaration.
+func TestSchedulePayloadLimitSeesCompressedValues(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	schedules := pgx.Identifier{schema, "schedules"}.Sanitize()
+	conn := pgtest.Conn(t)
+	_, err := conn.Exec(ctx, `CREATE TEMP TABLE src (name text, p jsonb);
+		INSERT INTO src VALUES ('huge', jsonb_build_object('a', repeat('a', 40000000))),
+		                       ('fine', jsonb_build_object('a', repeat('b', 800000)))`)
+	require.NoError(t, err)
+	for _, sql := range []string{
+		"INSERT INTO " + schedules + " (name, cron, kind, payload) SELECT 'big', '@daily', 'noop', p FROM src WHERE name = 'huge'",
+		"SELECT " + pgx.Identifier{schema, "schedule"}.Sanitize() + "('big', '@daily', 'noop', (SELECT p FROM src WHERE name = 'huge'))",
+		"UPDATE " + schedules + " SET payload = (SELECT p FROM src WHERE name = 'huge') WHERE name = 'fine'",
+	} {
+		if strings.HasPrefix(sql, "UPDATE") {
+			_, err = conn.Exec(ctx, "SELECT "+pgx.Identifier{schema, "schedule"}.Sanitize()+"('fine', '@daily', 'noop', (SELECT p FROM src WHERE name = 'fine'))")
+			require.NoError(t, err, "a compressed payload under the limit")
+		}
+		_, err = conn.Exec(ctx, sql)
+		pgErr := pgErrorOf(t, err, sql)
+		require.Equal(t, "23514", pgErr.Code, sql)
+		require.Equal(t, "schedules_payload_size_check", pgErr.ConstraintName, sql)
+		require.Contains(t, pgErr.Detail, "40000017 bytes decompressed", sql)
+	}
+	// The jobs table's check names its own constraint still.
+	_, err = conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "jobs"}.Sanitize()+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'huge'")
+	require.Equal(t, "jobs_payload_size_check", pgErrorOf(t, err).ConstraintName)
+}
+
+// A worker role granted what firing schedules needed before migration 12
+// fires them after it, as its own role: the migration grants it EXECUTE on
+// fire_schedule_slots() and UPDATE of the new run state. A slot whose key
+// a writer inserted before the migration, when keys were not reserved yet,
+// creates no job and is shown as taken.
+func TestScheduleGrantsCarryOverMigration12(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.EmptySchemaName(t)
+	pool := pgtest.Pool(t)
+	_, _, err := migrations.MigrateTo(ctx, pool, migrations.Config{Schema: schema}, 11)
+	require.NoError(t, err)
+	role := "pgdt_" + strings.ReplaceAll(schema, "pgdt_", "") + "_worker"
+	ident, s := pgx.Identifier{role}.Sanitize(), pgx.Identifier{schema}.Sanitize()
+	_, err = pool.Exec(ctx, "CREATE ROLE "+ident+" NOLOGIN")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), "DROP OWNED BY "+ident+"; DROP ROLE "+ident)
+		require.NoError(t, err)
+	})
+	_, err = pool.Exec(ctx, "GRANT USAGE ON SCHEMA "+s+" TO "+ident+"; "+
+		"GRANT SELECT, UPDATE, DELETE ON "+s+".jobs TO "+ident+"; "+
+		"GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error) ON "+s+".schedules TO "+ident+"; "+
+		"GRANT EXECUTE ON FUNCTION "+s+".insert_scheduled_jobs(bigint[], timestamptz[]) TO "+ident+"; "+
+		"SELECT "+s+".schedule('early', NULL, 'noop', every => '1 hour'), "+s+".schedule('late', NULL, 'noop', every => '1 hour'); "+
+		"UPDATE "+s+".schedules SET next_run_at = '2030-01-01 00:00:00+00'; "+
+		"INSERT INTO "+s+".jobs (kind, payload, dedup_key) VALUES ('noop', '{\"from\": \"a writer\"}', 'schedule:late:2030-01-01T00:00:00Z')")
+	require.NoError(t, err)
+	_, _, err = migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
+	require.NoError(t, err)
+
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["role"] = role
+	worker, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer worker.Close()
+	sched, err := schedule.New(schedule.Config{Pool: worker, Schema: schema,
+		Now: func() time.Time { return time.Date(2030, 1, 1, 0, 1, 0, 0, time.UTC) }})
+	require.NoError(t, err)
+	res, err := sched.Pass(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.Created)
+	require.EqualValues(t, 1, res.Taken)
+	rows, _ := pool.Query(ctx, "SELECT name, runs, taken, warning IS NOT NULL FROM "+s+".schedules ORDER BY name")
+	type row struct {
+		Name        string
+		Runs, Taken int64
+		Warned      bool
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	require.NoError(t, err)
+	require.Equal(t, []row{{"early", 1, 0, false}, {"late", 0, 1, true}}, got)
 }

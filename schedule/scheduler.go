@@ -11,9 +11,15 @@
 // Between passes the scheduler sleeps until the earliest next_run_at it
 // knows, or the fallback (5 minutes by default). A change to the table
 // wakes it (a trigger notifies on the control channel; Wake), and so does
-// the listener's reconnect. A schedule another worker is firing as this
-// one looks is due for a moment longer: its next slot is computed here, so
-// that no worker polls while another commits.
+// the listener's reconnect. A due schedule another worker holds is looked
+// at again within HeldRetry: that worker may be committing, or it may have
+// died or frozen mid-pass. A pass bounds itself on the server, with
+// statement_timeout and idle_in_transaction_session_timeout set for its
+// transaction (which PgBouncer's transaction mode keeps too): the session
+// of a worker that freezes mid-pass ends HoldIdleTimeout after its last
+// statement, one that dies ends when the server sees its socket close, and
+// either way its transaction rolls back and another worker fires the slot,
+// late rather than never.
 //
 // After downtime, a schedule whose catch_up is skip creates one job, for
 // its latest slot, and counts the others as missed; one whose catch_up is
@@ -48,9 +54,21 @@ const DefaultFallback = 5 * time.Minute
 const (
 	defaultBatchSize        = 100
 	defaultStatementTimeout = 10 * time.Second
-	// dueLookahead bounds the schedules held by other workers whose next
-	// slot is computed here.
-	dueLookahead = 100
+	// HoldIdleTimeout is the longest a pass's transaction may wait for its
+	// worker between statements: the server ends the session of a worker
+	// that froze mid-pass after it (idle_in_transaction_session_timeout,
+	// set for the transaction), and the schedules it held are free again.
+	HoldIdleTimeout = 2 * time.Second
+	// HoldStatementTimeout bounds each statement of a pass on the server
+	// (statement_timeout, set for the transaction), or the pass's
+	// StatementTimeout when that is shorter.
+	HoldStatementTimeout = 5 * time.Second
+	// HeldRetry is how soon a scheduler looks again at a due schedule it
+	// found locked by another worker, which may have died or frozen.
+	HeldRetry = time.Second
+	// planBudget bounds the time a pass spends computing slots between
+	// two statements, well within HoldIdleTimeout.
+	planBudget = HoldIdleTimeout / 4
 	// maxTimings bounds the parsed timings kept.
 	maxTimings = 1000
 )
@@ -81,6 +99,7 @@ type Stats struct {
 	Missed   int64 // slots that passed without a job (downtime under skip, or past catch_up_limit)
 	CaughtUp int64 // jobs created late, for slots missed under catch_up all
 	Failed   int64 // schedules given an error
+	Taken    int64 // slots that created no job: a job held their dedup_key already
 }
 
 // Result is what one pass did.
@@ -97,13 +116,18 @@ type Scheduler struct {
 	cfg      Config
 	logger   *zap.Logger
 	sql      map[string]string
+	begin    string
 	wake     chan struct{}
 	poolSize int
 
 	mu      sync.Mutex
 	timings map[timingKey]*timingResult
 
-	passes, created, missed, caughtUp, failed atomic.Int64
+	passes, created, missed, caughtUp, failed, taken atomic.Int64
+
+	// afterLock, when set (tests), runs in a pass that locked schedules,
+	// before it fires them.
+	afterLock func(ctx context.Context, tx pgx.Tx)
 }
 
 type timingKey struct {
@@ -131,17 +155,19 @@ func New(cfg Config) (*Scheduler, error) {
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
 	r := strings.NewReplacer("{schedules}", pgx.Identifier{cfg.Schema, "schedules"}.Sanitize(),
-		"{insert}", pgx.Identifier{cfg.Schema, "insert_scheduled_jobs"}.Sanitize())
+		"{fire}", pgx.Identifier{cfg.Schema, "fire_schedule_slots"}.Sanitize())
 	queries := map[string]string{}
 	for name, q := range map[string]string{
-		"now": nowSQL, "quiet": quietSQL, "lock": lockSQL, "insert": insertSQL, "update": updateSQL, "earliest": earliestSQL, "held": heldSQL,
+		"now": nowSQL, "quiet": quietSQL, "lock": lockSQL, "fire": fireSQL, "update": updateSQL, "earliest": earliestSQL, "held": heldSQL,
 	} {
 		queries[name] = r.Replace(q)
 	}
 	return &Scheduler{
-		cfg:      cfg,
-		logger:   cmp.Or(cfg.Logger, zap.NewNop()).Named("scheduler"),
-		sql:      queries,
+		cfg:    cfg,
+		logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("scheduler"),
+		sql:    queries,
+		begin: fmt.Sprintf("BEGIN; SET LOCAL statement_timeout = %d; SET LOCAL idle_in_transaction_session_timeout = %d",
+			min(cfg.StatementTimeout, HoldStatementTimeout).Milliseconds(), HoldIdleTimeout.Milliseconds()),
 		wake:     make(chan struct{}, 1),
 		poolSize: int(cfg.Pool.Config().MaxConns),
 		timings:  map[timingKey]*timingResult{},
@@ -160,7 +186,7 @@ func (s *Scheduler) Wake() {
 func (s *Scheduler) Stats() Stats {
 	return Stats{
 		Passes: s.passes.Load(), Created: s.created.Load(), Missed: s.missed.Load(),
-		CaughtUp: s.caughtUp.Load(), Failed: s.failed.Load(),
+		CaughtUp: s.caughtUp.Load(), Failed: s.failed.Load(), Taken: s.taken.Load(),
 	}
 }
 
@@ -177,10 +203,11 @@ ORDER BY id
 LIMIT $2
 FOR UPDATE SKIP LOCKED`
 
-	// insertSQL creates the jobs of the slots fired, in schedule and slot
-	// order; a slot's job that exists already (its dedup_key is taken) is
-	// not made again (migration 011).
-	insertSQL = `SELECT {insert}($1::bigint[], $2::timestamptz[])`
+	// fireSQL creates the jobs of the slots fired, in schedule and slot
+	// order, and says for each schedule how many it created and how many
+	// slots it could not, their dedup_key held by a job already
+	// (migration 012).
+	fireSQL = `SELECT schedule_id, created, taken, taken_key, taken_by FROM {fire}($1::bigint[], $2::timestamptz[])`
 
 	// updateSQL moves the schedules on; they are locked already. It runs
 	// after quietSQL, which keeps the table's triggers from checking the
@@ -188,9 +215,10 @@ FOR UPDATE SKIP LOCKED`
 	updateSQL = `
 UPDATE {schedules} s
 SET next_run_at = u.next, last_run_at = coalesce(u.last, s.last_run_at), runs = s.runs + u.runs,
-    missed = s.missed + u.missed, caught_up = s.caught_up + u.caught_up, error = u.error
-FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int8[], $5::int8[], $6::int8[], $7::text[])
-     AS u(id, next, last, runs, missed, caught_up, error)
+    missed = s.missed + u.missed, caught_up = s.caught_up + u.caught_up, error = u.error,
+    taken = s.taken + u.taken, warning = coalesce(u.warning, s.warning)
+FROM unnest($1::bigint[], $2::timestamptz[], $3::timestamptz[], $4::int8[], $5::int8[], $6::int8[], $7::text[], $8::int8[], $9::text[])
+     AS u(id, next, last, runs, missed, caught_up, error, taken, warning)
 WHERE s.id = u.id`
 
 	// quietSQL marks the transaction's changes as the scheduler's own, for
@@ -201,13 +229,11 @@ WHERE s.id = u.id`
 SELECT min(next_run_at) FROM {schedules}
 WHERE enabled AND error IS NULL AND next_run_at > coalesce($1::timestamptz, now())`
 
-	// heldSQL reads the schedules that are due. After a pass has fired
-	// those it could lock, other workers are firing the rest.
+	// heldSQL reads whether a schedule is due. After a pass has fired
+	// those it could lock, another worker holds the rest.
 	heldSQL = `
-SELECT cron, extract(epoch FROM every)::int8, time_zone FROM {schedules}
-WHERE enabled AND error IS NULL AND (next_run_at IS NULL OR next_run_at <= coalesce($1::timestamptz, now()))
-ORDER BY id
-LIMIT $2`
+SELECT EXISTS (SELECT FROM {schedules}
+               WHERE enabled AND error IS NULL AND (next_run_at IS NULL OR next_run_at <= coalesce($1::timestamptz, now())))`
 )
 
 // Run fires due schedules until ctx ends, starting at once, sleeping
@@ -252,11 +278,11 @@ type due struct {
 
 // plan is what a pass does to one schedule.
 type plan struct {
-	id                     int64
-	slots                  []time.Time
-	next, last             *time.Time
-	runs, missed, caughtUp int64
-	err                    *string
+	id                            int64
+	slots                         []time.Time
+	next, last                    *time.Time
+	runs, missed, caughtUp, taken int64
+	err, warning                  *string
 }
 
 // Pass fires the due schedules in one transaction and reports what it did
@@ -295,53 +321,44 @@ func (s *Scheduler) peek(ctx context.Context, clock *time.Time) (res Result, due
 	if err := s.cfg.Pool.SendBatch(ctx, batch).Close(); err != nil {
 		return res, false, fmt.Errorf("schedules: read next slot: %w", err)
 	}
-	if len(*held) > 0 {
+	if *held {
 		return res, true, nil
 	}
-	res.Wait = s.wait(now, *earliest, nil)
+	res.Wait = s.wait(now, *earliest, false)
 	return res, false, nil
 }
 
-// queueWake queues the reads of the earliest next slot and of the
-// schedules that are due.
-func (s *Scheduler) queueWake(batch *pgx.Batch, clock *time.Time) (earliest **time.Time, held *[]due) {
-	earliest, held = new(*time.Time), new([]due)
+// queueWake queues the reads of the earliest next slot and of whether a
+// schedule is due.
+func (s *Scheduler) queueWake(batch *pgx.Batch, clock *time.Time) (earliest **time.Time, held *bool) {
+	earliest, held = new(*time.Time), new(bool)
 	batch.Queue(s.sql["earliest"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(earliest) })
-	batch.Queue(s.sql["held"], clock, dueLookahead).Query(func(r pgx.Rows) error {
-		var err error
-		*held, err = pgx.CollectRows(r, func(r pgx.CollectableRow) (due, error) {
-			var d due
-			err := r.Scan(&d.cron, &d.every, &d.tz)
-			return d, err
-		})
-		return err
-	})
+	batch.Queue(s.sql["held"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(held) })
 	return earliest, held
 }
 
-// wait is how long from now until earliest or the next slot of a held
-// schedule, at most the fallback.
-func (s *Scheduler) wait(now time.Time, earliest *time.Time, held []due) time.Duration {
-	wake := earliest
-	for _, d := range held {
-		t, err := s.timing(d)
-		if err != nil {
-			continue
-		}
-		if n := t.Next(now); !n.IsZero() && (wake == nil || n.Before(*wake)) {
-			wake = &n
-		}
+// wait is how long from now until earliest, at most the fallback; or,
+// when another worker holds a due schedule, HeldRetry at most. That worker
+// may be committing, or may have died or frozen mid-pass: the server ends
+// its transaction within HoldIdleTimeout of its last statement, and the
+// slot is then this scheduler's to fire.
+func (s *Scheduler) wait(now time.Time, earliest *time.Time, held bool) time.Duration {
+	limit := s.cfg.Fallback
+	if held {
+		limit = min(limit, HeldRetry)
 	}
-	if wake == nil {
-		return s.cfg.Fallback
+	if earliest == nil {
+		return limit
 	}
-	return min(max(wake.Sub(now), 0), s.cfg.Fallback)
+	return min(max(earliest.Sub(now), 0), limit)
 }
 
 func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (res Result, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
 	defer cancel()
-	tx, err := s.cfg.Pool.Begin(ctx)
+	// The timeouts come with BEGIN, in one round trip: the transaction
+	// never waits for the worker without them.
+	tx, err := s.cfg.Pool.BeginTx(ctx, pgx.TxOptions{BeginQuery: s.begin})
 	if err != nil {
 		return res, fmt.Errorf("schedules: begin: %w", err)
 	}
@@ -365,86 +382,63 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 		return res, fmt.Errorf("schedules: find due ones: %w", err)
 	}
 
-	plans := make([]plan, 0, len(rows))
-	for _, d := range rows {
-		plans = append(plans, s.plan(d, now))
+	if s.afterLock != nil && len(rows) > 0 {
+		s.afterLock(ctx, tx)
 	}
 
-	if oneByOne {
-		for i := range plans {
-			p := &plans[i]
-			if len(p.slots) == 0 {
-				continue
-			}
-			sp, err := tx.Begin(ctx)
-			if err != nil {
-				return res, fmt.Errorf("schedules: savepoint: %w", err)
-			}
-			var n int64
-			err = sp.QueryRow(ctx, s.sql["insert"], repeat(p.id, len(p.slots)), p.slots).Scan(&n)
-			if err == nil {
-				res.Created += n
-				err = sp.Commit(ctx)
-			} else {
-				_ = sp.Rollback(ctx)
-				msg := "the jobs table refused its job: " + err.Error()
-				p.err, p.next, p.last, p.slots = &msg, nil, nil, nil
-				p.runs, p.missed, p.caughtUp = 0, 0, 0
-				for _, d := range rows {
-					if d.id == p.id {
-						p.next = d.nextRunAt
-					}
-				}
-				s.logger.Warn("schedules: the jobs table refused a schedule's job; the schedule waits for a change", zap.Int64("schedule_id", p.id), zap.Error(err))
-				continue
-			}
-			if err != nil {
-				return res, fmt.Errorf("schedules: release savepoint: %w", err)
-			}
+	// Planning runs between statements, while the server's idle timeout
+	// counts: a pass plans for planBudget at most, and leaves the rest
+	// due for the next pass, at once.
+	plans := make([]plan, 0, len(rows))
+	began := time.Now()
+	for _, d := range rows {
+		if len(plans) > 0 && time.Since(began) > planBudget {
+			break
 		}
+		plans = append(plans, s.plan(d, now))
+	}
+	got := map[int64]fired{}
+	if oneByOne {
+		if err := s.fireOneByOne(ctx, tx, plans, rows, got); err != nil {
+			return res, err
+		}
+	} else if err := s.fire(ctx, tx, plans, got); err != nil {
+		return res, err
 	}
 
 	var (
-		ids, runs, missed, caughtUp []int64
-		nexts, lasts                []*time.Time
-		errs                        []*string
-		jobIDs                      []int64
-		slots                       []time.Time
+		ids, runs, missed, caughtUp, taken []int64
+		nexts, lasts                       []*time.Time
+		errs, warnings                     []*string
 	)
-	for _, p := range plans {
+	for i := range plans {
+		p := &plans[i]
+		s.settle(p, got[p.id])
 		ids = append(ids, p.id)
 		nexts = append(nexts, p.next)
 		lasts = append(lasts, p.last)
 		runs = append(runs, p.runs)
 		missed = append(missed, p.missed)
 		caughtUp = append(caughtUp, p.caughtUp)
+		taken = append(taken, p.taken)
 		errs = append(errs, p.err)
-		if !oneByOne {
-			jobIDs = append(jobIDs, repeat(p.id, len(p.slots))...)
-			slots = append(slots, p.slots...)
-		}
+		warnings = append(warnings, p.warning)
+		res.Created += p.runs
 		res.Missed += p.missed
 		res.CaughtUp += p.caughtUp
+		res.Taken += p.taken
 		if p.err != nil {
 			res.Failed++
 		}
 	}
 	batch = &pgx.Batch{}
 	batch.Queue(s.sql["quiet"])
-	if len(slots) > 0 {
-		batch.Queue(s.sql["insert"], jobIDs, slots).QueryRow(func(row pgx.Row) error {
-			var n int64
-			err := row.Scan(&n)
-			res.Created += n
-			return err
-		})
-	}
 	if len(ids) > 0 {
-		batch.Queue(s.sql["update"], ids, nexts, lasts, runs, missed, caughtUp, errs)
+		batch.Queue(s.sql["update"], ids, nexts, lasts, runs, missed, caughtUp, errs, taken, warnings)
 	}
 	earliest, held := s.queueWake(batch, &now)
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return res, fmt.Errorf("schedules: fire: %w", err)
+		return res, fmt.Errorf("schedules: move on: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return res, fmt.Errorf("schedules: commit: %w", err)
@@ -453,12 +447,13 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 	s.missed.Add(res.Missed)
 	s.caughtUp.Add(res.CaughtUp)
 	s.failed.Add(res.Failed)
-	if res.Created > 0 || res.Failed > 0 {
+	s.taken.Add(res.Taken)
+	if res.Created > 0 || res.Failed > 0 || res.Taken > 0 {
 		s.logger.Debug("schedules fired", zap.Int64("jobs", res.Created), zap.Int64("missed", res.Missed),
-			zap.Int64("caught_up", res.CaughtUp), zap.Int64("failed", res.Failed))
+			zap.Int64("caught_up", res.CaughtUp), zap.Int64("failed", res.Failed), zap.Int64("taken", res.Taken))
 	}
 
-	if len(rows) == s.cfg.BatchSize {
+	if len(rows) == s.cfg.BatchSize || len(plans) < len(rows) {
 		return res, nil // more are due: at once
 	}
 	res.Wait = s.wait(now, *earliest, *held)
@@ -528,12 +523,4 @@ func (s *Scheduler) timing(d due) (*Timing, error) {
 	t, err := Parse(k.cron, time.Duration(k.every)*time.Second, k.tz)
 	s.timings[k] = &timingResult{t, err}
 	return t, err
-}
-
-func repeat(id int64, n int) []int64 {
-	out := make([]int64, n)
-	for i := range out {
-		out[i] = id
-	}
-	return out
 }
