@@ -82,7 +82,9 @@ CREATE TABLE schedules (
     caught_up bigint DEFAULT 0 NOT NULL,
     error text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    taken bigint DEFAULT 0 NOT NULL,
+    warning text,
     CONSTRAINT schedules_catch_up_check CHECK ((catch_up = ANY (ARRAY['skip'::text, 'all'::text]))),
     CONSTRAINT schedules_catch_up_limit_check CHECK (((catch_up_limit >= 1) AND (catch_up_limit <= 1000))),
     CONSTRAINT schedules_kind_check CHECK (((char_length(kind) >= 1) AND (char_length(kind) <= 128))),
@@ -236,12 +238,13 @@ AS $function$
 DECLARE
     -- || detoasts its operands: the size of the result is the decompressed
     -- size (an object joined with {} is itself).
-    size integer := pg_column_size(NEW.payload || '{}'::jsonb);
+    size       integer := pg_column_size(NEW.payload || '{}'::jsonb);
+    constraint_name text := TG_TABLE_NAME || '_payload_size_check';
 BEGIN
     IF size > 1048576 THEN
-        RAISE EXCEPTION 'new row for relation "%" violates check constraint "jobs_payload_size_check"', TG_TABLE_NAME
+        RAISE EXCEPTION 'new row for relation "%" violates check constraint "%"', TG_TABLE_NAME, constraint_name
             USING ERRCODE = 'check_violation', SCHEMA = TG_TABLE_SCHEMA, TABLE = TG_TABLE_NAME,
-                  CONSTRAINT = 'jobs_payload_size_check',
+                  CONSTRAINT = constraint_name,
                   DETAIL = format('The payload is %s bytes decompressed; the limit is 1048576 (1 MiB).', size);
     END IF;
     RETURN NEW;
@@ -417,6 +420,7 @@ CREATE OR REPLACE FUNCTION pgdispatch.enqueue(kind text, payload jsonb DEFAULT '
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET "pgdispatch.firing" TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -442,6 +446,7 @@ CREATE OR REPLACE FUNCTION pgdispatch.enqueue_checked(kind text, payload jsonb D
  LANGUAGE plpgsql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET "pgdispatch.firing" TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -491,24 +496,47 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION pgdispatch.fire_schedule_slots(ids bigint[], slots timestamp with time zone[])
+ RETURNS TABLE(schedule_id bigint, created bigint, taken bigint, taken_key text, taken_by bigint)
+ LANGUAGE sql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET "pgdispatch.firing" TO 'on'
+AS $function$
+    WITH wanted AS (
+        SELECT f.n, s.id, f.slot, s.kind, s.payload, s.queue, s.priority, s.max_attempts,
+               'schedule:' || s.name || ':' || to_char(f.slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"') AS key
+        FROM unnest(fire_schedule_slots.ids, fire_schedule_slots.slots) WITH ORDINALITY AS f(id, slot, n)
+        JOIN pgdispatch.schedules s ON s.id = f.id
+        WHERE s.enabled
+    ), inserted AS (
+        INSERT INTO pgdispatch.jobs (kind, payload, queue, priority, max_attempts, run_at, dedup_key)
+        SELECT w.kind, w.payload, w.queue, w.priority, w.max_attempts, w.slot, w.key
+        FROM wanted w
+        ORDER BY w.n
+        ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
+        RETURNING dedup_key
+    ), outcome AS (
+        -- Within a schedule, the keys sort as their slots do.
+        SELECT w.id, count(i.dedup_key) AS created, count(*) FILTER (WHERE i.dedup_key IS NULL) AS taken,
+               max(w.key) FILTER (WHERE i.dedup_key IS NULL) AS taken_key
+        FROM wanted w LEFT JOIN inserted i ON i.dedup_key = w.key
+        GROUP BY w.id
+    )
+    -- The statement's snapshot shows the jobs that held keys before it.
+    SELECT o.id, o.created, o.taken, o.taken_key, j.id
+    FROM outcome o LEFT JOIN pgdispatch.jobs j ON j.dedup_key = o.taken_key
+    ORDER BY o.id
+$function$;
+
 CREATE OR REPLACE FUNCTION pgdispatch.insert_scheduled_jobs(ids bigint[], slots timestamp with time zone[])
  RETURNS bigint
  LANGUAGE sql
  SECURITY DEFINER
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
-    WITH created AS (
-        INSERT INTO pgdispatch.jobs (kind, payload, queue, priority, max_attempts, run_at, dedup_key)
-        SELECT s.kind, s.payload, s.queue, s.priority, s.max_attempts, f.slot,
-               'schedule:' || s.name || ':' || to_char(f.slot AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
-        FROM unnest(insert_scheduled_jobs.ids, insert_scheduled_jobs.slots) WITH ORDINALITY AS f(id, slot, n)
-        JOIN pgdispatch.schedules s ON s.id = f.id
-        WHERE s.enabled
-        ORDER BY f.n
-        ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
-        RETURNING 1
-    )
-    SELECT count(*) FROM created
+    SELECT coalesce(sum(f.created), 0)::bigint
+    FROM pgdispatch.fire_schedule_slots(insert_scheduled_jobs.ids, insert_scheduled_jobs.slots) f
 $function$;
 
 CREATE OR REPLACE FUNCTION pgdispatch.notify_schedules()
@@ -591,6 +619,43 @@ BEGIN
         EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', t.name, t.table_oid::regclass);
     END IF;
     DELETE FROM pgdispatch.event_triggers e WHERE e.name = t.name;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.reserve_schedule_keys()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    firer oid := (SELECT p.proowner FROM pg_catalog.pg_proc p
+                  WHERE p.oid = pg_catalog.to_regprocedure(
+                      pg_catalog.format('%I.fire_schedule_slots(bigint[], timestamptz[])', TG_TABLE_SCHEMA)));
+BEGIN
+    IF TG_OP = 'UPDATE' AND NEW.dedup_key IS NOT DISTINCT FROM OLD.dedup_key THEN
+        RETURN NEW;
+    END IF;
+    IF pg_catalog.current_setting('pgdispatch.firing', true) IS DISTINCT FROM 'on'
+       OR firer IS NULL OR NOT pg_catalog.pg_has_role(current_user, firer, 'USAGE') THEN
+        RAISE EXCEPTION 'dedup_key "%" is reserved for the schedules'' jobs', NEW.dedup_key
+            USING ERRCODE = 'insufficient_privilege',
+                  DETAIL = 'A dedup_key that begins with schedule: names a slot of a schedule; only the workers create its job.',
+                  HINT = 'Give the job a dedup_key of another form, or declare a schedule to create a job at each slot.';
+    END IF;
+    RETURN NEW;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.restart_schedule()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF NEW.updated_at = now() AND NEW.next_run_at IS NULL THEN
+        NEW.updated_at := clock_timestamp();
+    END IF;
+    RETURN NEW;
 END
 $function$;
 
@@ -699,8 +764,14 @@ CREATE TRIGGER jobs_notify_update BEFORE UPDATE OF status, run_at, queue ON pgdi
 
 CREATE TRIGGER jobs_payload_size BEFORE INSERT OR UPDATE OF payload ON pgdispatch.jobs FOR EACH ROW WHEN (pg_column_size(new.payload) > 4096) EXECUTE FUNCTION pgdispatch.check_payload_size();
 
+CREATE TRIGGER jobs_schedule_key BEFORE INSERT OR UPDATE OF dedup_key ON pgdispatch.jobs FOR EACH ROW WHEN (starts_with(new.dedup_key, 'schedule:'::text)) EXECUTE FUNCTION pgdispatch.reserve_schedule_keys();
+
 CREATE TRIGGER schedules_check BEFORE INSERT OR UPDATE ON pgdispatch.schedules FOR EACH ROW WHEN (current_setting('pgdispatch.scheduling'::text, true) IS DISTINCT FROM 'on'::text) EXECUTE FUNCTION pgdispatch.check_schedule();
 
 CREATE TRIGGER schedules_notify AFTER INSERT OR DELETE OR UPDATE ON pgdispatch.schedules FOR EACH STATEMENT WHEN (current_setting('pgdispatch.scheduling'::text, true) IS DISTINCT FROM 'on'::text) EXECUTE FUNCTION pgdispatch.notify_schedules();
+
+CREATE TRIGGER schedules_payload_size BEFORE INSERT OR UPDATE OF payload ON pgdispatch.schedules FOR EACH ROW WHEN (pg_column_size(new.payload) > 4096) EXECUTE FUNCTION pgdispatch.check_payload_size();
+
+CREATE TRIGGER schedules_restart BEFORE UPDATE ON pgdispatch.schedules FOR EACH ROW WHEN (current_setting('pgdispatch.scheduling'::text, true) IS DISTINCT FROM 'on'::text) EXECUTE FUNCTION pgdispatch.restart_schedule();
 
 -- Event triggers
