@@ -91,7 +91,7 @@ type poolOptions struct {
 func newPool(ctx context.Context, o poolOptions) (*pgxpool.Pool, error) {
 	setting := cmp.Or(o.setting, "DATABASE_URL")
 	if _, err := pgxpool.ParseConfig(o.url); err != nil {
-		return nil, fmt.Errorf("invalid %s: %w", setting, err) // pgx's message never repeats the password
+		return nil, fmt.Errorf("invalid %s: %w", setting, pgdispatch.ConnStringError(err))
 	}
 	pool, err := pgdispatch.NewPool(ctx, o.url, pgdispatch.PoolConfig{StatementTimeout: o.timeout, BehindPooler: o.pooled, RuntimeParams: o.params})
 	if err != nil && refusedStartupParameter(err) {
@@ -137,7 +137,7 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 	if u := v.str("LISTEN_DATABASE_URL"); u != "" {
 		lc, err := pgx.ParseConfig(u)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err))
+			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", pgdispatch.ConnStringError(err)))
 		} else {
 			cfg.ListenConnConfig = lc
 		}
