@@ -10,10 +10,13 @@ package pgdispatch
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,8 +60,8 @@ type Config struct {
 	ListenConnConfig *pgx.ConnConfig
 	// Schema holds the jobs table. Default: "pgdispatch".
 	Schema string
-	// WorkerID names this worker in locked_by and the logs. Default: the
-	// hostname.
+	// WorkerID names this worker in locked_by and the logs. Default:
+	// DefaultWorkerID().
 	WorkerID string
 	// Queues lists the queues to serve. Default: the "default" queue.
 	Queues []Queue
@@ -108,6 +111,21 @@ type Worker struct {
 	scheduler *schedule.Scheduler
 }
 
+// DefaultWorkerID returns a new name for a worker: the hostname, the
+// process id and six random hex digits (db-7-1234-a1b2c3), so that two
+// workers on one host, or in one process, are told apart in locked_by and
+// the logs, and each still says where it runs. The suffix tells apart
+// processes of equal pid on hosts of equal name, such as containers.
+func DefaultWorkerID() (string, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("no hostname: %w", err)
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b), nil
+}
+
 // NewWorker checks cfg and builds a Worker.
 func NewWorker(cfg Config) (*Worker, error) {
 	if cfg.Pool == nil {
@@ -115,11 +133,11 @@ func NewWorker(cfg Config) (*Worker, error) {
 	}
 	cfg.Schema = cmp.Or(cfg.Schema, DefaultSchema)
 	if cfg.WorkerID == "" {
-		host, err := os.Hostname()
+		id, err := DefaultWorkerID()
 		if err != nil {
-			return nil, fmt.Errorf("pgdispatch: WorkerID not set and no hostname: %w", err)
+			return nil, fmt.Errorf("pgdispatch: WorkerID not set: %w", err)
 		}
-		cfg.WorkerID = host
+		cfg.WorkerID = id
 	}
 	if len(cfg.Queues) == 0 {
 		cfg.Queues = []Queue{{Name: DefaultQueue}}
