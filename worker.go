@@ -15,8 +15,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -257,8 +260,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	for q := range w.claimers {
 		queues = append(queues, q)
 	}
-	w.logger.Info("worker started", zap.String("schema", w.cfg.Schema), zap.Strings("queues", queues),
-		zap.Strings("kinds", w.cfg.Registry.Kinds()))
+	w.logger.Info("worker started", zap.String("database", database(w.cfg.Pool.Config().ConnConfig)),
+		zap.String("schema", w.cfg.Schema), zap.Strings("queues", queues), zap.Strings("kinds", w.cfg.Registry.Kinds()))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.listener.Run(gctx) })
@@ -270,6 +273,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	err = g.Wait()
 	w.logger.Info("worker stopped")
 	return err
+}
+
+// database names the database cc connects to, for the logs: its hosts
+// and ports, and the database's name (host:port,host:port/name), without
+// the user or any credential.
+func database(cc *pgx.ConnConfig) string {
+	hosts := []string{net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))}
+	for _, f := range cc.Fallbacks {
+		if h := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return strings.Join(hosts, ",") + "/" + cc.Database
 }
 
 // Listener is the worker's listener, for health checks.
