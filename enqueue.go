@@ -61,10 +61,13 @@ type Enqueued struct {
 	// Created is false when a job already held the dedup key.
 	Created bool
 	// Conflict is true when the job that holds the dedup key is not the one
-	// asked for: it has another kind, queue, payload or priority, another
-	// max_attempts (when MaxAttempts is set), or it has not run yet and is
-	// due later than asked. Another writer of the table may have taken the
-	// key first, so that this job is never created (docs/security.md).
+	// asked for: another role created it (the role this session logged in
+	// as did not, and may not read the table), or it has another kind,
+	// queue, payload or priority, another max_attempts (when MaxAttempts is
+	// set), or it has not run yet and is due later than asked. Another
+	// writer of the table may have taken the key first, so that this job is
+	// never created (docs/security.md). Nothing else of a job another role
+	// created is compared or told.
 	Conflict bool
 }
 

@@ -2,11 +2,14 @@ package pgdispatch_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch"
@@ -70,4 +73,102 @@ func TestEnqueueReportsASquattedDedupKey(t *testing.T) {
 
 	_, err = s.Enqueue(ctx, pool, pgdispatch.Job{Kind: "noop", MaxAttempts: 1 << 31})
 	require.ErrorContains(t, err, "MaxAttempts 2147483648: must be from 0")
+}
+
+// loginPool is a pool whose sessions log in as role, which the test makes a
+// login role with a password of its own: enqueue_checked knows its caller
+// by the role that logged in.
+func loginPool(t *testing.T, role string) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	password := hex.EncodeToString(b)
+	_, err := pgtest.Pool(t).Exec(ctx, "ALTER ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN PASSWORD '"+password+"'")
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.User = role
+	cfg.ConnConfig.Password = password
+	cfg.MaxConns = 2
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// enqueue_checked tells a writer nothing about a job another role created:
+// a writer that may only insert (docs/roles.sql) gets the same answer for
+// a right and a wrong guess of another writer's payload, and for any
+// run_at, so it can neither confirm a PIN nor find the job's run_at by
+// bisection; enqueue()'s notice names no field. The writer that created
+// the job still learns whether it is the one asked for.
+func TestEnqueueCheckedRevealsNothingOfAnotherWritersJob(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	s := pgdispatch.Schema(schema)
+	app, other := createRoles(t), createRoles(t)
+	applyRolesScript(t, schema, app)
+	applyRolesScript(t, schema, other)
+	victim, attacker := loginPool(t, app.writer), loginPool(t, other.writer)
+
+	runAt := time.Now().Add(90 * time.Minute).Truncate(time.Microsecond)
+	job := pgdispatch.Job{Kind: "noop", Payload: map[string]string{"pin": "4711"}, DedupKey: "reset-42", RunAt: runAt}
+	created, err := s.EnqueueChecked(ctx, victim, job)
+	require.NoError(t, err)
+	require.True(t, created.Created)
+
+	// The creator's own checks still compare.
+	again, err := s.EnqueueChecked(ctx, victim, job)
+	require.NoError(t, err)
+	require.Equal(t, pgdispatch.Enqueued{ID: created.ID, Created: false, Conflict: false}, again)
+	wrong := job
+	wrong.Payload = map[string]string{"pin": "0000"}
+	differs, err := s.EnqueueChecked(ctx, victim, wrong)
+	require.NoError(t, err)
+	require.True(t, differs.Conflict, "the creator learns that its own job differs")
+
+	// Another writer gets one answer for every guess.
+	answers := map[pgdispatch.Enqueued][]string{}
+	for _, guess := range []struct {
+		name string
+		pin  string
+		at   time.Time
+	}{
+		{"right pin, right run_at", "4711", runAt},
+		{"wrong pin", "0000", runAt},
+		{"right pin, run_at before", "4711", runAt.Add(-time.Minute)},
+		{"right pin, run_at after", "4711", runAt.Add(time.Minute)},
+		{"right pin, run_at far after", "4711", runAt.Add(24 * time.Hour)},
+	} {
+		g := job
+		g.Payload, g.RunAt = map[string]string{"pin": guess.pin}, guess.at
+		e, err := s.EnqueueChecked(ctx, attacker, g)
+		require.NoError(t, err)
+		answers[e] = append(answers[e], guess.name)
+	}
+	require.Len(t, answers, 1, "another writer's guesses got different answers: %v", answers)
+	for e := range answers {
+		require.Equal(t, pgdispatch.Enqueued{ID: created.ID, Created: false, Conflict: true}, e,
+			"a key another role holds is a conflict, whatever its job holds")
+	}
+
+	// enqueue()'s notice says the key is taken, and nothing of the job.
+	var notices []string
+	cfg := attacker.Config().ConnConfig.Copy()
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) { notices = append(notices, n.Message) }
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	for _, pin := range []string{"4711", "0000"} {
+		_, err := s.Enqueue(ctx, conn, pgdispatch.Job{Kind: "noop", Payload: map[string]string{"pin": pin}, DedupKey: "reset-42", RunAt: runAt})
+		require.NoError(t, err)
+	}
+	require.Len(t, notices, 2)
+	require.Equal(t, notices[0], notices[1], "the notice is the same for a right and a wrong guess")
+	require.NotContains(t, notices[0], "payload")
+	require.NotContains(t, notices[0], "run_at")
 }

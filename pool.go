@@ -3,7 +3,10 @@ package pgdispatch
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -62,7 +65,7 @@ func NewPool(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, er
 	timeout := cmp.Or(cfg.StatementTimeout, claimer.DefaultStatementTimeout)
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, err // pgx's message never repeats the password
+		return nil, ConnStringError(err)
 	}
 	if pc.ConnConfig.ConnectTimeout == 0 {
 		pc.ConnConfig.ConnectTimeout = 10 * time.Second
@@ -113,6 +116,42 @@ func BehindPooler(url, direct string) bool {
 	}
 	return a.Host != b.Host || a.Port != b.Port
 }
+
+// ConnStringError is err, from parsing a connection string
+// (pgx.ParseConfig, pgxpool.ParseConfig), without the string: pgx's message
+// repeats it with the password masked only as far as pgx can tell where the
+// password ends, and a key=value password with an escaped space
+// (password=ab\ cd) showed its tail. The reason stays, and the error under
+// it, but net/url's repeats the URL, so only its own reason stays, and a
+// quoted piece of the string in it (missing "=" after "cd") becomes "…".
+// Any other error is returned as it is.
+func ConnStringError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if !errors.As(err, &pe) {
+		return err
+	}
+	bare := *pe
+	bare.ConnString = ""
+	reason := strings.TrimPrefix(bare.Error(), "cannot parse ``: ")
+	if under := pe.Unwrap(); under != nil {
+		reason = strings.TrimSuffix(reason, " ("+under.Error()+")")
+		var ue *url.Error
+		if errors.As(under, &ue) {
+			under = ue.Err
+		}
+		detail := quoted.ReplaceAllStringFunc(under.Error(), func(q string) string {
+			if s, err := strconv.Unquote(q); err == nil && len(s) > 1 && strings.Contains(pe.ConnString, s) {
+				return `"…"`
+			}
+			return q
+		})
+		reason += " (" + detail + ")"
+	}
+	return fmt.Errorf("cannot parse the connection string: %s", reason)
+}
+
+// quoted matches a string quoted as %q quotes it.
+var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
 func setDefault(m map[string]string, k, v string) {
 	if _, ok := m[k]; !ok {

@@ -10,10 +10,16 @@ package pgdispatch
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -57,8 +63,8 @@ type Config struct {
 	ListenConnConfig *pgx.ConnConfig
 	// Schema holds the jobs table. Default: "pgdispatch".
 	Schema string
-	// WorkerID names this worker in locked_by and the logs. Default: the
-	// hostname.
+	// WorkerID names this worker in locked_by and the logs. Default:
+	// DefaultWorkerID().
 	WorkerID string
 	// Queues lists the queues to serve. Default: the "default" queue.
 	Queues []Queue
@@ -108,6 +114,21 @@ type Worker struct {
 	scheduler *schedule.Scheduler
 }
 
+// DefaultWorkerID returns a new name for a worker: the hostname, the
+// process id and six random hex digits (db-7-1234-a1b2c3), so that two
+// workers on one host, or in one process, are told apart in locked_by and
+// the logs, and each still says where it runs. The suffix tells apart
+// processes of equal pid on hosts of equal name, such as containers.
+func DefaultWorkerID() (string, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return "", fmt.Errorf("no hostname: %w", err)
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b), nil
+}
+
 // NewWorker checks cfg and builds a Worker.
 func NewWorker(cfg Config) (*Worker, error) {
 	if cfg.Pool == nil {
@@ -115,11 +136,11 @@ func NewWorker(cfg Config) (*Worker, error) {
 	}
 	cfg.Schema = cmp.Or(cfg.Schema, DefaultSchema)
 	if cfg.WorkerID == "" {
-		host, err := os.Hostname()
+		id, err := DefaultWorkerID()
 		if err != nil {
-			return nil, fmt.Errorf("pgdispatch: WorkerID not set and no hostname: %w", err)
+			return nil, fmt.Errorf("pgdispatch: WorkerID not set: %w", err)
 		}
-		cfg.WorkerID = host
+		cfg.WorkerID = id
 	}
 	if len(cfg.Queues) == 0 {
 		cfg.Queues = []Queue{{Name: DefaultQueue}}
@@ -239,8 +260,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	for q := range w.claimers {
 		queues = append(queues, q)
 	}
-	w.logger.Info("worker started", zap.String("schema", w.cfg.Schema), zap.Strings("queues", queues),
-		zap.Strings("kinds", w.cfg.Registry.Kinds()))
+	w.logger.Info("worker started", zap.String("database", database(w.cfg.Pool.Config().ConnConfig)),
+		zap.String("schema", w.cfg.Schema), zap.Strings("queues", queues), zap.Strings("kinds", w.cfg.Registry.Kinds()))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return w.listener.Run(gctx) })
@@ -252,6 +273,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	err = g.Wait()
 	w.logger.Info("worker stopped")
 	return err
+}
+
+// database names the database cc connects to, for the logs: its hosts
+// and ports, and the database's name (host:port,host:port/name), without
+// the user or any credential.
+func database(cc *pgx.ConnConfig) string {
+	hosts := []string{net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))}
+	for _, f := range cc.Fallbacks {
+		if h := net.JoinHostPort(f.Host, strconv.Itoa(int(f.Port))); !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	return strings.Join(hosts, ",") + "/" + cc.Database
 }
 
 // Listener is the worker's listener, for health checks.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -678,4 +681,22 @@ func TestBusyQueuesShareASmallPool(t *testing.T) {
 	var done int
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM "+b.jobs+" WHERE status = 'done' AND attempts = 1").Scan(&done))
 	require.Equal(t, 3*n, done)
+}
+
+// The default WorkerID is the hostname, the process id and a random
+// suffix: two workers on one host, or in one process, are told apart in
+// locked_by and the logs, and an operator still reads where each runs.
+func TestDefaultWorkerIDIsUnique(t *testing.T) {
+	t.Parallel()
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	form := regexp.MustCompile(`^` + regexp.QuoteMeta(host) + `-` + strconv.Itoa(os.Getpid()) + `-[0-9a-f]{6}$`)
+	ids := map[string]bool{}
+	for range 2 {
+		w, err := pgdispatch.NewWorker(pgdispatch.Config{Pool: pgtest.Pool(t), Schema: pgtest.EmptySchemaName(t)})
+		require.NoError(t, err)
+		require.Regexp(t, form, w.ID())
+		ids[w.ID()] = true
+	}
+	require.Len(t, ids, 2, "two workers of one process have IDs of their own")
 }

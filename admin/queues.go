@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // Pause pauses queue (pause_queue() in SQL): from the next claim on, no
@@ -31,6 +33,35 @@ func (a *Admin) queueCall(ctx context.Context, what, sql, queue string) (bool, e
 	return changed, nil
 }
 
+// QueueKnown reports whether anything names queue: a job of any status, a
+// schedule, a dispatch trigger, a row of the queues table (it was paused
+// once), or a worker that serves it now (its claimer holds or waits for
+// the queue's sleep key, as one does while the queue is empty). A name
+// nothing knows is most likely mistyped. It may read every row of the jobs
+// table, within the statement's timeout.
+func (a *Admin) QueueKnown(ctx context.Context, queue string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	var known bool
+	err := a.pool.QueryRow(ctx, a.sql(`
+-- Pending jobs first, by the claim's index: the usual case, without a scan.
+SELECT EXISTS (SELECT FROM {schema}.queues WHERE name = $1)
+    OR EXISTS (SELECT FROM {jobs} WHERE queue = $1 AND status = 'pending')
+    OR EXISTS (SELECT FROM {jobs} WHERE queue = $1)
+    OR EXISTS (SELECT FROM {schema}.schedules WHERE queue = $1)
+    OR EXISTS (SELECT FROM {schema}.event_triggers WHERE queue = $1)
+    OR EXISTS (SELECT FROM pg_catalog.pg_locks
+               WHERE locktype = 'advisory' AND objsubid = 2
+                 AND database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())
+                 AND classid = ($2::int8 & 4294967295)::oid
+                 AND objid = (hashtext($1)::int8 & 4294967295)::oid)`),
+		queue, migrations.SleepKey(a.schema)).Scan(&known)
+	if err != nil {
+		return false, fmt.Errorf("look for queue %q: %w", queue, err)
+	}
+	return known, nil
+}
+
 // QueueState is a queue as `queues list` shows it.
 type QueueState struct {
 	Name string `json:"name"`
@@ -40,8 +71,8 @@ type QueueState struct {
 	Running  int64      `json:"running"`
 }
 
-// Queues lists the queues that hold pending or running jobs, or have been
-// paused or resumed, with their state, in name order.
+// Queues lists the queues that hold pending or running jobs, or are
+// paused, with their state, in name order.
 func (a *Admin) Queues(ctx context.Context) ([]QueueState, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
@@ -56,6 +87,7 @@ WITH a AS (
 )
 SELECT coalesce(q.name, a.queue), q.paused_at, coalesce(a.pending, 0), coalesce(a.running, 0)
 FROM {schema}.queues q FULL JOIN a ON a.queue = q.name
+WHERE q.paused_at IS NOT NULL OR a.queue IS NOT NULL
 ORDER BY 1`))
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (QueueState, error) {
 		var q QueueState

@@ -5,7 +5,8 @@
 // the schema, lets one of them work at a time. A pass runs in one
 // transaction unless there is more to purge than one batch:
 //   - a running job whose lease has expired goes back to pending, or to dead
-//     when its attempts are used up. The UPDATE is guarded by
+//     when its attempts are used up; the lost attempt goes into the job's
+//     errors. The UPDATE is guarded by
 //     status = 'running' AND locked_until < now(), so a live worker whose
 //     heartbeat renewed the lease keeps its job;
 //   - done jobs older than RetainDone, and dead or cancelled jobs older than
@@ -124,7 +125,7 @@ func New(cfg Config) (*Sweeper, error) {
 	return &Sweeper{
 		cfg:    cfg,
 		logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("sweeper"),
-		rescue: strings.ReplaceAll(rescueSQL, "{jobs}", jobs),
+		rescue: strings.NewReplacer("{jobs}", jobs, "{lost}", lostSQL).Replace(rescueSQL),
 		purge:  strings.ReplaceAll(purgeSQL, "{jobs}", jobs),
 
 		poolSize: int(cfg.Pool.Config().MaxConns),
@@ -140,6 +141,11 @@ const lockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('pgdispatch.sweeper')
        set_config('enable_hashjoin', 'off', true),
        set_config('enable_mergejoin', 'off', true)`
 
+// rescueSQL gives back a batch of expired leases. The lost attempt goes into
+// the job's errors as a failed one does (after the last 19 before it, so
+// that errors holds the last 20, as the claimer's completions do): its
+// start is the claim's mark, the updated_at the claim wrote, which nothing
+// else changes while the job runs. {lost} is what happened (lostSQL).
 const rescueSQL = `
 WITH s AS (
     SELECT id FROM {jobs}
@@ -151,14 +157,20 @@ WITH s AS (
 UPDATE {jobs} j
 SET status = CASE WHEN j.attempts >= coalesce(j.max_attempts, $1) THEN 'dead' ELSE 'pending' END,
     run_at = now(),
-    last_error = format('lease expired: worker %s stopped renewing it during attempt %s of %s',
-                        j.locked_by, j.attempts, coalesce(j.max_attempts, $1)),
+    last_error = {lost},
+    errors = jsonb_path_query_array(coalesce(j.errors, '[]'), '$[last - 18 to last]')
+             || jsonb_build_object('attempt', j.attempts, 'started_at', j.updated_at, 'finished_at', now(),
+                                   'worker', j.locked_by, 'error', {lost}),
     finished_at = CASE WHEN j.attempts >= coalesce(j.max_attempts, $1) THEN now() END,
     locked_by = NULL,
     locked_until = NULL,
     updated_at = now()
 WHERE j.id = ANY(ARRAY(SELECT id FROM s)) AND j.status = 'running' AND j.locked_until < now()
 RETURNING j.id, j.status, j.attempts`
+
+// lostSQL says what happened to an attempt whose lease expired.
+const lostSQL = `format('lease expired: worker %s stopped renewing it during attempt %s of %s',
+                   j.locked_by, j.attempts, coalesce(j.max_attempts, $1))`
 
 const purgeSQL = `
 WITH d AS (

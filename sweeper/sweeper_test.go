@@ -122,3 +122,64 @@ func TestRunSkipsDeadConnections(t *testing.T) {
 	require.Eventually(t, func() bool { return s.Stats().Rescued == 1 }, 30*time.Second, 10*time.Millisecond,
 		"the expired lease is rescued without waiting for the next Interval")
 }
+
+// An attempt lost with its worker leaves its entry in errors, as a failed
+// one does: a job whose two attempts were both lost ends dead with two
+// entries, each naming its attempt, its start (the claim), its worker and
+// what happened.
+func TestLostAttemptsEnterErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	pool := pgtest.Pool(t)
+	s, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema})
+	require.NoError(t, err)
+
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+jobs+` (kind, max_attempts) VALUES ('lost', 2) RETURNING id`).Scan(&id))
+	// claim stands for a claim of worker w whose lease has already expired.
+	claim := func(w string) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `UPDATE `+jobs+` SET status = 'running', attempts = attempts + 1, locked_by = $2,
+			locked_until = now() - interval '1 second', updated_at = now() - interval '1 minute' WHERE id = $1`, id, w)
+		require.NoError(t, err)
+	}
+	claim("w1")
+	res, err := s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Rescued)
+	claim("w2")
+	res, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), res.Killed)
+
+	type entry struct {
+		Attempt    int        `json:"attempt"`
+		StartedAt  *time.Time `json:"started_at"`
+		FinishedAt *time.Time `json:"finished_at"`
+		Worker     string     `json:"worker"`
+		Error      string     `json:"error"`
+	}
+	var (
+		status   string
+		attempts int
+		lastErr  string
+		entries  []entry
+	)
+	require.NoError(t, pool.QueryRow(ctx, `SELECT status, attempts, last_error, coalesce(errors, '[]') FROM `+jobs+` WHERE id = $1`, id).
+		Scan(&status, &attempts, &lastErr, &entries))
+	require.Equal(t, "dead", status)
+	require.Equal(t, 2, attempts)
+	require.Len(t, entries, 2, "one entry per lost attempt")
+	for i, e := range entries {
+		w := []string{"w1", "w2"}[i]
+		require.Equal(t, i+1, e.Attempt)
+		require.Equal(t, w, e.Worker)
+		require.Equal(t, "lease expired: worker "+w+" stopped renewing it during attempt "+[]string{"1", "2"}[i]+" of 2", e.Error)
+		require.NotNil(t, e.StartedAt, "the claim's time is the attempt's start")
+		require.NotNil(t, e.FinishedAt)
+		require.True(t, e.StartedAt.Before(*e.FinishedAt))
+	}
+	require.Equal(t, entries[1].Error, lastErr)
+}

@@ -102,7 +102,8 @@ nothing, unless --yes is given. cancel makes pending or running jobs
 cancelled; the worker running one cancels its executor's context within
 milliseconds and drops its outcome. snooze makes pending jobs due later
 without spending an attempt. All work in batches with rows locked in id
-order, so they are safe while workers run. Run 'pgdispatch jobs COMMAND
+order, so they are safe while workers run. retry, cancel and snooze exit 1
+when they changed no job, or an id matched none. Run 'pgdispatch jobs COMMAND
 --help' for the flags.
 
 Rows are written by anyone who may insert a job, so list and show escape
@@ -286,8 +287,7 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Retry(ctx, ids)
-		printChanges(stdout, changes, "retried", "dead or cancelled")
-		return err
+		return printChanges(stdout, changes, err, "retried", "dead or cancelled")
 	})
 }
 
@@ -305,8 +305,7 @@ func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Cancel(ctx, ids)
-		printChanges(stdout, changes, "cancelled", "pending or running")
-		return err
+		return printChanges(stdout, changes, err, "cancelled", "pending or running")
 	})
 }
 
@@ -332,17 +331,34 @@ func maskJSON(raw json.RawMessage) json.RawMessage {
 	return p
 }
 
-func printChanges(w io.Writer, changes []admin.Change, did, applies string) {
+// printChanges prints what a command did to each job, and returns err, or
+// else an error when it changed none of them (a command that did nothing
+// exits non-zero) or an id matched no job.
+func printChanges(w io.Writer, changes []admin.Change, err error, did, applies string) error {
+	var changed int
+	var missing []string
 	for _, c := range changes {
 		switch {
 		case c.Changed:
+			changed++
 			fmt.Fprintf(w, "job %d: %s (was %s)\n", c.ID, did, c.Status)
 		case c.Status == "":
+			missing = append(missing, strconv.FormatInt(c.ID, 10))
 			fmt.Fprintf(w, "job %d: not found\n", c.ID)
 		default:
 			fmt.Fprintf(w, "job %d: left as it is: %s, not %s\n", c.ID, c.Status, applies)
 		}
 	}
+	switch {
+	case err != nil:
+		return err
+	case changed == 0:
+		verb, _, _ := strings.Cut(did, " ")
+		return fmt.Errorf("no job was %s", verb)
+	case len(missing) > 0:
+		return fmt.Errorf("not found: job %s", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // parseIDs parses flags and then job ids, which may come before, between

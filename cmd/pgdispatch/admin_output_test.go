@@ -218,12 +218,16 @@ func TestQueueAndJobControls(t *testing.T) {
 	jobID := strconv.FormatInt(id, 10)
 
 	require.Equal(t, "queue mail: paused\n", a.run(t, "queues", "pause", "mail"))
-	require.Equal(t, "queue mail: already paused\n", a.run(t, "queues", "pause", "mail"))
+	code, out, _ := a.runExit(t, "queues", "pause", "mail") // a command that did nothing exits non-zero
+	require.Equal(t, 1, code)
+	require.Equal(t, "queue mail: already paused\n", out)
 	list := a.run(t, "queues", "list")
 	require.Regexp(t, `(?m)^mail\s+paused\s+\S+\s+1\s+0$`, list)
 	require.Contains(t, a.run(t, "stats"), "mail (paused)")
 	require.Equal(t, "queue mail: resumed\n", a.run(t, "queues", "resume", "mail"))
-	require.Equal(t, "queue mail: not paused\n", a.run(t, "queues", "resume", "mail"))
+	code, out, _ = a.runExit(t, "queues", "resume", "mail")
+	require.Equal(t, 1, code)
+	require.Equal(t, "queue mail: not paused\n", out)
 	require.Regexp(t, `(?m)^mail\s+active\s+-\s+1\s+0$`, a.run(t, "queues", "list"))
 
 	require.Equal(t, "job "+jobID+": snoozed for 1h0m0s (was pending)\n", a.run(t, "jobs", "snooze", "--for", "1h", jobID))
@@ -232,7 +236,9 @@ func TestQueueAndJobControls(t *testing.T) {
 		pgx.Identifier{schema, "jobs"}.Sanitize()+` WHERE id = $1`, id).Scan(&in))
 	require.InDelta(t, 3600, in, 10)
 	require.Equal(t, "job "+jobID+": cancelled (was pending)\n", a.run(t, "jobs", "cancel", jobID))
-	require.Equal(t, "job "+jobID+": left as it is: cancelled, not pending\n", a.run(t, "jobs", "snooze", "--for", "1h", jobID))
+	code, out, _ = a.runExit(t, "jobs", "snooze", "--for", "1h", jobID)
+	require.Equal(t, 1, code)
+	require.Equal(t, "job "+jobID+": left as it is: cancelled, not pending\n", out)
 
 	p := start(t, a.env, "jobs", "snooze", jobID)
 	require.Equal(t, 2, p.wait(t, 30*time.Second))

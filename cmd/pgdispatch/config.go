@@ -47,8 +47,15 @@ var connSettings = []setting{
 // The worker's settings, for run and demo.
 var workerSettings = []setting{
 	{
-		env: "WORKER_ID", flag: "worker-id", help: "this worker's name in locked_by and the logs (default: the hostname)",
-		apply: func(v *values, cfg *pgdispatch.Config, _ *[]error) { cfg.WorkerID = v.str("WORKER_ID") },
+		env: "WORKER_ID", flag: "worker-id", help: "this worker's name in locked_by and the logs (default: the hostname, the process id and a random suffix, as in db-7-1234-a1b2c3)",
+		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
+			cfg.WorkerID = v.str("WORKER_ID")
+			if cfg.WorkerID == "" {
+				var err error
+				cfg.WorkerID, err = pgdispatch.DefaultWorkerID()
+				*errs = append(*errs, err)
+			}
+		},
 	},
 	{
 		env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally name:concurrency",

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -77,21 +78,23 @@ func jobsSnooze(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Snooze(ctx, ids, *d)
-		printChanges(stdout, changes, "snoozed for "+d.String(), "pending")
-		return err
+		return printChanges(stdout, changes, err, "snoozed for "+d.String(), "pending")
 	})
 }
 
 const queuesUsage = `Usage:
   pgdispatch queues list [--json]
-  pgdispatch queues pause QUEUE
+  pgdispatch queues pause [--force] QUEUE
   pgdispatch queues resume QUEUE
 
 pause stops every worker from claiming the queue's jobs, from its next
 claim on, and keeps accepting new ones; running jobs finish. The pause is a
 row in the queues table, so it holds across restarts. resume wakes the
 queue's workers, which claim its due jobs at once. list shows each queue
-that holds pending or running jobs, or has been paused.
+that holds pending or running jobs, or is paused. pause refuses a queue
+that no job, schedule or dispatch trigger names and no worker serves,
+most likely a mistyped one, unless --force is given. A pause or resume
+that found the queue as asked already exits 1.
 Run 'pgdispatch queues COMMAND --help' for the flags.
 `
 
@@ -130,8 +133,11 @@ func queuesList(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func queuesPause(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return pauseCommand(ctx, "queue", "pause", "Pause a queue: no worker claims its jobs until it is resumed: pgdispatch queues pause QUEUE",
-		(*admin.Admin).Pause, args, stdout, stderr)
+	return toggle(ctx, toggleCommand{
+		noun: "queue", verb: "pause", set: (*admin.Admin).Pause, known: (*admin.Admin).QueueKnown,
+		help: "Pause a queue: no worker claims its jobs until it is resumed: pgdispatch queues pause [--force] QUEUE\n\n" +
+			"A queue that no job, schedule or dispatch trigger names, and no worker serves, is refused unless --force is given.",
+	}, args, stdout, stderr)
 }
 
 func queuesResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -144,22 +150,58 @@ func queuesResume(ctx context.Context, args []string, stdout, stderr io.Writer) 
 func pauseCommand(ctx context.Context, noun, verb, help string, set func(*admin.Admin, context.Context, string) (bool, error),
 	args []string, stdout, stderr io.Writer,
 ) error {
-	fs := newFlagSet(noun+"s "+verb, help, stderr)
+	return toggle(ctx, toggleCommand{noun: noun, verb: verb, help: help, set: set}, args, stdout, stderr)
+}
+
+// toggleCommand is the pause or resume (verb) of one queue or schedule
+// (noun).
+type toggleCommand struct {
+	noun, verb, help string
+	// set changes the state, and reports whether it changed.
+	set func(*admin.Admin, context.Context, string) (bool, error)
+	// known, when set, reports whether anything names the name: an unknown
+	// one is refused unless --force is given.
+	known func(*admin.Admin, context.Context, string) (bool, error)
+}
+
+// errNothingChanged ends a pause or resume that found the state as asked
+// already: a command that did nothing exits non-zero.
+var errNothingChanged = errors.New("nothing changed")
+
+func toggle(ctx context.Context, c toggleCommand, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(c.noun+"s "+c.verb, c.help, stderr)
 	v := newValues(fs, connSettings)
-	name, err := oneName(fs, args, noun)
+	var force *bool
+	if c.known != nil {
+		force = fs.Bool("force", false, c.verb+" the "+c.noun+" even when nothing names it")
+	}
+	name, err := oneName(fs, args, c.noun)
 	if err != nil {
 		return err
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
-		changed, err := set(a, ctx, name)
+		if c.known != nil && !*force {
+			known, err := c.known(a, ctx, name)
+			if err != nil {
+				return err
+			}
+			if !known {
+				return fmt.Errorf("%s %q is unknown: no job, schedule or dispatch trigger names it and no worker serves it; "+
+					"check its spelling, or give --force to %s it anyway", c.noun, name, c.verb)
+			}
+		}
+		changed, err := c.set(a, ctx, name)
 		if err != nil {
 			return err
 		}
 		said := map[[2]bool]string{
 			{true, true}: "paused", {true, false}: "already paused",
 			{false, true}: "resumed", {false, false}: "not paused",
-		}[[2]bool{verb == "pause", changed}]
-		fmt.Fprintf(stdout, "%s %s: %s\n", noun, termsafe.String(name), said)
+		}[[2]bool{c.verb == "pause", changed}]
+		fmt.Fprintf(stdout, "%s %s: %s\n", c.noun, termsafe.String(name), said)
+		if !changed {
+			return errNothingChanged
+		}
 		return nil
 	})
 }

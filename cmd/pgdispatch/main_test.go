@@ -667,7 +667,10 @@ func TestAdminCommands(t *testing.T) {
 	require.Contains(t, out, `"sleep": "1ms"`)
 	require.Regexp(t, `(?m)^status\s+dead$`, out)
 
-	out = run("jobs", "cancel", strconv.FormatInt(scheduled, 10), strconv.FormatInt(dead, 10), "999999")
+	partly := start(t, e, "jobs", "cancel", strconv.FormatInt(scheduled, 10), strconv.FormatInt(dead, 10), "999999")
+	require.Equal(t, 1, partly.wait(t, 30*time.Second), "an id that matches no job fails the command")
+	require.Contains(t, partly.stderr.String(), "not found: job 999999")
+	out = partly.stdout.String()
 	require.Contains(t, out, fmt.Sprintf("job %d: cancelled (was pending)", scheduled))
 	require.Contains(t, out, fmt.Sprintf("job %d: left as it is: dead, not pending or running", dead))
 	require.Contains(t, out, "job 999999: not found")

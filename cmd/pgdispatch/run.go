@@ -17,6 +17,10 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/email"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
+	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
 	"github.com/pgdispatch/pgdispatch/metrics"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
@@ -91,7 +95,7 @@ type poolOptions struct {
 func newPool(ctx context.Context, o poolOptions) (*pgxpool.Pool, error) {
 	setting := cmp.Or(o.setting, "DATABASE_URL")
 	if _, err := pgxpool.ParseConfig(o.url); err != nil {
-		return nil, fmt.Errorf("invalid %s: %w", setting, err) // pgx's message never repeats the password
+		return nil, fmt.Errorf("invalid %s: %w", setting, pgdispatch.ConnStringError(err))
 	}
 	pool, err := pgdispatch.NewPool(ctx, o.url, pgdispatch.PoolConfig{StatementTimeout: o.timeout, BehindPooler: o.pooled, RuntimeParams: o.params})
 	if err != nil && refusedStartupParameter(err) {
@@ -137,7 +141,7 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 	if u := v.str("LISTEN_DATABASE_URL"); u != "" {
 		lc, err := pgx.ParseConfig(u)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err))
+			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", pgdispatch.ConnStringError(err)))
 		} else {
 			cfg.ListenConnConfig = lc
 		}
@@ -191,6 +195,18 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 			return err
 		}
 	}
+	// The schema is checked before anything is logged (the worker checks it
+	// again), so that a missing one is said in one line.
+	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	_, err = migrations.Check(checkCtx, c.pool, c.schema)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return explainSchema(err, c.schema)
+	}
+	logExecutors(c.logger, v, registry)
 	var (
 		m  *metrics.Metrics
 		ml net.Listener
@@ -227,6 +243,30 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	go func() { defer close(settled); settleATWorker(settleCtx, c, cfg.SweepInterval) }()
 	defer func() { stopSettling(); <-settled }()
 	return explainSchema(w.Run(ctx), c.schema)
+}
+
+// logExecutors logs the executors the settings configure, and the
+// built-in ones they leave out, each with the setting it needs
+// (buildRegistry registers those to fail their jobs, saying so).
+func logExecutors(logger *zap.Logger, v *values, reg *executors.Registry) {
+	configured := []string{httpcallback.Kind + " (unsigned)"}
+	if v.str("HTTP_SIGNING_SECRET") != "" {
+		configured[0] = httpcallback.Kind + " (signed)"
+	}
+	var missing []string
+	for _, e := range []struct{ kind, setting string }{{rabbitmq.Kind, "RABBITMQ_URL"}, {email.Kind, "SMTP_HOST"}} {
+		if v.str(e.setting) != "" {
+			configured = append(configured, e.kind)
+		} else {
+			missing = append(missing, e.kind+": set "+e.setting)
+		}
+	}
+	for _, kind := range reg.Kinds() {
+		if kind != httpcallback.Kind && kind != rabbitmq.Kind && kind != email.Kind {
+			configured = append(configured, kind)
+		}
+	}
+	logger.Info("executors", zap.Strings("configured", configured), zap.Strings("not_configured", missing))
 }
 
 // explainSchema turns a missing or old schema into one line that says what

@@ -61,7 +61,7 @@ func TestSchedulesCommands(t *testing.T) {
 
 	out, _ = run(0, "schedules", "pause", "tick")
 	require.Equal(t, "schedule tick: paused\n", out)
-	out, _ = run(0, "schedules", "pause", "tick")
+	out, _ = run(1, "schedules", "pause", "tick") // a command that did nothing exits non-zero
 	require.Equal(t, "schedule tick: already paused\n", out)
 	out, _ = run(0, "schedules", "list")
 	require.Regexp(t, `(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +paused +- +`, out)

@@ -166,3 +166,28 @@ func TestRunPrintsNoSecret(t *testing.T) {
 	require.Equal(t, 0, p.wait(t, time.Minute), p.stderr.String())
 	requireNoSecret(t, "run's log", p.stdout.String()+p.stderr.String())
 }
+
+// A key=value DATABASE_URL whose password holds escaped characters
+// (password=a\ b): a parse error names the setting and the reason, and no
+// piece of the password, before or after the escape.
+func TestEscapedPasswordIsNotPrinted(t *testing.T) {
+	t.Parallel()
+	const pieces = `Esp!1|Esp!2|Esp!3|Esp!4`
+	for name, password := range map[string]string{
+		"escaped space":     `Esp!1\ Esp!2\ Esp!3`,
+		"escaped quote":     `Esp!1\'Esp!2`,
+		"escaped backslash": `Esp!1\\ Esp!2`,
+		"quoted, escaped":   `'Esp!1\' Esp!2\\ Esp!3'`,
+	} {
+		for _, broken := range []string{"port=notaport", "sslmode=bogus"} {
+			u := "host=127.0.0.1 user=nobody password=" + password + " dbname=none " + broken
+			p := start(t, env("DATABASE_URL="+u), "stats")
+			require.Equal(t, 1, p.wait(t, time.Minute), "%s: %s", name, p.stderr.String())
+			out := p.stdout.String() + p.stderr.String()
+			require.Contains(t, out, "invalid DATABASE_URL", name)
+			for _, piece := range strings.Split(pieces, "|") {
+				require.NotContains(t, out, piece, "%s, %s: the password's piece %s is printed", name, broken, piece)
+			}
+		}
+	}
+}
