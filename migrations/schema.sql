@@ -42,6 +42,7 @@ CREATE TABLE jobs (
     finished_at timestamp with time zone,
     errors jsonb,
     result jsonb,
+    created_by oid DEFAULT (to_regrole(quote_ident((SESSION_USER)::text)))::oid,
     CONSTRAINT jobs_attempts_check CHECK (((attempts >= 0) AND (attempts <= 1000000))),
     CONSTRAINT jobs_dedup_key_check CHECK ((char_length(dedup_key) <= 512)),
     CONSTRAINT jobs_kind_check CHECK (((char_length(kind) >= 1) AND (char_length(kind) <= 128))),
@@ -454,6 +455,8 @@ DECLARE
     want_queue    text        := coalesce(enqueue_checked.queue, 'default');
     want_run_at   timestamptz := coalesce(enqueue_checked.run_at, now());
     want_priority smallint    := coalesce(enqueue_checked.priority, 0);
+    caller        oid;
+    holder_by     oid;
     differs       text;
 BEGIN
     LOOP
@@ -468,7 +471,8 @@ BEGIN
             RETURN;
         END IF;
 
-        SELECT j.id,
+        caller := to_regrole(quote_ident(session_user))::oid;
+        SELECT j.id, j.created_by,
                concat_ws(', ',
                    CASE WHEN j.kind IS DISTINCT FROM enqueue_checked.kind THEN 'kind' END,
                    CASE WHEN j.queue IS DISTINCT FROM want_queue THEN 'queue' END,
@@ -477,16 +481,24 @@ BEGIN
                    CASE WHEN enqueue_checked.max_attempts IS NOT NULL
                              AND j.max_attempts IS DISTINCT FROM enqueue_checked.max_attempts THEN 'max_attempts' END,
                    CASE WHEN j.attempts = 0 AND j.run_at > want_run_at THEN 'a later run_at' END)
-        INTO id, differs
+        INTO id, holder_by, differs
         FROM pgdispatch.jobs j
         WHERE j.dedup_key = enqueue_checked.dedup_key;
         IF id IS NOT NULL THEN
             created := false;
-            conflict := differs <> '';
-            IF conflict THEN
-                RAISE NOTICE 'pgdispatch: dedup_key % is held by job %, which differs from the job asked for (%); no job was created',
-                    enqueue_checked.dedup_key, id, differs
-                    USING HINT = 'Another writer may have taken the key first. Look at that job: pgdispatch jobs show '
+            IF holder_by = caller OR has_table_privilege(session_user, format('%I.jobs', E'pgdispatch'), 'SELECT') THEN
+                conflict := differs <> '';
+                IF conflict THEN
+                    RAISE NOTICE 'pgdispatch: dedup_key % is held by job %, which differs from the job asked for (%); no job was created',
+                        enqueue_checked.dedup_key, id, differs
+                        USING HINT = 'Another writer may have taken the key first. Look at that job: pgdispatch jobs show '
+                                     || id || '.';
+                END IF;
+            ELSE
+                conflict := true;
+                RAISE NOTICE 'pgdispatch: dedup_key % is held by job %, which another role created; no job was created',
+                    enqueue_checked.dedup_key, id
+                    USING HINT = 'Another writer may have taken the key first. A role that may read pgdispatch''s jobs can look at it: pgdispatch jobs show '
                                  || id || '.';
             END IF;
             RETURN;

@@ -31,6 +31,10 @@ COMMENT ON COLUMN {{.schema}}.jobs.created_by IS
 -- logged in: a SET ROLE changes current_user, not session_user, and a
 -- session may SET ROLE only to roles it is a member of.
 --
+-- pgdispatch.firing is off while it runs, as in migration 012, so that a
+-- writer who sets it cannot write a schedule's key through the owner's
+-- rights.
+--
 -- A conflict also raises a NOTICE, which plain enqueue() callers see; it
 -- names the fields that differ only when the holder was compared. The
 -- search_path is pinned and every name qualified, so the caller's objects
@@ -50,6 +54,7 @@ CREATE OR REPLACE FUNCTION {{.schema}}.enqueue_checked(
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET pgdispatch.firing = 'off'
 AS $$
 #variable_conflict use_column
 DECLARE
