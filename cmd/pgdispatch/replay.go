@@ -83,6 +83,9 @@ func retryAllDead(ctx context.Context, v *values, fs *flag.FlagSet, d *deadFlags
 		if d.yes {
 			n, err := a.RetryDeadMatching(ctx, f)
 			fmt.Fprintf(stdout, "%d dead jobs retried\n", n)
+			if err == nil && n == 0 {
+				err = errors.New("no dead job matched: nothing was retried")
+			}
 			return err
 		}
 		c, err := a.CountDead(ctx, f, shownIDs)

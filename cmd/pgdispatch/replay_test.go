@@ -64,9 +64,13 @@ func TestRetryAllDeadByHost(t *testing.T) {
 		fmt.Sprintf("%d:dead", in2), fmt.Sprintf("%d:pending", in2)).Replace(before), after)
 	out, _ = run(0, "jobs", "retry", "--all-dead", "--host", "hooks.example.com", "--since", "2h")
 	require.Equal(t, "0 dead jobs match: nothing to retry\n", out)
+	// Retrying what matches nothing did nothing: exit 1.
+	out, errOut := run(1, strings.Fields(m[1])...)
+	require.Equal(t, "0 dead jobs retried\n", out)
+	require.Contains(t, errOut, "no dead job matched: nothing was retried")
 
 	// A bad --since: one line, the usage, exit 2.
-	_, errOut := run(2, "jobs", "retry", "--all-dead", "--since", "yesterday")
+	_, errOut = run(2, "jobs", "retry", "--all-dead", "--since", "yesterday")
 	first, rest, _ := strings.Cut(errOut, "\n")
 	require.Equal(t, `invalid value "yesterday" for flag -since: want an RFC 3339 time (2026-05-01T10:00:00Z) or a duration ago (2h, 90m)`, first)
 	require.True(t, strings.HasPrefix(rest, "Usage: pgdispatch jobs retry [flags]"), errOut)
