@@ -180,12 +180,16 @@ type Schedule struct {
 	// LastRunAt is the last slot that created a job.
 	LastRunAt *time.Time `json:"last_run_at"`
 	// Runs counts the jobs created, Missed the slots that passed without
-	// one, CaughtUp the jobs created late for missed slots.
+	// one, CaughtUp the jobs created late for missed slots, and Taken the
+	// slots whose key another job held already, so that none was created.
 	Runs     int64 `json:"runs"`
 	Missed   int64 `json:"missed"`
 	CaughtUp int64 `json:"caught_up"`
+	Taken    int64 `json:"taken"`
 	// Error says why the workers leave the schedule alone.
-	Error     *string   `json:"error"`
+	Error *string `json:"error"`
+	// Warning names the last slot found taken, and the job holding its key.
+	Warning   *string   `json:"warning"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -208,7 +212,8 @@ func (a *Admin) Schedules(ctx context.Context) ([]Schedule, error) {
 	defer cancel()
 	rows, _ := a.pool.Query(ctx, a.sql(`
 SELECT name, cron, extract(epoch FROM every)::int8, time_zone, kind, payload, queue, priority, max_attempts,
-       catch_up, catch_up_limit, enabled, next_run_at, last_run_at, runs, missed, caught_up, error, created_at, updated_at
+       catch_up, catch_up_limit, enabled, next_run_at, last_run_at, runs, missed, caught_up, taken, error, warning,
+       created_at, updated_at
 FROM {schema}.schedules ORDER BY name`))
 	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Schedule])
 	if err != nil {

@@ -36,8 +36,9 @@ a schedule, or changes the one of that name (the flags left out keep
 their values); the expression and time zone are checked as the workers
 read them. After downtime, --catch-up skip creates one job and all one
 per missed slot. pause stops a schedule; resume starts it again from its
-next slot. list shows each schedule's next and last run and its missed and
-caught-up slots, with the payloads' secrets masked unless --reveal.
+next slot. list shows each schedule's next and last run, its missed,
+caught-up and taken slots (a taken slot's key was held by another job, so
+none was created), with the payloads' secrets masked unless --reveal.
 Run 'pgdispatch schedules COMMAND --help' for the flags.
 `
 
@@ -179,12 +180,15 @@ func schedulesList(ctx context.Context, args []string, stdout, stderr io.Writer)
 func printSchedules(w io.Writer, list []admin.Schedule, details bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if details {
-		fmt.Fprint(tw, "SCHEDULE\tTIMING\tZONE\tKIND\tQUEUE\tCATCH-UP\tSTATE\tNEXT RUN\tLAST RUN\tRUNS\tMISSED\tCAUGHT UP\tPAYLOAD\n")
+		fmt.Fprint(tw, "SCHEDULE\tTIMING\tZONE\tKIND\tQUEUE\tCATCH-UP\tSTATE\tNEXT RUN\tLAST RUN\tRUNS\tMISSED\tCAUGHT UP\tTAKEN\tPAYLOAD\n")
 	} else {
-		fmt.Fprint(tw, "SCHEDULE\tTIMING\tSTATE\tNEXT RUN\tLAST RUN\tRUNS\tMISSED\tCAUGHT UP\n")
+		fmt.Fprint(tw, "SCHEDULE\tTIMING\tSTATE\tNEXT RUN\tLAST RUN\tRUNS\tMISSED\tCAUGHT UP\tTAKEN\n")
 	}
-	var broken []admin.Schedule
+	var broken, warned []admin.Schedule
 	for _, s := range list {
+		if s.Warning != nil {
+			warned = append(warned, s)
+		}
 		state := "enabled"
 		switch {
 		case s.Error != nil:
@@ -204,7 +208,8 @@ func printSchedules(w io.Writer, list []admin.Schedule, details bool) error {
 		if s.LastRunAt != nil {
 			last = s.LastRunAt.UTC().Format(time.RFC3339)
 		}
-		counts := strconv.FormatInt(s.Runs, 10) + "\t" + strconv.FormatInt(s.Missed, 10) + "\t" + strconv.FormatInt(s.CaughtUp, 10)
+		counts := strconv.FormatInt(s.Runs, 10) + "\t" + strconv.FormatInt(s.Missed, 10) + "\t" + strconv.FormatInt(s.CaughtUp, 10) +
+			"\t" + strconv.FormatInt(s.Taken, 10)
 		if details {
 			catchUp := s.CatchUp
 			if catchUp == "all" {
@@ -222,6 +227,9 @@ func printSchedules(w io.Writer, list []admin.Schedule, details bool) error {
 	}
 	for _, s := range broken {
 		fmt.Fprintf(w, "schedule %s: %s\n", termsafe.String(s.Name), termsafe.String(*s.Error))
+	}
+	for _, s := range warned {
+		fmt.Fprintf(w, "schedule %s: warning: %s\n", termsafe.String(s.Name), termsafe.String(*s.Warning))
 	}
 	return nil
 }

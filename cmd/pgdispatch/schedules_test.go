@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
@@ -53,11 +55,19 @@ func TestSchedulesCommands(t *testing.T) {
 		}
 	}
 	require.NotContains(t, out, "secret", "payloads are masked")
-	require.Regexp(t, `(?m)^nightly +0 2 \* \* \* +Europe/Berlin +reports +default +skip +enabled +\d{4}-\d\d-\d\dT0[01]:00:00Z +- +0 +0 +0 +\{"url":"https://user:xxxxx@example\.com/"\}$`, out)
-	require.Regexp(t, `(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +enabled +\d{4}-\d\d-\d\dT\d\d:00:00Z +- +0 +0 +0 +\{\}$`, out)
+	require.Regexp(t, `(?m)^nightly +0 2 \* \* \* +Europe/Berlin +reports +default +skip +enabled +\d{4}-\d\d-\d\dT0[01]:00:00Z +- +0 +0 +0 +0 +\{"url":"https://user:xxxxx@example\.com/"\}$`, out)
+	require.Regexp(t, `(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +enabled +\d{4}-\d\d-\d\dT\d\d:00:00Z +- +0 +0 +0 +0 +\{\}$`, out)
 	out, _ = run(0, "stats")
-	require.Regexp(t, `(?m)^SCHEDULE +TIMING +STATE +NEXT RUN +LAST RUN +RUNS +MISSED +CAUGHT UP$`, out)
+	require.Regexp(t, `(?m)^SCHEDULE +TIMING +STATE +NEXT RUN +LAST RUN +RUNS +MISSED +CAUGHT UP +TAKEN$`, out)
 	require.Regexp(t, `(?m)^tick +every 1h0m0s +enabled +\d{4}-`, out)
+
+	// A slot whose key another job held: counted, and its warning below.
+	_, err := pgtest.Pool(t).Exec(context.Background(), "UPDATE "+pgx.Identifier{schema, "schedules"}.Sanitize()+
+		" SET taken = 1, warning = 'slot 2026-11-27T10:00:00Z: its key is held by job 7' WHERE name = 'tick'")
+	require.NoError(t, err)
+	out, _ = run(0, "schedules", "list")
+	require.Regexp(t, `(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +enabled +\S+ +- +0 +0 +0 +1 +\{\}$`, out)
+	require.Contains(t, out, "schedule tick: warning: slot 2026-11-27T10:00:00Z: its key is held by job 7\n")
 
 	out, _ = run(0, "schedules", "pause", "tick")
 	require.Equal(t, "schedule tick: paused\n", out)
