@@ -50,8 +50,12 @@ var secretName = regexp.MustCompile(`(?i)(password|passwd|passphrase|secret|toke
 const pieceSeparators = "@/%:?#&=+"
 
 // kvPassword finds password and sslpassword in a key=value connection
-// string: password=secret or password='se cret'.
-var kvPassword = regexp.MustCompile(`(?i)\b(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|[^\s']+)`)
+// string: password=secret, password='se cret' or password=se\ cret (a
+// backslash escapes the next character, quoted or not, as libpq reads it).
+var kvPassword = regexp.MustCompile(`(?i)\b(?:ssl)?password\s*=\s*('(?:[^'\\]|\\.)*'|(?:[^\s'\\]|\\.)+)`)
+
+// kvEscape is a backslash and the character it escapes.
+var kvEscape = regexp.MustCompile(`\\(.)`)
 
 // Filter replaces secrets in what is written through its writers. Its zero
 // value knows no secret.
@@ -161,7 +165,14 @@ func connStringPasswords(s string) []string {
 	if !isURL || scheme == "" || strings.ContainsAny(scheme, " \t/") {
 		var out []string
 		for _, m := range kvPassword.FindAllStringSubmatch(s, -1) {
-			out = append(out, strings.Trim(m[1], "'"))
+			written := m[1]
+			if len(written) >= 2 && written[0] == '\'' {
+				written = written[1 : len(written)-1]
+			}
+			out = append(out, written)
+			if meant := kvEscape.ReplaceAllString(written, "$1"); meant != written {
+				out = append(out, meant)
+			}
 		}
 		return out
 	}

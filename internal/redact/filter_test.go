@@ -71,3 +71,18 @@ func FuzzRedactConnectionErrors(f *testing.F) {
 		}
 	})
 }
+
+// A key=value password with backslash escapes, as libpq reads them: the
+// whole value is masked, as written and as meant, and no tail is left.
+func TestRedactEscapedKeyValuePassword(t *testing.T) {
+	t.Parallel()
+	r := &Filter{}
+	r.AddEnv([]string{`DATABASE_URL=host=db password=ab\ cdtail\'q user=x`})
+	for in, want := range map[string]string{
+		`cannot parse host=db password=ab\ cdtail\'q user=x`: "cannot parse host=db password=xxxxx user=x",
+		"the password ab cdtail'q was refused":               "the password xxxxx was refused",
+		"cdtail alone":                                       "cdtail alone",
+	} {
+		require.Equal(t, want, redacted(r, in), in)
+	}
+}
