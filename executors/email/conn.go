@@ -44,14 +44,7 @@ func (e *Executor) dialer(attempt context.Context) gomail.DialContextFunc {
 		if e.cfg.TLS != TLSImplicit {
 			return conn, nil
 		}
-		cfg := &tls.Config{ServerName: e.cfg.Host, MinVersion: gomail.DefaultTLSMinVersion}
-		if e.cfg.TLSConfig != nil {
-			cfg = e.cfg.TLSConfig.Clone()
-			if cfg.ServerName == "" {
-				cfg.ServerName = e.cfg.Host
-			}
-		}
-		tc := tls.Client(conn, cfg)
+		tc := tls.Client(conn, e.cfg.TLSConfig)
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = tc.Close()
 			return nil, err

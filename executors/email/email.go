@@ -62,7 +62,8 @@ type Config struct {
 	Username, Password string
 	// TLS is none, starttls or tls. Default: starttls.
 	TLS string
-	// TLSConfig overrides the TLS settings, for a private CA.
+	// TLSConfig overrides the TLS settings, for a private CA. Its
+	// ServerName defaults to Host.
 	TLSConfig *tls.Config
 	// From is the sender of jobs whose payload has none. A payload may name
 	// its address with a display name of its own.
@@ -184,9 +185,14 @@ func New(cfg Config) (*Executor, error) {
 		return nil, fmt.Errorf("email: port %d is out of range", cfg.Port)
 	}
 	opts = append(opts, gomail.WithPort(cfg.Port))
-	if cfg.TLSConfig != nil {
-		opts = append(opts, gomail.WithTLSConfig(cfg.TLSConfig))
+	if cfg.TLSConfig == nil {
+		cfg.TLSConfig = &tls.Config{MinVersion: gomail.DefaultTLSMinVersion}
 	}
+	if cfg.TLSConfig.ServerName == "" {
+		cfg.TLSConfig = cfg.TLSConfig.Clone()
+		cfg.TLSConfig.ServerName = cfg.Host
+	}
+	opts = append(opts, gomail.WithTLSConfig(cfg.TLSConfig))
 	if cfg.Username != "" {
 		auth := gomail.SMTPAuthPlain
 		if cfg.TLS == TLSNone {
