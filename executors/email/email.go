@@ -13,13 +13,19 @@
 //
 // The Message-ID is derived from the job id, so a retried job keeps it and
 // receivers can deduplicate. An SMTP 4xx reply and connection errors retry;
-// a 5xx reply is permanent. The password never appears in errors, and is
-// never sent over a connection without TLS unless Config.AllowPlaintextAuth
-// says so.
+// a 5xx reply is permanent. The password is never sent over a connection
+// without TLS unless Config.AllowPlaintextAuth says so.
+//
+// The server may be hostile, or someone on the path before STARTTLS: the
+// executor reads at most MaxReplyBytes of one reply and 1 MiB over a
+// session, its connection's deadlines stay within the attempt's, and the
+// connection is closed when the attempt ends.
 //
 // Every attempt that got a reply records it as its result (see
 // executors.RecordResult): the server's reply to the message's data when it
-// accepted the message, else the reply that refused it.
+// accepted the message, else the reply that refused it. The reply, there
+// and in errors, is masked (see redact.Reply) of the password, in any base64
+// form as in an echoed AUTH PLAIN, and of the payload's secrets.
 package email
 
 import (

@@ -22,7 +22,8 @@
 // Every attempt that sent a request records its result (see
 // executors.RecordResult): the status, the time from sending the request to
 // the response's headers, and the first bytes of the body, made safe to
-// show and masked of what looks like a secret.
+// show and masked of the payload's secrets and of what looks like a secret
+// (see redact.Reply), as last_error's excerpt of a failing response is.
 package httpcallback
 
 import (

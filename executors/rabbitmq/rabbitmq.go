@@ -18,6 +18,9 @@
 // "cancelled", "closed" (the channel closed before the confirm) or
 // "unsent" (the publish itself failed) otherwise.
 //
+// A message the broker sends back is read only up to MaxContentBytes, and
+// its reply text is masked (see redact.Reply) of the payload's secrets.
+//
 // The executor keeps one connection and a small pool of confirm-mode
 // channels. When the broker closes the connection it reconnects on the next
 // job, backing off while the broker stays unreachable; jobs meanwhile fail
