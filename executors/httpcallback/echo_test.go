@@ -115,3 +115,18 @@ func TestEndlessResponses(t *testing.T) {
 		})
 	}
 }
+
+// A redirect to another host is refused, and its Location quoted: masked of
+// the payload's secrets, which an echoing receiver may have put in it.
+func TestEchoedSecretInARefusedRedirect(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request, _ int) {
+		http.Redirect(w, r, "http://localhost:1/keys/"+r.Header.Get("X-Api-Key"), http.StatusTemporaryRedirect)
+	})
+	e, err := httpcallback.New(httpcallback.Config{AllowNetworks: loopback})
+	require.NoError(t, err)
+	_, _, err = runAttempt(t, e, 10*time.Second, map[string]any{"url": rc.URL, "data": 1, "headers": map[string]string{"X-Api-Key": "api-key-f1ve"}})
+	require.ErrorContains(t, err, "refused: redirect")
+	require.ErrorContains(t, err, "http://localhost:1/keys/xxxxx")
+	require.NotContains(t, err.Error(), "api-key-f1ve")
+}

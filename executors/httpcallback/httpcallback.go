@@ -311,16 +311,17 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		if wasSent {
 			_ = executors.RecordResult(ctx, result{DurationMS: ms(took)})
 		}
+		// A refused redirect quotes the receiver's Location, and the
+		// transport a malformed response's first bytes.
+		known := mask.NewSecrets(mask.PayloadSecrets(job.Payload)...)
 		var refused *refusedError
 		if errors.As(err, &refused) {
-			return executors.Permanent(fmt.Errorf("%s: %s", target, refused.msg))
+			return executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, refused.msg), known))
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: no response before the job's timeout: %w", target, context.Cause(ctx))
 		}
-		// The transport quotes a malformed response's first bytes.
-		known := mask.NewSecrets(mask.PayloadSecrets(job.Payload)...)
-		return executors.MaskError(fmt.Errorf("%s: %w", target, unwrapURLError(err)), func(s string) string { return mask.Reply(s, known) })
+		return maskReply(fmt.Errorf("%s: %w", target, unwrapURLError(err)), known)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	stop := time.AfterFunc(bodyWait, cancelReq)
@@ -432,6 +433,12 @@ func classify(target string, resp *http.Response, snippet []byte, known *mask.Se
 	default:
 		return executors.Permanent(err)
 	}
+}
+
+// maskReply masks an error that quotes what the receiver sent, as the
+// result's excerpt is masked.
+func maskReply(err error, known *mask.Secrets) error {
+	return executors.MaskError(err, func(s string) string { return mask.Reply(s, known) })
 }
 
 // retryAfter reads a Retry-After header: seconds or an HTTP date.
