@@ -3,6 +3,7 @@ package redact
 import (
 	"encoding/base64"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -54,4 +55,40 @@ func TestReply(t *testing.T) {
 	require.Equal(t, "<td>xxxxx</td> Authorization: xxxxx xxxxx", Reply("<td>two words</td> Authorization: Bearer abcdef", s))
 	require.Equal(t, "535 for AUTH PLAIN xxxxx", Reply("535 for AUTH PLAIN AHVzZXIAcHc=", nil))
 	require.Equal(t, "AUTH failed for user", Reply("AUTH failed for user", nil))
+}
+
+// Whatever the secret and the bytes around it, its base64 is masked in
+// either alphabet, and what is left of the encoding holds at most 2 of its
+// bytes on either side.
+func FuzzSecretsInBase64(f *testing.F) {
+	f.Add("pass", "\x00user\x00", "")
+	f.Add("correct horse", "u:", ":x")
+	f.Fuzz(func(t *testing.T, secret, before, after string) {
+		if len(secret) < minSecret {
+			return
+		}
+		s := NewSecrets(secret)
+		for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.URLEncoding} {
+			out := s.Mask(enc.EncodeToString([]byte(before + secret + after)))
+			require.Contains(t, out, Mask)
+			masked := strings.Index(out, Mask)
+			// The characters before the mask stand for the bytes before
+			// the secret and at most its first 2.
+			require.LessOrEqual(t, masked*6/8, len(before)+2, "%q", out)
+		}
+	})
+}
+
+// Every secret PayloadSecrets finds is masked wherever it appears.
+func FuzzPayloadSecrets(f *testing.F) {
+	f.Add(`{"headers": {"Authorization": "Basic dXNlcjpwYXNzd29yZA==", "Cookie": "a=bcdef; g=hijkl"}, "url": "https://u:pw12@h/?token=abcd"}`)
+	f.Fuzz(func(t *testing.T, payload string) {
+		secrets := PayloadSecrets(json.RawMessage(payload))
+		s := NewSecrets(secrets...)
+		for _, secret := range secrets {
+			if len(secret) >= minSecret {
+				require.NotContains(t, s.Mask("<td>"+secret+"</td>"), secret)
+			}
+		}
+	})
 }
