@@ -419,10 +419,10 @@ type reply struct {
 	Recipients int `json:"recipients,omitempty"`
 }
 
-// serverReply reads the server's reply from what go-mail returned: the reply to
-// the message's data when the server accepted it (even if the session
-// failed after that), or else the reply that refused it. ok is false when
-// no reply is known, as after a connection error.
+// serverReply reads the server's reply from what go-mail returned: the
+// reply to the message's data when the server accepted it (even if the
+// session failed after that), or else the reply that refused it. ok is
+// false when no reply is known, as after a connection error.
 func serverReply(m *gomail.Msg, err error, recipients int, known *redact.Secrets) (reply, bool) {
 	if m.IsDelivered() {
 		// go-mail accepts only 250 to the end of the data.
