@@ -2,10 +2,16 @@ package e2e
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
+	"io"
+	"maps"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
@@ -143,6 +149,14 @@ func TestBadInput(t *testing.T) {
 	amqptest.Queue(t, amqptest.URL(t), "e2e_badinput")
 	amqptest.Queue(t, amqptest.URL(t), "e2e_badinput_other") // what CC and BCC would reach
 	ws := s.startWorkers(2)
+	// A third worker sends its email to a hostile SMTP server, one job at a
+	// time from the queue hostile_smtp, so that its i-th connection serves
+	// the i-th such row; it serves the good jobs too.
+	hostile := smtptest.StartHostile(t, 0, smtptest.EndlessLine, smtptest.EndlessMultiline, smtptest.EndlessEHLO, smtptest.EchoAuth)
+	ws = append(ws, s.startWorkerWith(s.name+"-hostile-smtp", map[string]string{
+		"SMTP_HOST": hostile.Host, "SMTP_PORT": strconv.Itoa(hostile.Port), "QUEUES": "default,hostile_smtp:1",
+	}))
+	echo := newEchoReceiver(t)
 
 	ok := r.url("/hook")
 	port := r.srv.Listener.Addr().(*net.TCPAddr).Port
@@ -160,6 +174,8 @@ func TestBadInput(t *testing.T) {
 	// A hostile receiver's failures retry, and the workers' MAX_ATTEMPTS is
 	// high: such rows get one attempt.
 	once := map[string]string{"max_attempts": "1"}
+	hostileSMTP := map[string]string{"max_attempts": "1", "queue": "hostile_smtp"}
+	const hostileMail = `{"to": ["ann@example.test"], "subject": "s", "text": "t"}`
 	limit := strconv.Itoa(migrations.AttemptsLimit)
 	corpus := []corpusCase{
 		// Payloads that are not objects.
@@ -198,6 +214,13 @@ func TestBadInput(t *testing.T) {
 		// The refusal is permanent: the row has the workers' MAX_ATTEMPTS and must end after one.
 		{name: "redirect to another host", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "headers": {"X-Api-Key": "k"}, "data": {"k": "stolen"}}`, r.url("/redirect-away")), want: "dead", wantErr: "refused: redirect", attempts: 1},
 		{name: "ANSI in the body", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q}`, r.url("/ansi")), cols: once, want: "dead", wantErr: `\x1b[31mboom`, attempts: 1},
+		{name: "echoing receiver", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "headers": {"Authorization": "Bearer %s", "X-Api-Key": %q, "Cookie": "session=%s"}, "data": {"password": %q}}`,
+			echo.URL, echoed[0], echoed[1], echoed[2], echoed[3]), cols: once, want: "dead", wantErr: "HTTP 500 Internal Server Error: <html>", attempts: 1},
+		// Hostile SMTP servers, in the order of their connections.
+		{name: "SMTP greeting that never ends", kind: "email", payload: hostileMail, cols: hostileSMTP, want: "dead", wantErr: "reply ran past", attempts: 1},
+		{name: "SMTP multi-line greeting that never ends", kind: "email", payload: hostileMail, cols: hostileSMTP, want: "dead", wantErr: "reply ran past", attempts: 1},
+		{name: "SMTP EHLO reply that never ends", kind: "email", payload: hostileMail, cols: hostileSMTP, want: "dead", wantErr: "reply ran past", attempts: 1},
+		{name: "SMTP server echoing AUTH", kind: "email", payload: hostileMail, cols: hostileSMTP, want: "dead", wantErr: "535", attempts: 1},
 		// rabbitmq fields.
 		{name: "no routing_key", kind: "rabbitmq", payload: `{"body": {}}`, want: "dead", wantErr: "payload.routing_key"},
 		{name: "routing_key a number", kind: "rabbitmq", payload: `{"routing_key": 5, "body": {}}`, want: "dead", wantErr: "payload.routing_key"},
@@ -282,7 +305,9 @@ func TestBadInput(t *testing.T) {
 		case "dead":
 			if assert.Equal(t, "dead", status, "%s: last_error %s", c.name, deref(lastErr)) && assert.NotNil(t, lastErr, c.name) {
 				assert.Contains(t, *lastErr, c.wantErr, "%s: a clear last_error", c.name)
-				assert.NotContains(t, *lastErr, "s3cret-pass", "%s: the SMTP password leaked", c.name)
+				for _, secret := range leaks {
+					assert.Empty(t, around(*lastErr, secret), "%s: %q in last_error", c.name, secret)
+				}
 				assert.Empty(t, controls(*lastErr), "%s: control characters in last_error %q", c.name, *lastErr)
 			}
 		case "done":
@@ -295,6 +320,31 @@ func TestBadInput(t *testing.T) {
 			assert.Equal(t, c.attempts, attempts, "%s: attempts", c.name)
 		}
 	}
+	for _, name := range []string{"echoing receiver", "SMTP server echoing AUTH"} {
+		var history string
+		require.NoError(t, s.pool.QueryRow(ctx, "SELECT errors::text FROM "+s.jobs()+" WHERE id = $1", ids[name]).Scan(&history))
+		out, err := s.command(ctx, "jobs", "show", strconv.FormatInt(ids[name], 10)).CombinedOutput()
+		require.NoError(t, err, "jobs show: %s", out)
+		for _, secret := range leaks {
+			assert.Empty(t, around(history, secret), "%s: %q in the errors history", name, secret)
+			assert.Empty(t, around(string(out), secret), "%s: %q in jobs show", name, secret)
+		}
+	}
+	for _, secret := range leaks {
+		assert.Empty(t, around(s.logs(), secret), "%q in the workers' logs", secret)
+	}
+	assert.Equal(t, 1, echo.requests(), "one request for the echoing receiver's row")
+	require.Len(t, hostile.Conns, 4, "one connection for each hostile SMTP row")
+	for range 4 {
+		c := <-hostile.Conns
+		select {
+		case <-c.Closed: // the hostile server holds a connection until the worker closes it
+			t.Logf("hostile SMTP server, %s: the worker closed the connection; the server sent %d bytes", c.Behaviour, c.Written())
+		case <-time.After(10 * time.Second):
+			t.Errorf("hostile SMTP server, %s: the job is dead, and the worker still holds its connection", c.Behaviour)
+		}
+	}
+
 	got := r.deliveries()
 	for _, k := range append(goodKeys, "huge") {
 		assert.Equal(t, 1, got[k], "good job %s", k)
@@ -326,19 +376,81 @@ func TestBadInput(t *testing.T) {
 	s.checkServing(r, slots)
 
 	// Peak memory: a claim loads at most CONCURRENCY payloads of at most
-	// 1 MiB, and a reply's headers are cut at 64 KiB. Each worker stays
-	// near 25 MB; the bound is 5 times that, and the two 40 MB payloads,
-	// were they accepted, take a worker to about 280 MB.
+	// 1 MiB, a reply's headers are cut at 64 KiB, and an SMTP reply at
+	// 64 KiB. Each worker stays near 25 MB; the bound is 5 times that, and
+	// the two 40 MB payloads, were they accepted, take a worker to about
+	// 280 MB; an endless SMTP reply read to its end, to gigabytes.
 	var peaks []string
 	for _, w := range ws {
 		peak := peakRSS(t, w)
-		peaks = append(peaks, fmt.Sprintf("%.0f MB", float64(peak)/1e6))
+		peaks = append(peaks, fmt.Sprintf("%s=%.0fMB", w.id, float64(peak)/1e6))
 		assert.Less(t, peak, int64(150e6), "worker %s reached %d bytes of resident memory", w.id, peak)
 	}
 	t.Logf("summary %s: bad rows=%d (rejected at INSERT %d, dead %d, done %d, scheduled %d) good jobs=%d delivered=%d lost=0 trickles=%v peak_rss=%s",
 		s.name, len(corpus), countWant(corpus, "reject"), countWant(corpus, "dead"), countWant(corpus, "done"), countWant(corpus, "scheduled"),
 		len(goodKeys), len(goodKeys), roundAll(trickles), strings.Join(peaks, ","))
 	s.grepLogs()
+}
+
+// echoed are the secrets the echoing receiver's row sends, and leaks
+// every secret that must stay out of last_error, the errors history, the
+// logs and jobs show: those, the SMTP password, and its base64 in AUTH
+// PLAIN, whole and as the part that stands for the password.
+var (
+	echoed    = []string{"e2e-bearer-0ne", "e2e-api-key-tw0", "e2e-cookie-thr33", "e2e-data-passw0rd"}
+	authPlain = base64.StdEncoding.EncodeToString([]byte("\x00mailer\x00s3cret-pass"))
+	leaks     = append([]string{"s3cret-pass", authPlain, authPlain[12:]}, echoed...)
+)
+
+// around is the text around the first secret in s, or "" when s holds
+// none.
+func around(s, secret string) string {
+	i := strings.Index(s, secret)
+	if i < 0 {
+		return ""
+	}
+	return s[max(0, i-100):min(len(s), i+len(secret)+20)]
+}
+
+// echoReceiver answers every request with a 500 and an error page that
+// quotes the request's headers and body, as httpbin's pages and many a
+// framework's debug page do.
+type echoReceiver struct {
+	*httptest.Server
+	count atomic.Int64
+}
+
+func newEchoReceiver(t *testing.T) *echoReceiver {
+	t.Helper()
+	e := &echoReceiver{}
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		e.count.Add(1)
+		body, _ := io.ReadAll(io.LimitReader(req.Body, 4096))
+		var b strings.Builder
+		b.WriteString("<html><h1>Internal Server Error</h1><table>")
+		for _, name := range []string{"Authorization", "X-Api-Key", "Cookie"} {
+			fmt.Fprintf(&b, "<tr><td>%s</td><td>%s</td></tr>", name, html.EscapeString(req.Header.Get(name)))
+		}
+		fmt.Fprintf(&b, "</table><pre>%s</pre></html>", html.EscapeString(string(body)))
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, b.String())
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *echoReceiver) requests() int { return int(e.count.Load()) }
+
+// startWorkerWith starts a worker with settings of its own on top of the
+// scenario's, and waits until it listens.
+func (s *scenario) startWorkerWith(id string, env map[string]string) *worker {
+	s.t.Helper()
+	saved := maps.Clone(s.env)
+	maps.Copy(s.env, env)
+	w := s.startWorker(id)
+	s.env = saved
+	s.waitListening(w)
+	return w
 }
 
 func countWant(corpus []corpusCase, want string) int {

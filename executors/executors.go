@@ -140,13 +140,23 @@ func Redact(err error, secret string) error {
 	if err == nil || secret == "" || !strings.Contains(err.Error(), secret) {
 		return err
 	}
-	return redactedError{err, secret}
+	return MaskError(err, func(s string) string { return strings.ReplaceAll(s, secret, "xxxxx") })
+}
+
+// MaskError returns err with its text passed through mask, for an error
+// that may quote what a peer sent (see package redact). errors.Is and
+// errors.As still see the original. A nil err stays nil.
+func MaskError(err error, mask func(string) string) error {
+	if err == nil {
+		return nil
+	}
+	return redactedError{err, mask}
 }
 
 type redactedError struct {
-	err    error
-	secret string
+	err  error
+	mask func(string) string
 }
 
-func (r redactedError) Error() string { return strings.ReplaceAll(r.err.Error(), r.secret, "xxxxx") }
+func (r redactedError) Error() string { return r.mask(r.err.Error()) }
 func (r redactedError) Unwrap() error { return r.err }

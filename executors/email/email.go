@@ -13,13 +13,19 @@
 //
 // The Message-ID is derived from the job id, so a retried job keeps it and
 // receivers can deduplicate. An SMTP 4xx reply and connection errors retry;
-// a 5xx reply is permanent. The password never appears in errors, and is
-// never sent over a connection without TLS unless Config.AllowPlaintextAuth
-// says so.
+// a 5xx reply is permanent. The password is never sent over a connection
+// without TLS unless Config.AllowPlaintextAuth says so.
+//
+// The server may be hostile, or someone on the path before STARTTLS: the
+// executor reads at most MaxReplyBytes of one reply and 1 MiB over a
+// session, its connection's deadlines stay within the attempt's, and the
+// connection is closed when the attempt ends.
 //
 // Every attempt that got a reply records it as its result (see
 // executors.RecordResult): the server's reply to the message's data when it
-// accepted the message, else the reply that refused it.
+// accepted the message, else the reply that refused it. The reply, there
+// and in errors, is masked (see redact.Reply) of the password, in any base64
+// form as in an echoed AUTH PLAIN, and of the payload's secrets.
 package email
 
 import (
@@ -31,6 +37,7 @@ import (
 	"fmt"
 	"net/mail"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,6 +45,7 @@ import (
 	gomail "github.com/wneessen/go-mail"
 
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/redact"
 )
 
 // Kind is the job kind this executor runs.
@@ -60,7 +68,8 @@ type Config struct {
 	Username, Password string
 	// TLS is none, starttls or tls. Default: starttls.
 	TLS string
-	// TLSConfig overrides the TLS settings, for a private CA.
+	// TLSConfig overrides the TLS settings, for a private CA. Its
+	// ServerName defaults to Host.
 	TLSConfig *tls.Config
 	// From is the sender of jobs whose payload has none. A payload may name
 	// its address with a display name of its own.
@@ -182,9 +191,14 @@ func New(cfg Config) (*Executor, error) {
 		return nil, fmt.Errorf("email: port %d is out of range", cfg.Port)
 	}
 	opts = append(opts, gomail.WithPort(cfg.Port))
-	if cfg.TLSConfig != nil {
-		opts = append(opts, gomail.WithTLSConfig(cfg.TLSConfig))
+	if cfg.TLSConfig == nil {
+		cfg.TLSConfig = &tls.Config{MinVersion: gomail.DefaultTLSMinVersion}
 	}
+	if cfg.TLSConfig.ServerName == "" {
+		cfg.TLSConfig = cfg.TLSConfig.Clone()
+		cfg.TLSConfig.ServerName = cfg.Host
+	}
+	opts = append(opts, gomail.WithTLSConfig(cfg.TLSConfig))
 	if cfg.Username != "" {
 		auth := gomail.SMTPAuthPlain
 		if cfg.TLS == TLSNone {
@@ -359,14 +373,18 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	if err := build(m, p, job.ID); err != nil {
 		return executors.Permanent(err)
 	}
-	client, err := gomail.NewClient(e.cfg.Host, e.opts...)
-	if err != nil {
-		return executors.Permanent(e.redact(fmt.Errorf("email: client: %w", err)))
-	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.Timeout)
 		defer cancel()
+	}
+	// Ended as Execute returns, which closes the session's connection.
+	ctx, end := context.WithCancel(ctx)
+	defer end()
+	known := redact.NewSecrets(append(redact.PayloadSecrets(job.Payload), e.cfg.Password)...)
+	client, err := gomail.NewClient(e.cfg.Host, append(slices.Clip(e.opts), gomail.WithDialContextFunc(e.dialer(ctx)))...)
+	if err != nil {
+		return executors.Permanent(maskReply(fmt.Errorf("email: client: %w", err), known))
 	}
 	select {
 	case e.sessions <- struct{}{}:
@@ -375,11 +393,11 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	}
 	defer func() { <-e.sessions }()
 	err = client.DialAndSendWithContext(ctx, m)
-	if r, ok := e.reply(m, err, len(p.To)+len(p.Cc)+len(p.Bcc)); ok {
+	if r, ok := serverReply(m, err, len(p.To)+len(p.Cc)+len(p.Bcc), known); ok {
 		_ = executors.RecordResult(ctx, r)
 	}
 	if err != nil {
-		return e.classify(ctx, err)
+		return e.classify(ctx, err, known)
 	}
 	return nil
 }
@@ -401,14 +419,14 @@ type reply struct {
 	Recipients int `json:"recipients,omitempty"`
 }
 
-// reply reads the server's reply from what go-mail returned: the reply to
-// the message's data when the server accepted it (even if the session
-// failed after that), or else the reply that refused it. ok is false when
-// no reply is known, as after a connection error.
-func (e *Executor) reply(m *gomail.Msg, err error, recipients int) (reply, bool) {
+// serverReply reads the server's reply from what go-mail returned: the
+// reply to the message's data when the server accepted it (even if the
+// session failed after that), or else the reply that refused it. ok is
+// false when no reply is known, as after a connection error.
+func serverReply(m *gomail.Msg, err error, recipients int, known *redact.Secrets) (reply, bool) {
 	if m.IsDelivered() {
 		// go-mail accepts only 250 to the end of the data.
-		return reply{SMTPCode: 250, Reply: e.replyText(m.ServerResponse()), Recipients: recipients}, true
+		return reply{SMTPCode: 250, Reply: replyText(m.ServerResponse(), known), Recipients: recipients}, true
 	}
 	var (
 		sendErr  *gomail.SendError
@@ -418,10 +436,10 @@ func (e *Executor) reply(m *gomail.Msg, err error, recipients int) (reply, bool)
 	case errors.As(err, &sendErr) && sendErr.ErrorCode() != 0:
 		return reply{
 			SMTPCode: sendErr.ErrorCode(), EnhancedStatus: sendErr.EnhancedStatusCode(),
-			Command: commands[sendErr.Reason], Reply: e.replyText(sendErrReply(sendErr)),
+			Command: commands[sendErr.Reason], Reply: replyText(sendErrReply(sendErr), known),
 		}, true
 	case errors.As(err, &protoErr): // before a message: the greeting, EHLO, STARTTLS or AUTH
-		return reply{SMTPCode: protoErr.Code, Reply: e.replyText(protoErr.Msg)}, true
+		return reply{SMTPCode: protoErr.Code, Reply: replyText(protoErr.Msg, known)}, true
 	}
 	return reply{}, false
 }
@@ -460,13 +478,11 @@ func sendErrReply(err *gomail.SendError) string {
 	return s
 }
 
-// replyText makes a server's reply fit a result: without the password,
-// printable, bounded.
-func (e *Executor) replyText(s string) string {
-	if e.cfg.Password != "" {
-		s = strings.ReplaceAll(s, e.cfg.Password, "xxxxx")
-	}
-	return strings.TrimSpace(executors.Excerpt(s, maxReply))
+// replyText makes a server's reply fit a result: masked of the known
+// secrets and of what looks like one (see redact.Reply), printable,
+// bounded.
+func replyText(s string, known *redact.Secrets) string {
+	return strings.TrimSpace(executors.Excerpt(redact.Reply(s, known), maxReply))
 }
 
 func build(m *gomail.Msg, p *message, jobID int64) error {
@@ -511,8 +527,8 @@ func build(m *gomail.Msg, p *message, jobID int64) error {
 
 // classify: a 4xx reply retries and a 5xx reply is permanent, whether it
 // came at AUTH, MAIL, RCPT or DATA; network errors retry.
-func (e *Executor) classify(ctx context.Context, err error) error {
-	err = e.redact(fmt.Errorf("email: %s:%d: %w", e.cfg.Host, e.cfg.Port, err))
+func (e *Executor) classify(ctx context.Context, err error, known *redact.Secrets) error {
+	err = maskReply(fmt.Errorf("email: %s:%d: %w", e.cfg.Host, e.cfg.Port, err), known)
 	var (
 		sendErr  *gomail.SendError
 		protoErr *textproto.Error
@@ -534,6 +550,9 @@ func (e *Executor) classify(ctx context.Context, err error) error {
 	return err // connection errors and timeouts retry
 }
 
-// redact removes the password from an error's text, in case a server or a
-// library ever echoes it.
-func (e *Executor) redact(err error) error { return executors.Redact(err, e.cfg.Password) }
+// maskReply masks an error that may quote the server's reply: of the
+// password, the payload's secrets and what looks like a secret (see
+// redact.Reply), as the result's reply is.
+func maskReply(err error, known *redact.Secrets) error {
+	return executors.MaskError(err, func(s string) string { return redact.Reply(s, known) })
+}

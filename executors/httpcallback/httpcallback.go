@@ -22,7 +22,8 @@
 // Every attempt that sent a request records its result (see
 // executors.RecordResult): the status, the time from sending the request to
 // the response's headers, and the first bytes of the body, made safe to
-// show and masked of what looks like a secret.
+// show and masked of the payload's secrets and of what looks like a secret
+// (see redact.Reply), as last_error's excerpt of a failing response is.
 package httpcallback
 
 import (
@@ -310,14 +311,17 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		if wasSent {
 			_ = executors.RecordResult(ctx, result{DurationMS: ms(took)})
 		}
+		// A refused redirect quotes the receiver's Location, and the
+		// transport a malformed response's first bytes.
+		known := mask.NewSecrets(mask.PayloadSecrets(job.Payload)...)
 		var refused *refusedError
 		if errors.As(err, &refused) {
-			return executors.Permanent(fmt.Errorf("%s: %s", target, refused.msg))
+			return executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, refused.msg), known))
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: no response before the job's timeout: %w", target, context.Cause(ctx))
 		}
-		return fmt.Errorf("%s: %w", target, unwrapURLError(err))
+		return maskReply(fmt.Errorf("%s: %w", target, unwrapURLError(err)), known)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	stop := time.AfterFunc(bodyWait, cancelReq)
@@ -325,11 +329,15 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	// One read of the body's first bytes serves last_error and the result.
 	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain)) // lets the connection be reused
-	_ = executors.RecordResult(ctx, result{Status: resp.StatusCode, DurationMS: ms(took), Body: bodyExcerpt(snippet)})
+	var known *mask.Secrets
+	if len(snippet) > 0 {
+		known = mask.NewSecrets(mask.PayloadSecrets(job.Payload)...)
+	}
+	_ = executors.RecordResult(ctx, result{Status: resp.StatusCode, DurationMS: ms(took), Body: bodyExcerpt(snippet, known)})
 	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		return nil
 	}
-	return classify(target, resp, snippet)
+	return classify(target, resp, snippet, known)
 }
 
 // result is what an attempt records. Status and Body are left out when
@@ -368,14 +376,15 @@ func (c *sendClock) since() (time.Duration, bool) {
 }
 
 // bodyExcerpt is the result's excerpt of the first bytes of a body: masked
-// of what looks like a secret (redact.Text), as one printable line, at
-// most maxResultBody bytes. The masking reads every byte there is, so that
-// a secret that straddles the cut is masked too.
-func bodyExcerpt(snippet []byte) string {
+// of the payload's secrets and of what looks like a secret (redact.Reply),
+// as one printable line, at most maxResultBody bytes. The masking reads
+// every byte there is, so that a secret that straddles the cut is masked
+// too.
+func bodyExcerpt(snippet []byte, known *mask.Secrets) string {
 	if len(snippet) == maxErrorBody {
 		snippet = cutRune(snippet) // the body goes on
 	}
-	return strings.TrimSpace(executors.Excerpt(mask.Text(string(snippet)), maxResultBody))
+	return strings.TrimSpace(executors.Excerpt(mask.Reply(string(snippet), known), maxResultBody))
 }
 
 // cutRune drops a character cut short at the end of b.
@@ -403,10 +412,11 @@ func (e *Executor) sign(id, ts string, body []byte) string {
 func idempotencyKey(jobID int64) string { return "pgdispatch-job-" + strconv.FormatInt(jobID, 10) }
 
 // classify maps a non-2xx response to a retry or a permanent failure. The
-// error holds the status and snippet, the first bytes of the body.
-func classify(target string, resp *http.Response, snippet []byte) error {
-	err := fmt.Errorf("%s: HTTP %s", target, printable(resp.Status))
-	if s := strings.TrimSpace(printable(string(snippet))); s != "" {
+// error holds the status and snippet, the first bytes of the body, masked
+// as the result's excerpt is.
+func classify(target string, resp *http.Response, snippet []byte, known *mask.Secrets) error {
+	err := fmt.Errorf("%s: HTTP %s", target, printable(mask.Reply(resp.Status, known)))
+	if s := strings.TrimSpace(printable(mask.Reply(string(snippet), known))); s != "" {
 		if len(snippet) == maxErrorBody {
 			s += "…"
 		}
@@ -423,6 +433,12 @@ func classify(target string, resp *http.Response, snippet []byte) error {
 	default:
 		return executors.Permanent(err)
 	}
+}
+
+// maskReply masks an error that quotes what the receiver sent, as the
+// result's excerpt is masked.
+func maskReply(err error, known *mask.Secrets) error {
+	return executors.MaskError(err, func(s string) string { return mask.Reply(s, known) })
 }
 
 // retryAfter reads a Retry-After header: seconds or an HTTP date.

@@ -18,6 +18,9 @@
 // "cancelled", "closed" (the channel closed before the confirm) or
 // "unsent" (the publish itself failed) otherwise.
 //
+// A message the broker sends back is read only up to MaxContentBytes, and
+// its reply text is masked (see redact.Reply) of the payload's secrets.
+//
 // The executor keeps one connection and a small pool of confirm-mode
 // channels. When the broker closes the connection it reconnects on the next
 // job, backing off while the broker stays unreachable; jobs meanwhile fail
@@ -40,6 +43,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/redact"
 )
 
 // Kind is the job kind this executor runs.
@@ -90,6 +94,20 @@ type Executor struct {
 type channel struct {
 	ch      *amqp.Channel
 	returns chan amqp.Return
+	closed  chan *amqp.Error // why the channel closed, or its connection
+}
+
+// closeReason is why ch closed, when amqp091-go has said: ": " and the
+// reason, or "".
+func (ch *channel) closeReason() string {
+	select {
+	case err := <-ch.closed:
+		if err != nil {
+			return ": " + err.Reason
+		}
+	default:
+	}
+	return ""
 }
 
 // New checks cfg and returns an Executor. It connects on the first job.
@@ -127,6 +145,20 @@ type payload struct {
 type message struct {
 	exchange, key string
 	publishing    amqp.Publishing
+	payload       json.RawMessage
+}
+
+// secrets are the secrets of the job's payload, which a broker's reply
+// text might quote.
+func (m *message) secrets() *redact.Secrets {
+	return redact.NewSecrets(redact.PayloadSecrets(m.payload)...)
+}
+
+// mask masks an error that may quote the broker's words (a channel or a
+// connection closed with a reason) as any peer's reply is.
+func (m *message) mask(err error) error {
+	known := m.secrets()
+	return executors.MaskError(err, func(s string) string { return redact.Reply(s, known) })
 }
 
 // parse validates a payload. Errors are permanent and name the field.
@@ -172,6 +204,7 @@ func parse(raw json.RawMessage) (*message, error) {
 	return &message{
 		exchange: p.Exchange,
 		key:      *p.RoutingKey,
+		payload:  raw,
 		publishing: amqp.Publishing{
 			Headers:      headers,
 			ContentType:  cmp.Or(p.ContentType, "application/json"),
@@ -253,7 +286,7 @@ func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
 	dc, err := ch.ch.PublishWithDeferredConfirmWithContext(ctx, m.exchange, m.key, true, false, m.publishing)
 	if err != nil {
 		record(ctx, answer{Broker: "unsent"})
-		return fmt.Errorf("rabbitmq: publish to %s: %w", target, err)
+		return m.mask(fmt.Errorf("rabbitmq: publish to %s: %w", target, err))
 	}
 	acked, err := dc.WaitContext(ctx)
 	if err != nil {
@@ -267,7 +300,7 @@ func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
 	if !acked {
 		if ch.ch.IsClosed() {
 			record(ctx, answer{Broker: "closed"})
-			return fmt.Errorf("rabbitmq: channel closed before the broker confirmed %s", target)
+			return m.mask(fmt.Errorf("rabbitmq: channel closed before the broker confirmed %s%s", target, ch.closeReason()))
 		}
 		record(ctx, answer{Broker: "nack"})
 		return brokerAnswer{fmt.Errorf("rabbitmq: the broker nacked the message to %s", target)}
@@ -280,7 +313,7 @@ func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
 			if r.MessageId != m.publishing.MessageId {
 				continue // an earlier message's, its job already failed
 			}
-			text := executors.Excerpt(r.ReplyText, maxReplyText)
+			text := strings.TrimSpace(executors.Excerpt(redact.Reply(r.ReplyText, m.secrets()), maxReplyText))
 			record(ctx, answer{Broker: "return", ReplyCode: r.ReplyCode, ReplyText: text})
 			return brokerAnswer{fmt.Errorf("rabbitmq: unroutable: %s matched no queue (%d %s)", target, r.ReplyCode, text)}
 		default:
@@ -319,17 +352,22 @@ func (e *Executor) acquire() (*channel, error) {
 		}
 		return nil, fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
-	return &channel{ch: c, returns: c.NotifyReturn(make(chan amqp.Return, e.cfg.Channels+1))}, nil
+	return &channel{
+		ch:      c,
+		returns: c.NotifyReturn(make(chan amqp.Return, e.cfg.Channels+1)),
+		closed:  c.NotifyClose(make(chan *amqp.Error, 1)),
+	}, nil
 }
 
 func (e *Executor) dialLocked() error {
 	if wait := time.Until(e.nextDial); wait > 0 {
 		return fmt.Errorf("rabbitmq: broker unreachable, next connection attempt in %s: %w", wait.Round(time.Millisecond), e.lastErr)
 	}
-	conn, err := amqp.DialConfig(e.cfg.URL, amqp.Config{
-		Dial:       amqp.DefaultDial(e.cfg.DialTimeout),
-		Properties: amqp.Table{"connection_name": e.cfg.Name},
-	})
+	url, dial, err := e.dialer()
+	var conn *amqp.Connection
+	if err == nil {
+		conn, err = amqp.DialConfig(url, amqp.Config{Dial: dial, Properties: amqp.Table{"connection_name": e.cfg.Name}})
+	}
 	if err != nil {
 		e.failures++
 		d := e.cfg.ReconnectMin << min(e.failures-1, 20)

@@ -26,7 +26,9 @@
 // receiver's reply, are masked by what they look like: URLs masks the user
 // info and query values of URLs in text, Payload the values of keys such
 // as Authorization in a JSON document, and Text both of them, and more, in
-// free text that may be cut short.
+// free text that may be cut short. A peer's reply may also quote a job's
+// own secrets in any form: Reply masks them (PayloadSecrets finds them, and
+// Secrets masks them as written and in base64) before Text.
 package redact
 
 import (

@@ -13,6 +13,9 @@ var (
 	// authScheme is the credentials after an HTTP authentication scheme:
 	// Bearer abc, Basic dXNlcjpwdw==.
 	authScheme = regexp.MustCompile(`(?i)\b(?:bearer|basic|digest|token)\s+([A-Za-z0-9._~+/=-]+)`)
+	// smtpAuth is the initial response of an SMTP AUTH command, as a server
+	// that quotes the command echoes it: AUTH PLAIN AHVzZXIAcHc=.
+	smtpAuth = regexp.MustCompile(`(?i)\bAUTH\s+(?:PLAIN|LOGIN|XOAUTH2?|OAUTHBEARER|CRAM-MD5|DIGEST-MD5|SCRAM-[A-Z0-9-]+|NTLM|GSSAPI|EXTERNAL)\s+([A-Za-z0-9+/=]+)`)
 	// keyValue is key=value, or key: value, as in a query, a form or a
 	// header. A value in quotes may be cut short.
 	keyValue = regexp.MustCompile(`([A-Za-z0-9_.-]+)(?:=|:[ \t]*)("[^"]*"?|'[^']*'?|[^\s&"',;<>]+)`)
@@ -23,13 +26,14 @@ var (
 // the query and fragment values of URLs, as URLs masks them; the value of a
 // JSON member, a key=value pair or a "key: value" line whose key says it
 // holds a secret, by the names Payload masks (token, password, secret,
-// Authorization, X-Api-Key and the like); and the credentials after Bearer,
-// Basic, Digest or Token. A value cut short by the end of s is masked
-// whole.
+// Authorization, X-Api-Key and the like); the credentials after Bearer,
+// Basic, Digest or Token; and the initial response of an SMTP AUTH
+// command. A value cut short by the end of s is masked whole.
 func Text(s string) string {
 	s = URLs(s)
 	s = replaceGroup(jsonMember, s, 2, func(m []string) bool { return secretKey(m[1]) }, `"`+Mask+`"`)
 	s = replaceGroup(authScheme, s, 1, func([]string) bool { return true }, Mask)
+	s = replaceGroup(smtpAuth, s, 1, func([]string) bool { return true }, Mask)
 	return replaceGroup(keyValue, s, 2, func(m []string) bool { return secretKey(m[1]) && m[2] != Mask }, Mask)
 }
 

@@ -6,6 +6,7 @@
 package smtptest
 
 import (
+	"crypto/tls"
 	"io"
 	"net"
 	"net/mail"
@@ -53,6 +54,13 @@ func (s *Server) MostAtOnce() int {
 // Start runs a server until the test ends.
 func Start(t testing.TB, user, password string) *Server {
 	t.Helper()
+	return start(t, user, password, nil, false)
+}
+
+// start runs a server that offers STARTTLS with tlsConfig when it is not
+// nil, or speaks TLS from the first byte when implicit is true too.
+func start(t testing.TB, user, password string, tlsConfig *tls.Config, implicit bool) *Server {
+	t.Helper()
 	s := &Server{Received: make(chan Message, 1000), user: user, password: password}
 	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) { return &session{s: s}, nil }))
 	srv.Domain = "localhost"
@@ -61,6 +69,10 @@ func Start(t testing.TB, user, password string) *Server {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("smtptest: %v", err)
+	}
+	srv.TLSConfig = tlsConfig
+	if implicit {
+		l = tls.NewListener(l, tlsConfig)
 	}
 	host, port, _ := net.SplitHostPort(l.Addr().String())
 	s.Host = host

@@ -1,0 +1,69 @@
+package rabbitmq
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func testFrame(typ byte, payload []byte) []byte {
+	b := binary.BigEndian.AppendUint32([]byte{typ, 0, 1}, uint32(len(payload)))
+	return append(append(b, payload...), 0xCE)
+}
+
+func contentHeader(bodySize uint64) []byte {
+	return testFrame(frameTypeHeader, append(binary.BigEndian.AppendUint64([]byte{0, 60, 0, 0}, bodySize), 0, 0))
+}
+
+// The guard follows frames however the reads cut them, and refuses only a
+// content header that announces too large a body.
+func TestGuardScan(t *testing.T) {
+	t.Parallel()
+	var ok []byte
+	ok = append(ok, testFrame(1, []byte{0, 60, 0, 50, 1, 56})...)
+	ok = append(ok, contentHeader(MaxContentBytes)...)
+	ok = append(ok, testFrame(3, make([]byte, 1000))...)
+	ok = append(ok, testFrame(8, nil)...) // a heartbeat
+	bad := append(append([]byte{}, ok...), contentHeader(MaxContentBytes+1)...)
+	for _, step := range []int{1, 2, 7, 13, 19, len(bad)} {
+		for _, c := range []struct {
+			stream []byte
+			fails  bool
+		}{{ok, false}, {bad, true}} {
+			g := &guardedConn{}
+			var err error
+			for i := 0; i < len(c.stream) && err == nil; i += step {
+				err = g.scan(c.stream[i:min(i+step, len(c.stream))])
+			}
+			if c.fails {
+				require.ErrorContains(t, err, "more than the", "reads of %d bytes", step)
+			} else {
+				require.NoError(t, err, "reads of %d bytes", step)
+				require.Zero(t, g.have+int(g.remaining), "between frames")
+			}
+		}
+	}
+}
+
+// Whatever the bytes and however they are cut, the guard's verdict is the
+// same.
+func FuzzGuardScan(f *testing.F) {
+	f.Add(contentHeader(1<<40), 3)
+	f.Add(append(testFrame(1, []byte{1, 2, 3}), contentHeader(5)...), 9)
+	f.Fuzz(func(t *testing.T, stream []byte, cut int) {
+		whole := &guardedConn{}
+		want := whole.scan(stream)
+		cut = min(max(cut, 0), len(stream))
+		parts := &guardedConn{}
+		got := parts.scan(stream[:cut])
+		if got == nil {
+			got = parts.scan(stream[cut:])
+		}
+		require.Equal(t, want == nil, got == nil)
+		if want == nil {
+			require.Equal(t, whole.have, parts.have)
+			require.Equal(t, whole.remaining, parts.remaining)
+		}
+	})
+}
