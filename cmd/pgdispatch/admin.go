@@ -313,14 +313,32 @@ const revealHelp = "show secrets as they are: URL user info and query values, an
 
 // maskJob masks the secrets of j's payload, last_error, errors and result
 // (see redact.Payload).
+//
+// The workers mask receivers' replies as they write them; a row written
+// before they did, or by another writer, may still quote a secret of its
+// own payload (as written, or in base64 as AUTH PLAIN sends it), so the
+// payload's secrets are masked wherever they appear in the job.
 func maskJob(j *admin.Job) {
+	known := redact.NewSecrets(redact.PayloadSecrets(j.Payload)...)
 	if j.LastError != nil {
-		masked := redact.URLs(*j.LastError)
+		masked := redact.URLs(redact.Reply(*j.LastError, known))
 		j.LastError = &masked
 	}
 	j.Payload = maskJSON(j.Payload)
-	j.Errors = maskJSON(j.Errors)
-	j.Result = maskJSON(j.Result)
+	j.Errors = maskJSON(maskKnown(j.Errors, known))
+	j.Result = maskJSON(maskKnown(j.Result, known))
+}
+
+// maskKnown masks known secrets in a JSON document's text, and keeps the
+// document as it was if that would leave it invalid.
+func maskKnown(raw json.RawMessage, known *redact.Secrets) json.RawMessage {
+	if len(raw) == 0 {
+		return raw
+	}
+	if masked := json.RawMessage(known.Mask(string(raw))); json.Valid(masked) {
+		return masked
+	}
+	return raw
 }
 
 func maskJSON(raw json.RawMessage) json.RawMessage {

@@ -121,11 +121,15 @@ func TestJobsShowMasksSecrets(t *testing.T) {
 	payload := `{"url": "https://bob:s3cretpw@example.test/hook?api_key=qk3yvalue&page=2",
 		"headers": {"Authorization": "Bearer authz-s3cret", "X-Api-Key": "xapi-s3cret", "Accept": "text/plain"},
 		"data": {"user": {"password_hash": "pwh4sh", "name": "ann"}, "refresh_token": 12345678, "note": "see https://ann:n0tepw@notes.test/"}}`
-	lastError := "POST https://api.example.test/hook: HTTP 401: token tok3nvalue rejected at https://carl:l4sterr@other.test/?sig=s1gvalue"
+	// A receiver's reply that echoes the request, stored before replies were
+	// masked as they are written: the payload's own secrets in it, and one
+	// in base64 (AUTH PLAIN's "\x00bob\x00s3cretpw").
+	lastError := "POST https://api.example.test/hook: HTTP 401: token tok3nvalue rejected at https://carl:l4sterr@other.test/?sig=s1gvalue" +
+		" (echo: Authorization Bearer authz-s3cret, X-Api-Key xapi-s3cret, AUTH PLAIN AGJvYgBzM2NyZXRwdw==)"
 	a := hostileRow(t, payload, lastError)
 	id := strconv.FormatInt(a.id, 10)
-	secrets := []string{"s3cretpw", "qk3yvalue", "authz-s3cret", "xapi-s3cret", "pwh4sh", "n0tepw", "l4sterr", "s1gvalue"}
-	kept := []string{"bob", "example.test/hook", "api_key=", "text/plain", "ann", "tok3nvalue"}
+	secrets := []string{"s3cretpw", "qk3yvalue", "authz-s3cret", "xapi-s3cret", "pwh4sh", "n0tepw", "l4sterr", "s1gvalue", "AGJvYgBzM2NyZXRwdw", "tok3nvalue"}
+	kept := []string{"bob", "example.test/hook", "api_key=", "text/plain", "ann", "rejected at"}
 
 	for _, args := range [][]string{{"jobs", "show", id}, {"jobs", "show", "--json", id}, {"jobs", "list"}, {"jobs", "list", "--json"}} {
 		out := a.run(t, args...)
