@@ -8,6 +8,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -76,41 +77,22 @@ func (h *Heartbeat) Run(ctx context.Context, onBeat func(renewed int64)) {
 		if len(runs) == 0 {
 			continue
 		}
-		renewed, ok := h.renew(ctx, runs)
-		if !ok {
-			continue
-		}
-		if len(renewed) < len(runs) {
-			gone := make([]*runstate.Run, 0, len(runs)-len(renewed))
-			for _, r := range runs {
-				if !renewed[r] {
-					gone = append(gone, r)
-				}
-			}
-			cancelled, lost := h.cfg.Runs.Stop(gone)
-			if cancelled > 0 {
-				h.cfg.Logger.Info("running jobs cancelled", zap.Int("num_runs", cancelled))
-			}
-			if lost > 0 {
-				h.cfg.Logger.Warn("the heartbeat found jobs no longer this worker's: their runs are cancelled",
-					zap.Int("num_runs", lost))
-			}
-		}
-		if onBeat != nil {
-			onBeat(int64(len(renewed)))
+		if renewed, ok := h.renew(ctx, runs); ok && onBeat != nil {
+			onBeat(int64(renewed))
 		}
 	}
 }
 
-// renew runs one heartbeat for runs and returns those it renewed, and
-// false when it failed. A heartbeat that meets a dead connection is tried
-// again at once, as a claim is (retry.Backoff): while every slot is busy
-// with long jobs, nothing else uses the pool, and after a restart or a
-// mass termination each of its idle connections is dead. One dead
-// connection per tick would let the leases lapse after three (Lease/3
-// apart), and the sweeper would hand the running jobs to another worker.
-// Any other failure waits for the next tick, within the lease.
-func (h *Heartbeat) renew(ctx context.Context, runs []*runstate.Run) (map[*runstate.Run]bool, bool) {
+// renew runs one heartbeat for runs, stops those it did not renew, and
+// returns how many it renewed, and false when it failed. A heartbeat that
+// meets a dead connection is tried again at once, as a claim is
+// (retry.Backoff): while every slot is busy with long jobs, nothing else
+// uses the pool, and after a restart or a mass termination each of its
+// idle connections is dead. One dead connection per tick would let the
+// leases lapse after three (Lease/3 apart), and the sweeper would hand the
+// running jobs to another worker. Any other failure waits for the next
+// tick, within the lease.
+func (h *Heartbeat) renew(ctx context.Context, runs []*runstate.Run) (int, bool) {
 	backoff := retry.New(h.cfg.PoolSize)
 	ids := make([]int64, len(runs))
 	claims := make([]time.Time, len(runs))
@@ -119,25 +101,68 @@ func (h *Heartbeat) renew(ctx context.Context, runs []*runstate.Run) (map[*runst
 	}
 	for {
 		callCtx, cancel := context.WithTimeout(ctx, h.cfg.StatementTimeout)
-		positions, err := pinned.Query[int64](callCtx, h.cfg.Pool, h.sql, ids, claims, h.cfg.WorkerID, h.cfg.Lease.Seconds())
+		results := pinned.Send(callCtx, h.cfg.Pool, pinned.PlanSQL, h.sql, ids, claims, h.cfg.WorkerID, h.cfg.Lease.Seconds())
+		positions, err := readPositions(results)
+		if err == nil {
+			// The rows say which runs are no longer theirs whether or not
+			// the renewal commits: they stop now, not after its WAL flush.
+			h.stop(runs, positions)
+		}
+		if closeErr := results.Close(); err == nil {
+			err = closeErr
+		}
 		cancel()
 		if err == nil {
-			renewed := make(map[*runstate.Run]bool, len(positions))
-			for _, n := range positions {
-				if n >= 1 && n <= int64(len(runs)) {
-					renewed[runs[n-1]] = true
-				}
-			}
-			return renewed, true
+			return len(positions), true
 		}
 		if ctx.Err() != nil {
-			return nil, false
+			return 0, false
 		}
 		again := backoff.Next(err) == 0
 		h.cfg.Logger.Warn("heartbeat failed", zap.Error(err), zap.Int("num_jobs", len(ids)),
 			zap.Int("failures", backoff.Failures()), zap.Bool("retry_now", again))
 		if !again {
-			return nil, false
+			return 0, false
 		}
+	}
+}
+
+// readPositions reads the settings' result, then the positions (from 1)
+// of the leases the heartbeat renewed.
+func readPositions(results pgx.BatchResults) ([]int64, error) {
+	if _, err := results.Exec(); err != nil {
+		return nil, err
+	}
+	rows, err := results.Query()
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// stop stops those of runs that are not at positions, the renewed ones.
+func (h *Heartbeat) stop(runs []*runstate.Run, positions []int64) {
+	if len(positions) == len(runs) {
+		return
+	}
+	renewed := make([]bool, len(runs))
+	for _, n := range positions {
+		if n >= 1 && n <= int64(len(runs)) {
+			renewed[n-1] = true
+		}
+	}
+	gone := make([]*runstate.Run, 0, len(runs)-len(positions))
+	for i, r := range runs {
+		if !renewed[i] {
+			gone = append(gone, r)
+		}
+	}
+	cancelled, lost := h.cfg.Runs.Stop(gone)
+	if cancelled > 0 {
+		h.cfg.Logger.Info("running jobs cancelled", zap.Int("num_runs", cancelled))
+	}
+	if lost > 0 {
+		h.cfg.Logger.Warn("the heartbeat found jobs no longer this worker's: their runs are cancelled",
+			zap.Int("num_runs", lost))
 	}
 }

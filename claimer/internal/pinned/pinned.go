@@ -53,25 +53,6 @@ func Exec(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (pgc
 	return tag, err
 }
 
-// Query runs sql after PlanSQL, as Send, and returns the first column of
-// its rows once the transaction has committed.
-func Query[T any](ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) ([]T, error) {
-	results := Send(ctx, pool, PlanSQL, sql, args...)
-	var out []T
-	_, err := results.Exec()
-	if err == nil {
-		var rows pgx.Rows
-		rows, err = results.Query()
-		if err == nil {
-			out, err = pgx.CollectRows(rows, pgx.RowTo[T])
-		}
-	}
-	if closeErr := results.Close(); err == nil {
-		err = closeErr
-	}
-	return out, err
-}
-
 // WithSchema names schema's tables in sql: {jobs} and {queues}.
 func WithSchema(sql, schema string) string {
 	return strings.NewReplacer("{jobs}", pgx.Identifier{schema, "jobs"}.Sanitize(),
