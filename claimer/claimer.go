@@ -33,7 +33,8 @@
 //	                first freed one; a notification; the
 //	                tick
 //	lingering       its timer (0.5, 1, 2 ms); a            saturated    lingering  lingering, or drowsy
-//	                notification; the tick                                         once the looks pass 2 ms
+//	                notification; the tick                                         at the third empty look
+//	                                                                               in a row
 //	drowsy          the key granted or lost; a             saturated    lingering  asleep if the key was
 //	(asks for       notification; its timer; the tick                              just granted, else
 //	the key)                                                                       drowsy

@@ -120,12 +120,12 @@ func (a *Attempts) try(workCtx context.Context, r *runstate.Run) Ending {
 func (a *Attempts) report(r *runstate.Run, e Ending) bool {
 	d := Decide(e, a.cfg.Policy)
 	o := runstate.Outcome{Run: r, Verdict: d.Verdict, Delay: d.Delay, Err: d.LastError}
-	switch {
-	case d.Verdict == runstate.Done:
+	switch d.Verdict {
+	case runstate.Done:
 		if res := r.Result(); res != nil {
 			o.Result = ptr(string(res))
 		}
-	case d.Verdict == runstate.Retry, d.Verdict == runstate.Dead:
+	case runstate.Retry, runstate.Dead:
 		o.Entry = a.entry(r, *d.LastError)
 	}
 	o, ok := a.cfg.Runs.Report(r, o)

@@ -82,8 +82,8 @@ func Decide(e Ending, p Policy) Decision {
 	case errors.As(err, &snooze):
 		return Decision{Verdict: runstate.Snoozed, Delay: snooze.Delay}
 	case e.Interrupted && e.Ran <= p.JobTimeout:
-		return Decision{Verdict: runstate.Released, Err: err,
-			LastError: errText(fmt.Errorf("interrupted by worker shutdown: %w", err))}
+		last := errText(fmt.Errorf("interrupted by worker shutdown: %w", err))
+		return Decision{Verdict: runstate.Released, Err: err, LastError: last}
 	case e.Interrupted:
 		// A job that outlasts JobTimeout at every shutdown would otherwise
 		// be given back, uncounted, for ever.
@@ -93,8 +93,8 @@ func Decide(e Ending, p Policy) Decision {
 		return Decision{Verdict: runstate.Dead, Err: err, LastError: errText(err)}
 	}
 	if e.Attempt >= e.MaxAttempts {
-		return Decision{Verdict: runstate.Dead, Err: err, UsedUp: true,
-			LastError: errText(fmt.Errorf("attempt %d of %d: %w", e.Attempt, e.MaxAttempts, err))}
+		last := errText(fmt.Errorf("attempt %d of %d: %w", e.Attempt, e.MaxAttempts, err))
+		return Decision{Verdict: runstate.Dead, Err: err, UsedUp: true, LastError: last}
 	}
 	d := Decision{Verdict: runstate.Retry, Err: err, LastError: errText(err)}
 	switch {
