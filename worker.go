@@ -204,9 +204,9 @@ func (w *Worker) wake(queue string) {
 }
 
 // control acts on a message of pgdispatch's SQL functions (triggers.Control):
-// cancel() names the running jobs it cancelled, whose runs here stop once
-// their claimers have found the rows cancelled (claimer.Cancel), and a
-// change to the schedules table wakes the scheduler.
+// cancel() names the running jobs it cancelled, whose claimers beat at
+// once and stop the runs whose rows are no longer theirs (claimer.Cancel),
+// and a change to the schedules table wakes the scheduler.
 func (w *Worker) control(payload string) {
 	var msg triggers.Control
 	if err := json.Unmarshal([]byte(payload), &msg); err != nil {
@@ -229,9 +229,9 @@ func (w *Worker) control(payload string) {
 }
 
 // wakeAll runs when the listener has connected again: whatever was notified
-// while it was away is lost, so every claimer looks for due jobs, and has
-// its runs' rows checked for cancels, and the scheduler reads the
-// schedules.
+// while it was away is lost, so every claimer looks for due jobs and beats
+// at once, which stops runs cancelled meanwhile, and the scheduler reads
+// the schedules.
 func (w *Worker) wakeAll() {
 	for _, c := range w.claimers {
 		c.Wake()

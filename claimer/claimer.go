@@ -1,48 +1,74 @@
 // Package claimer takes due jobs of one queue and runs them.
 //
 // A Claimer claims, in one statement, at most as many due jobs as it has
-// free executor slots, with FOR UPDATE SKIP LOCKED. The claim leases them:
-// each row reads running, with its attempt counted, locked_by set and
-// locked_until a Lease away, for as long as its job runs. Each job runs on a
-// runner goroutine (runners.go); a heartbeat renews the leases every
-// Lease/3; outcomes are written back in batches, in id order (completer.go).
+// free executor slots, with FOR UPDATE SKIP LOCKED (claim.go). The claim
+// leases them: each row reads running, with its attempt counted, locked_by
+// set and locked_until a Lease away, for as long as its job runs. Its parts
+// each do one thing, and ask one owner, the run tracker
+// (internal/runstate), for the state of the runs:
+//
+//	loop.go, internal/machine  the claim loop and its states (below)
+//	claim.go                   the claim statement
+//	runners.go                 the goroutines the jobs run on
+//	internal/attempt           one attempt: the executor, the outcome's decision, the watchdog
+//	internal/completer         the outcomes, written in batches in id order
+//	internal/lease             the heartbeat, every Lease/3 and on a cancel notice
+//	internal/sleepkey          the sleep key, on a connection of its own
+//
 // A worker that dies stops renewing, and any worker's sweeper gives its jobs
 // back once their leases expire.
 //
-// The claim loop (loop.go) is a state machine. An event (a notification,
-// the loop's one timer, the fallback tick, a freed slot, the sleep key
-// granted or lost) may make it claim, and the claim's result moves it on:
+// # The claim loop
 //
-//	state      claims on                              then, when the claim
-//	                                                  took every   took      found
-//	                                                  free slot    some      none
-//	─────────  ─────────────────────────────────────  ─────────   ───────   ──────────────────
-//	awake      start                                  saturated   lingering lingering
-//	saturated  all slots free, or 4 ms after the      saturated   lingering lingering
-//	           first; a notification; the tick
-//	lingering  its timer (0.5, 1, 2 ms); a            saturated   lingering lingering, or drowsy
-//	           notification; the tick                                       after 2 ms of looks
-//	drowsy     the key granted or lost; a             saturated   lingering asleep if the key was
-//	(asks for  notification; the next run_at;                               just granted, else
-//	the key)   stranded rows; the tick                                      drowsy
-//	asleep     a notification; the next run_at;       saturated   lingering asleep
-//	(holds     stranded rows; the tick; the key lost
-//	the key)   (and goes to drowsy)
-//	backoff    its timer (the retry); the tick        saturated   lingering lingering
-//	paused     a notification (resume_queue sends     saturated   lingering lingering
-//	           one); the tick
+// An event (a notification, the loop's one timer, the fallback tick, a
+// freed slot, the sleep key granted or lost) may make the loop claim, and
+// the claim's result moves it on:
+//
+//	state           claims on                              then, when the claim
+//	                                                       took every   took       found
+//	                                                       free slot    some       none
+//	──────────────  ─────────────────────────────────────  ──────────   ─────────  ───────────────────
+//	awake           start                                  saturated    lingering  lingering
+//	saturated       every slot free, or 4 ms after the     saturated    lingering  lingering
+//	                first freed one; a notification; the
+//	                tick
+//	lingering       its timer (0.5, 1, 2 ms); a            saturated    lingering  lingering, or drowsy
+//	                notification; the tick                                         at the third empty look
+//	                                                                               in a row
+//	drowsy          the key granted or lost; a             saturated    lingering  asleep if the key was
+//	(asks for       notification; its timer; the tick                              just granted, else
+//	the key)                                                                       drowsy
+//	asleep          a notification; its timer; the tick;   saturated    lingering  asleep
+//	(holds the      the key lost (it goes to drowsy
+//	key)            first)
+//	backoff         its timer (the retry); the tick        saturated    lingering  lingering
+//	paused          a notification (resume_queue sends     saturated    lingering  lingering
+//	                one); the tick
 //
 //	any state: a failed claim ─▶ backoff; a claim that finds the queue
-//	           paused ─▶ paused; no free slot ─▶ saturated;
-//	           Run's context ends ─▶ stopping
+//	           paused ─▶ paused; no free slot at an event ─▶ saturated, with
+//	           no claim; Run's context ends ─▶ stopping
 //
-// Writers notify only while the claimer holds its queue's sleep key (see
-// sleep.go); awake, it looks by itself. A claim that comes up short reports
-// the earliest future run_at, and whether it skipped due rows another
-// transaction held locked ("stranded rows"): their lock may end without a
-// change that notifies, so the claimer looks again, 10 ms to 1 s later.
-// Paused, the claimer gives the key back, so writers to a paused queue do
-// not notify.
+// Saturated, the loop waits for slots to free, all of them or 4 ms after
+// the first, so that a busy worker claims in full batches. Lingering, it
+// looks by itself after a claim that came up short, so that under a stream
+// of jobs less than about 2 ms apart it does not sleep and writers do not
+// notify. Drowsy and asleep, it takes the sleep key: writers notify only
+// while a claimer holds its queue's key (see internal/sleepkey), and the
+// grant makes the loop look once more, since rows committed before it are
+// visible then. Paused, it gives the key back, so writers to a paused queue
+// do not notify. The timer is the gather wait while saturated, the next
+// look while lingering, the retry in backoff (100 ms doubling to 10 s, at
+// once after a dead connection, internal/retry), and, drowsy or asleep, the
+// earliest future run_at a short claim reported (1 ms to 24 h away) or the
+// next look for stranded rows: due rows the claim skipped because another
+// transaction held them locked, whose lock may end without a change that
+// notifies. Those looks come 10 ms to 1 s apart, as long after as the rows
+// have been skipped. The tick claims in every state but stopping; a tick
+// that finds jobs means a notification was missed, and is counted
+// (Stats.TickHits).
+//
+// # Stopping
 //
 // Stopping is in two steps, as in River's producer: the claimer stops
 // claiming and lets running jobs finish for ShutdownTimeout, then cancels
@@ -52,115 +78,25 @@ package claimer
 import (
 	"cmp"
 	"context"
-	"errors"
-	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/attempt"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/completer"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/lease"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/sleepkey"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
-	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
-// The defaults of Options and Config.
-const (
-	DefaultConcurrency      = 100
-	DefaultLease            = 30 * time.Second
-	DefaultPollInterval     = 30 * time.Second
-	DefaultJobTimeout       = 5 * time.Minute
-	DefaultMaxJobTimeout    = time.Hour
-	DefaultMaxAttempts      = 5
-	DefaultShutdownTimeout  = 30 * time.Second
-	DefaultStatementTimeout = 10 * time.Second
-	DefaultRetryBase        = 30 * time.Second // the first retry's delay; see DefaultRetryBackoff
-	DefaultClaimBytes       = 16 << 20
-)
-
-const (
-	maxRetryBackoff    = 24 * time.Hour
-	maxCompletionBatch = 1000
-	// maxUnwritten is how many outcomes may wait to be written before
-	// the claimer stops taking new jobs.
-	maxUnwritten = 2 * maxCompletionBatch
-	// abandonGrace is how long a cancelled executor has to return before its
-	// job is given back without it.
-	abandonGrace = 2 * time.Second
-)
-
-// Config configures a Claimer. The zero value of every optional field means
-// its default.
-type Config struct {
-	// Pool runs every statement. Required.
-	Pool *pgxpool.Pool
-	// Schema holds the jobs table. Required.
-	Schema string
-	// SleepConnConfig is where the claimer holds its queue's sleep key while
-	// it sleeps, on a connection of its own. It needs a session: point it
-	// past any transaction-pooling proxy, as the listener's. Required.
-	SleepConnConfig *pgx.ConnConfig
-	// Queue is the queue this claimer takes jobs from. Required.
-	Queue string
-	// WorkerID names this worker in locked_by. Required.
-	WorkerID string
-	// Registry picks the executor for each job's kind. Required.
-	Registry *executors.Registry
-
-	Options
-
-	// StatementTimeout bounds each database call. Default: 10s.
-	StatementTimeout time.Duration
-	// Observer, when set, is told of each job's start and outcome, for
-	// metrics. Its methods must not block.
-	Observer Observer
-	// Logger receives the claimer's logs. Default: no logging.
-	Logger *zap.Logger
-}
-
-// Options are how a claimer claims and runs its jobs: the settings a worker
-// passes to each of its claimers, and a user of a worker sets. The zero
-// value of each means its default.
-type Options struct {
-	// Concurrency is how many jobs run at once. Default: DefaultConcurrency (100).
-	Concurrency int
-	// Lease is how long a claimed job stays this worker's without a
-	// heartbeat. The heartbeat renews it every Lease/3. Default: DefaultLease (30s).
-	Lease time.Duration
-	// PollInterval is the fallback tick that claims even when no
-	// notification came. Default: DefaultPollInterval (30s).
-	PollInterval time.Duration
-	// JobTimeout bounds one attempt unless the payload's "timeout" field says
-	// otherwise. Default: DefaultJobTimeout (5m).
-	JobTimeout time.Duration
-	// MaxJobTimeout bounds the payload's "timeout": a job that asks for more
-	// is dead at once. An attempt cut short by shutdown after it ran longer
-	// than JobTimeout counts, so that a job that hangs cannot be given back
-	// uncounted at every restart. Default: DefaultMaxJobTimeout (1h).
-	MaxJobTimeout time.Duration
-	// ClaimBytes bounds the payloads one claim loads: a claim stops adding
-	// jobs once their size has passed it (a compressed payload counts
-	// decompressed), and takes one job at least. Default: DefaultClaimBytes
-	// (16 MiB).
-	ClaimBytes int
-	// MaxAttempts applies to jobs whose max_attempts is NULL. Default:
-	// DefaultMaxAttempts (5).
-	MaxAttempts int
-	// RetryBackoff is the delay before the retry that follows attempt n.
-	// Default: 30s * 4^(n-1), capped at 24h, plus up to 10 % jitter.
-	RetryBackoff func(attempt int) time.Duration
-	// DeleteDone deletes jobs as soon as they are done instead of keeping
-	// them for the sweeper to purge.
-	DeleteDone bool
-	// ShutdownTimeout is how long running jobs may go on after Run's context
-	// ends before they are cancelled and given back. Default:
-	// DefaultShutdownTimeout (30s).
-	ShutdownTimeout time.Duration
-}
+// maxUnwritten is how many outcomes may wait to be written before the
+// claimer takes fewer jobs.
+const maxUnwritten = 2 * completer.MaxBatch
 
 // Observer watches a claimer's jobs. Its methods are called from the jobs'
 // goroutines and must not block.
@@ -185,36 +121,17 @@ const (
 	OutcomeCancelled Outcome = "cancelled" // cancelled by an operator (or its lease lost) while it ran: no outcome written
 )
 
-// The statuses of a job's row that the claimer writes.
-const (
-	statusPending = "pending"
-	statusDone    = "done"
-	statusDead    = "dead"
-)
+// outcomes are the Outcomes of the verdicts.
+var outcomes = [...]Outcome{
+	runstate.Done: OutcomeDone, runstate.Retry: OutcomeRetry, runstate.Dead: OutcomeDead,
+	runstate.Snoozed: OutcomeSnoozed, runstate.Released: OutcomeReleased, runstate.Dropped: OutcomeCancelled,
+}
 
-func (c *Config) validate() error {
-	switch {
-	case c.Pool == nil:
-		return errors.New("claimer: Pool is required")
-	case c.Schema == "":
-		return errors.New("claimer: Schema is required")
-	case c.SleepConnConfig == nil:
-		return errors.New("claimer: SleepConnConfig is required")
-	case c.Queue == "":
-		return errors.New("claimer: Queue is required")
-	case c.WorkerID == "":
-		return errors.New("claimer: WorkerID is required")
-	case c.Registry == nil:
-		return errors.New("claimer: Registry is required")
-	case c.Concurrency < 0, c.Lease < 0, c.PollInterval < 0, c.JobTimeout < 0, c.MaxJobTimeout < 0, c.ClaimBytes < 0,
-		c.MaxAttempts < 0, c.ShutdownTimeout < 0, c.StatementTimeout < 0:
-		return errors.New("claimer: durations and counts must not be negative")
-	case c.JobTimeout > cmp.Or(c.MaxJobTimeout, DefaultMaxJobTimeout):
-		return errors.New("claimer: JobTimeout must not exceed MaxJobTimeout")
-	case c.MaxAttempts > migrations.AttemptsLimit:
-		return fmt.Errorf("claimer: MaxAttempts must not exceed %d, the jobs table's bound", migrations.AttemptsLimit)
-	}
-	return nil
+// verdictObserver tells an Observer of the attempts.
+type verdictObserver struct{ Observer }
+
+func (o verdictObserver) JobFinished(job *executors.Job, v runstate.Verdict, took time.Duration) {
+	o.Observer.JobFinished(job, outcomes[v], took)
 }
 
 // Stats are counters of a claimer's life, for logs and metrics.
@@ -230,33 +147,21 @@ type Stats struct {
 
 // Claimer claims and runs the jobs of one queue. Create it with New.
 type Claimer struct {
-	cfg    Config
-	logger *zap.Logger
+	cfg      Config
+	logger   *zap.Logger
+	claimSQL string
+	poolSize int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
-	claimSQL, heartbeatSQL, completeSQL, deleteDoneSQL, notOwnedSQL string
-	sleep                                                           *sleepLock
-	poolSize                                                        int // the pool's MaxConns, read once: Pool.Config copies the whole config
+	runs      *runstate.Tracker
+	attempts  *attempt.Attempts
+	completer *completer.Completer
+	heartbeat *lease.Heartbeat
+	sleep     *sleepkey.Lock
 
-	notified  chan struct{} // notifications, and Wake; capacity 1
-	slotFreed chan struct{} // an executor slot came free; capacity 1
-	flush     chan struct{} // outcomes wait in pending; capacity 1
+	notified chan struct{} // notifications, and Wake; capacity 1
 
-	checkCancels chan struct{} // toCheck holds jobs; capacity 1
-
-	mu        sync.Mutex
-	executing int               // executors running now
-	inflight  map[*run]struct{} // runs claimed and not yet recorded
-	unwritten []outcome         // outcomes not yet written
-	toCheck   map[*run]bool     // runs of jobs said to be cancelled, to check (Cancel)
-	// A claim in flight may have committed, and its jobs been cancelled,
-	// before its runs are known: the jobs Cancel is told of meanwhile wait
-	// in heard for the claim to end (claim).
-	claiming  bool
-	heard     map[int64]bool
-	heardMany bool // more than maxHeard: every run of the claim is checked
-
-	claims, claimed, completed, ticks, tickHits, sleeps atomic.Int64
-	paused                                              atomic.Bool
+	claims, claimed, ticks, tickHits, sleeps atomic.Int64
+	paused                                   atomic.Bool
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -264,57 +169,32 @@ func New(cfg Config) (*Claimer, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
-	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
-	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
-	cfg.JobTimeout = cmp.Or(cfg.JobTimeout, DefaultJobTimeout)
-	cfg.MaxJobTimeout = cmp.Or(cfg.MaxJobTimeout, DefaultMaxJobTimeout)
-	cfg.ClaimBytes = cmp.Or(cfg.ClaimBytes, DefaultClaimBytes)
-	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
-	cfg.ShutdownTimeout = cmp.Or(cfg.ShutdownTimeout, DefaultShutdownTimeout)
-	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout)
-	if cfg.RetryBackoff == nil {
-		cfg.RetryBackoff = DefaultRetryBackoff
-	}
+	cfg = cfg.withDefaults()
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
-	return &Claimer{
-		cfg:           cfg,
-		logger:        logger,
-		claimSQL:      withSchema(claimSQL, cfg.Schema),
-		heartbeatSQL:  withSchema(heartbeatSQL, cfg.Schema),
-		completeSQL:   withSchema(completeSQL, cfg.Schema),
-		deleteDoneSQL: withSchema(deleteDoneSQL, cfg.Schema),
-		notOwnedSQL:   withSchema(notOwnedSQL, cfg.Schema),
-		sleep:         newSleepLock(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
-		poolSize:      int(cfg.Pool.Config().MaxConns),
-		notified:      make(chan struct{}, 1),
-		slotFreed:     make(chan struct{}, 1),
-		flush:         make(chan struct{}, 1),
-		inflight:      map[*run]struct{}{},
-		checkCancels:  make(chan struct{}, 1),
-		toCheck:       map[*run]bool{},
-		heard:         map[int64]bool{},
-	}, nil
-}
-
-// DefaultRetryBackoff waits 30s after the first attempt and four times longer
-// after each one after (30s, 2m, 8m, 32m, ...), capped at 24h, plus up to 10 %
-// jitter so that jobs that failed together do not retry together.
-func DefaultRetryBackoff(attempt int) time.Duration {
-	return ExponentialBackoff(DefaultRetryBase)(attempt)
-}
-
-// ExponentialBackoff returns a RetryBackoff that starts at base and grows
-// fourfold per attempt, capped at 24h, plus up to 10 % jitter.
-func ExponentialBackoff(base time.Duration) func(attempt int) time.Duration {
-	return func(attempt int) time.Duration {
-		d := base
-		for i := 1; i < attempt && d < maxRetryBackoff; i++ {
-			d *= 4
-		}
-		d = min(d, maxRetryBackoff)
-		return d + rand.N(d/10+1) //nolint:gosec // jitter needs no crypto
+	poolSize := int(cfg.Pool.Config().MaxConns)
+	runs := runstate.New(cfg.Concurrency, maxUnwritten)
+	var obs attempt.Observer
+	if cfg.Observer != nil {
+		obs = verdictObserver{cfg.Observer}
 	}
+	return &Claimer{
+		cfg: cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema), poolSize: poolSize, runs: runs,
+		attempts: attempt.New(attempt.Config{
+			Runs: runs, Registry: cfg.Registry, MaxJobTimeout: cfg.MaxJobTimeout, WorkerID: cfg.WorkerID,
+			Policy:   attempt.Policy{JobTimeout: cfg.JobTimeout, Backoff: cfg.RetryBackoff},
+			Observer: obs, Logger: logger,
+		}),
+		completer: completer.New(completer.Config{
+			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,
+			DeleteDone: cfg.DeleteDone, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+		}),
+		heartbeat: lease.New(lease.Config{
+			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,
+			Lease: cfg.Lease, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+		}),
+		sleep:    sleepkey.New(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
+		notified: make(chan struct{}, 1),
+	}, nil
 }
 
 // Queue is the queue this claimer serves.
@@ -322,21 +202,17 @@ func (c *Claimer) Queue() string { return c.cfg.Queue }
 
 // Wake asks the claimer to claim now. It never blocks; wake-ups that arrive
 // while one is pending fold into it.
-func (c *Claimer) Wake() { signal(c.notified) }
+func (c *Claimer) Wake() { runstate.Signal(c.notified) }
 
 // Running is how many of the claimer's jobs are running now.
-func (c *Claimer) Running() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.executing
-}
+func (c *Claimer) Running() int { return c.runs.Executing() }
 
 // Stats returns the claimer's counters.
 func (c *Claimer) Stats() Stats {
 	return Stats{
 		Claims:    c.claims.Load(),
 		Claimed:   c.claimed.Load(),
-		Completed: c.completed.Load(),
+		Completed: c.completer.Completed(),
 		Ticks:     c.ticks.Load(),
 		TickHits:  c.tickHits.Load(),
 		Sleeps:    c.sleeps.Load(),
@@ -355,18 +231,17 @@ func (c *Claimer) Run(ctx context.Context) error {
 	// outcomes must still be written and their leases kept meanwhile.
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var bg sync.WaitGroup
-	bg.Add(4)
-	go func() { defer bg.Done(); c.runCompleter(bgCtx) }()
-	go func() { defer bg.Done(); c.runCancelChecks(bgCtx) }()
-	go func() { defer bg.Done(); c.runHeartbeat(bgCtx, heartbeatHook(ctx, c.cfg.Queue)) }()
-	go func() { defer bg.Done(); c.runWatchdog(bgCtx, workCtx) }()
+	bg.Add(3)
+	go func() { defer bg.Done(); c.completer.Run(bgCtx) }()
+	go func() { defer bg.Done(); c.heartbeat.Run(bgCtx, heartbeatHook(ctx, c.cfg.Queue)) }()
+	go func() { defer bg.Done(); c.attempts.Watch(bgCtx, workCtx) }()
 
 	// The sleep key goes back as soon as claiming stops: peers take over.
 	sleepCtx, stopSleep := context.WithCancel(ctx)
 	sleepDone := make(chan struct{})
-	go func() { defer close(sleepDone); c.sleep.run(sleepCtx) }()
+	go func() { defer close(sleepDone); c.sleep.Run(sleepCtx) }()
 
-	jobs := newRunners(func(r *run) { c.execute(workCtx, r) })
+	jobs := newRunners(func(r *runstate.Run) { c.attempts.Run(workCtx, r) })
 	c.claimLoop(ctx, jobs)
 	stopSleep()
 	<-sleepDone
@@ -375,21 +250,39 @@ func (c *Claimer) Run(ctx context.Context) error {
 	stopBackground() // the completer flushes what it holds before it returns
 	bg.Wait()
 	c.logger.Info("claimer stopped", zap.Int64("claims", c.claims.Load()),
-		zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completed.Load()))
+		zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completer.Completed()))
 	return nil
 }
 
-// freeSlots is how many jobs the next claim may take: the executor slots
-// not in use, less any excess of outcomes waiting to be written, so that
-// claiming never outruns recording.
-func (c *Claimer) freeSlots() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	free := c.cfg.Concurrency - c.executing
-	if over := len(c.unwritten) - maxUnwritten; over > 0 {
-		free -= over
+// shutdown lets running jobs finish for ShutdownTimeout, then cancels them
+// and gives back at once those whose executors do not return within
+// attempt.AbandonGrace. It reports whether every executor returned.
+func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners) bool {
+	done := jobs.wait()
+	if n := c.Running(); n > 0 {
+		c.logger.Info("stopping: waiting for running jobs", zap.Int("num_running", n),
+			zap.Duration("shutdown_timeout", c.cfg.ShutdownTimeout))
 	}
-	return max(free, 0)
+	grace := time.NewTimer(c.cfg.ShutdownTimeout)
+	defer grace.Stop()
+	select {
+	case <-done:
+		return true
+	case <-grace.C:
+	}
+
+	c.logger.Info("stopping: shutdown timeout reached, cancelling running jobs", zap.Int("num_running", c.Running()))
+	cancelWork()
+
+	abandon := time.NewTimer(attempt.AbandonGrace)
+	defer abandon.Stop()
+	select {
+	case <-done:
+		return true
+	case <-abandon.C:
+	}
+	c.attempts.AbandonAll()
+	return false
 }
 
 // heartbeatHook is the test hook of ctx for heartbeats, if any.
@@ -399,11 +292,4 @@ func heartbeatHook(ctx context.Context, queue string) func(int64) {
 		return nil
 	}
 	return func(n int64) { h(queue, n) }
-}
-
-func signal(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default:
-	}
 }

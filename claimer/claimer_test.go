@@ -15,6 +15,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
@@ -80,17 +82,17 @@ func runClaimer(ctx context.Context, t *testing.T, c *Claimer) (stop func() erro
 
 // claimNow claims up to limit jobs and returns the runs, without starting
 // them: the runners are closed at once.
-func claimNow(ctx context.Context, t *testing.T, c *Claimer, limit int) ([]*run, claimResult) {
+func claimNow(ctx context.Context, t *testing.T, c *Claimer, limit int) ([]*runstate.Run, machine.Result) {
 	t.Helper()
 	var (
 		mu   sync.Mutex
-		runs []*run
+		runs []*runstate.Run
 	)
-	jobs := newRunners(func(r *run) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
+	jobs := newRunners(func(r *runstate.Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
 	r := c.claim(ctx, limit, jobs)
 	<-jobs.wait()
 	jobs.close(true)
-	require.NoError(t, r.err)
+	require.NoError(t, r.Err)
 	return runs, r
 }
 
@@ -108,7 +110,7 @@ func TestClaimKeepsPlanSettingToItself(t *testing.T) {
 
 	runs, r := claimNow(ctx, t, c, 2)
 	require.Len(t, runs, 2)
-	require.Equal(t, 2, r.claimed)
+	require.Equal(t, 2, r.Claimed)
 	var running int
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status = 'running' AND locked_by = 'w'").Scan(&running))
 	require.Equal(t, 2, running)
@@ -131,7 +133,7 @@ func TestClaimedPayloadsAreTheirOwn(t *testing.T) {
 	require.Len(t, runs, 6)
 	seen := map[string]bool{}
 	for _, r := range runs {
-		seen[string(r.job.Payload)] = true
+		seen[string(r.Job.Payload)] = true
 	}
 	for i := 1; i <= 6; i++ {
 		require.True(t, seen[fmt.Sprintf(`{"n": %d}`, i)], "payload of job %d", i)
@@ -156,23 +158,23 @@ func TestClaimReportsNextAndStranded(t *testing.T) {
 
 	runs, r := claimNow(ctx, t, c, 5)
 	require.Len(t, runs, 1)
-	require.Equal(t, ids[1], runs[0].job.ID)
-	require.True(t, r.stranded, "the locked job was skipped")
-	require.NotNil(t, r.next)
-	require.InDelta(t, time.Hour.Seconds(), r.next.Seconds(), 5)
+	require.Equal(t, ids[1], runs[0].Job.ID)
+	require.True(t, r.Stranded, "the locked job was skipped")
+	require.NotNil(t, r.Next)
+	require.InDelta(t, time.Hour.Seconds(), r.Next.Seconds(), 5)
 
 	require.NoError(t, tx.Rollback(ctx))
 	runs, r = claimNow(ctx, t, c, 5)
 	require.Len(t, runs, 1)
-	require.Equal(t, ids[0], runs[0].job.ID)
-	require.False(t, r.stranded)
+	require.Equal(t, ids[0], runs[0].Job.ID)
+	require.False(t, r.Stranded)
 
 	// A full claim reports neither.
 	insertJobs(ctx, t, pool, jobs, 3)
 	_, r = claimNow(ctx, t, c, 2)
-	require.Equal(t, 2, r.claimed)
-	require.Nil(t, r.next)
-	require.False(t, r.stranded)
+	require.Equal(t, 2, r.Claimed)
+	require.Nil(t, r.Next)
+	require.False(t, r.Stranded)
 }
 
 // A claim stops adding jobs once their payloads pass ClaimBytes, and takes
@@ -189,7 +191,7 @@ func TestClaimBytesBoundAClaim(t *testing.T) {
 	require.NoError(t, err)
 	runs, r := claimNow(ctx, t, c, 100)
 	require.Len(t, runs, 3, "100 kB, 200 kB, then past 250 kB")
-	require.True(t, r.stranded, "the rest are due: the claimer looks again soon")
+	require.True(t, r.Stranded, "the rest are due: the claimer looks again soon")
 
 	c.cfg.ClaimBytes = 1
 	runs, _ = claimNow(ctx, t, c, 100)
@@ -222,7 +224,7 @@ func TestClaimSurvivesAttemptsAtTheBound(t *testing.T) {
 	require.NoError(t, err)
 	runs, _ := claimNow(ctx, t, c, 10)
 	require.Len(t, runs, 2)
-	attempts := map[int]bool{runs[0].job.Attempt: true, runs[1].job.Attempt: true}
+	attempts := map[int]bool{runs[0].Job.Attempt: true, runs[1].Job.Attempt: true}
 	require.Equal(t, map[int]bool{1000000: true, 1: true}, attempts)
 }
 

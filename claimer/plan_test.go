@@ -9,6 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/completer"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/lease"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
@@ -23,7 +26,7 @@ func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
 //   - A plan made while the table was empty scanned the whole table at every
 //     completion, and kept doing so as the table grew.
 //
-// This plans each statement under planSQL, as the claimer does, then
+// This plans each statement under pinned.PlanSQL, as the claimer does, then
 // fills the table and reads the plan the connection kept. It checks the
 // plans' shape, not their speed.
 func TestBatchPlansUseTheKey(t *testing.T) {
@@ -54,7 +57,7 @@ func checkPlans(t *testing.T, setup []string) {
 	defer conn.Release()
 	exec := func(sql string) {
 		t.Helper()
-		_, err := conn.Exec(ctx, withSchema(sql, schema))
+		_, err := conn.Exec(ctx, pinned.WithSchema(sql, schema))
 		require.NoError(t, err, sql)
 	}
 	defer exec("RESET enable_tidscan") // the connection goes back to the pool
@@ -69,10 +72,10 @@ func checkPlans(t *testing.T, setup []string) {
 	idArray := "'{" + strings.Join(ids, ",") + "}'"
 	statements := map[string]struct{ sql, types, args string }{
 		"claim":       {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
-		"heartbeat":   {heartbeatSQL, "bigint[], timestamptz[], text, float8", idArray + ", array_fill(now(), ARRAY[1000]), 'w', 30"},
-		"delete_done": {deleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
+		"heartbeat":   {lease.SQL, "bigint[], timestamptz[], text, float8", idArray + ", array_fill(now(), ARRAY[1000]), 'w', 30"},
+		"delete_done": {completer.DeleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
 		"complete": {
-			completeSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text[], text[], text",
+			completer.CompleteSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text[], text[], text",
 			idArray + ", array_fill(now(), ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
 				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]), " +
 				"array_fill(NULL::text, ARRAY[1000]), 'w'",
@@ -83,7 +86,7 @@ func checkPlans(t *testing.T, setup []string) {
 		tx, err := conn.Begin(ctx)
 		require.NoError(t, err)
 		defer tx.Rollback(ctx) //nolint:errcheck
-		_, err = tx.Exec(ctx, claimPlanSQL)
+		_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
 		require.NoError(t, err)
 		rows, err := tx.Query(ctx, "EXPLAIN EXECUTE plan_"+name+"("+statements[name].args+")")
 		require.NoError(t, err, name)

@@ -3,6 +3,8 @@ package claimer
 import (
 	"sync"
 	"time"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 )
 
 // runnerIdle is how long a runner waits for its next job before it exits.
@@ -14,19 +16,19 @@ const runnerIdle = 10 * time.Second
 // runtime.copystack). A runner waits runnerIdle for its next job, so an idle
 // worker keeps none.
 type runners struct {
-	execute func(*run)
-	handoff chan *run     // unbuffered: a send succeeds only to an idle runner
-	stop    chan struct{} // closed when the claimer stops
+	execute func(*runstate.Run)
+	handoff chan *runstate.Run // unbuffered: a send succeeds only to an idle runner
+	stop    chan struct{}      // closed when the claimer stops
 	jobs    sync.WaitGroup
 	alive   sync.WaitGroup
 }
 
-func newRunners(execute func(*run)) *runners {
-	return &runners{execute: execute, handoff: make(chan *run), stop: make(chan struct{})}
+func newRunners(execute func(*runstate.Run)) *runners {
+	return &runners{execute: execute, handoff: make(chan *runstate.Run), stop: make(chan struct{})}
 }
 
 // start runs r on an idle runner, or on a new one.
-func (rs *runners) start(r *run) {
+func (rs *runners) start(r *runstate.Run) {
 	rs.jobs.Add(1)
 	select {
 	case rs.handoff <- r:
@@ -36,7 +38,7 @@ func (rs *runners) start(r *run) {
 	}
 }
 
-func (rs *runners) serve(r *run) {
+func (rs *runners) serve(r *runstate.Run) {
 	defer rs.alive.Done()
 	// The idle timer is not reset after each job, which cost a lock on the
 	// runtime's timer heap per job (pprof during a drain). When it fires,
@@ -53,7 +55,7 @@ func (rs *runners) serve(r *run) {
 
 // next waits for a runner's next job. It reports false when the runner
 // should exit: idle since last for runnerIdle, or the claimer stopped.
-func (rs *runners) next(idle *time.Timer, last time.Time) (*run, bool) {
+func (rs *runners) next(idle *time.Timer, last time.Time) (*runstate.Run, bool) {
 	for {
 		select {
 		case r := <-rs.handoff:

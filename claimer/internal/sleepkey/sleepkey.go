@@ -1,4 +1,15 @@
-package claimer
+// Package sleepkey holds a queue's sleep key for its claimer, on a
+// connection of its own.
+//
+// The sleep key is the handshake that lets writers skip NOTIFY while no
+// worker sleeps (migrations 003, 007 and 009 have the writer's side). A claimer that has
+// found its queue empty asks for the key exclusively; the request waits for
+// every writer that holds it shared, so once it is granted their rows are
+// visible, and the claimer looks once more before it sleeps. It keeps the key
+// while it sleeps, so writers notify, and gives it back as soon as a claim
+// finds work. Peers that want to sleep while one holds the key wait in the
+// lock's queue and take over when it wakes, exits or dies.
+package sleepkey
 
 import (
 	"context"
@@ -16,14 +27,6 @@ import (
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
-// The sleep key is the handshake that lets writers skip NOTIFY while no
-// worker sleeps (migrations 003, 007 and 009 have the writer's side). A claimer that has
-// found its queue empty asks for the key exclusively; the request waits for
-// every writer that holds it shared, so once it is granted their rows are
-// visible, and the claimer looks once more before it sleeps. It keeps the key
-// while it sleeps, so writers notify, and gives it back as soon as a claim
-// finds work. Peers that want to sleep while one holds the key wait in the
-// lock's queue and take over when it wakes, exits or dies.
 const (
 	// The key of queue $2: $1 is the schema's half, migrations.SleepKey,
 	// which migration 007 writes into the triggers as a literal.
@@ -40,17 +43,15 @@ const (
 	maxSleepRetry = time.Second
 )
 
-// sleepLock holds a queue's sleep key while its claimer sleeps, on a
-// connection of its own. Create it with newSleepLock and run it with run.
-type sleepLock struct {
+// Lock holds a queue's sleep key while its claimer sleeps, on a
+// connection of its own. Create it with New and run it with Run.
+type Lock struct {
 	connConfig *pgx.ConnConfig
 	schemaKey  int32 // migrations.SleepKey of the schema
 	queue      string
 	timeout    time.Duration // bounds connecting and giving the key back
 	logger     *zap.Logger
-	// recheck is signalled when the claimer must look at the queue again:
-	// the key was granted, or lost, or a wait for it ended without it.
-	recheck chan struct{}
+	recheck    chan struct{} // capacity 1: see Recheck
 
 	poke chan struct{} // capacity 1: want changed
 
@@ -60,7 +61,8 @@ type sleepLock struct {
 	holding  atomic.Bool
 }
 
-func newSleepLock(cfg *pgx.ConnConfig, schema, queue string, timeout time.Duration, logger *zap.Logger) *sleepLock {
+// New returns a Lock of queue of schema, on connections of cfg.
+func New(cfg *pgx.ConnConfig, schema, queue string, timeout time.Duration, logger *zap.Logger) *Lock {
 	cc := cfg.Copy()
 	// The wait for the key is bounded by the server, so that the connection
 	// survives a timeout. The statement timeout is only a backstop.
@@ -69,20 +71,28 @@ func newSleepLock(cfg *pgx.ConnConfig, schema, queue string, timeout time.Durati
 	if app := cc.RuntimeParams["application_name"]; app != "" {
 		cc.RuntimeParams["application_name"] = app + "-sleep"
 	}
-	return &sleepLock{
+	return &Lock{
 		connConfig: cc, schemaKey: migrations.SleepKey(schema), queue: queue, timeout: timeout, logger: logger,
 		recheck: make(chan struct{}, 1), poke: make(chan struct{}, 1),
 	}
 }
 
-// request asks for the key. It never blocks: the claimer hears on recheck when
-// the key is granted.
-func (s *sleepLock) request() { s.set(true) }
+// Request asks for the key. It never blocks: the claimer hears on Recheck
+// when the key is granted.
+func (s *Lock) Request() { s.set(true) }
 
-// release gives the key back, or gives up on taking it. It never blocks.
-func (s *sleepLock) release() { s.set(false) }
+// Release gives the key back, or gives up on taking it. It never blocks.
+func (s *Lock) Release() { s.set(false) }
 
-func (s *sleepLock) set(want bool) {
+// Recheck is signalled when the claimer must look at the queue again: the
+// key was granted (Holding then reports true), or lost, or a wait for it
+// ended without it.
+func (s *Lock) Recheck() <-chan struct{} { return s.recheck }
+
+// Holding reports whether the key is held.
+func (s *Lock) Holding() bool { return s.holding.Load() }
+
+func (s *Lock) set(want bool) {
 	s.mu.Lock()
 	changed := s.want != want
 	s.want = want
@@ -91,19 +101,19 @@ func (s *sleepLock) set(want bool) {
 	}
 	s.mu.Unlock()
 	if changed {
-		signal(s.poke)
+		notify(s.poke)
 	}
 }
 
-func (s *sleepLock) wanted() bool {
+func (s *Lock) wanted() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.want
 }
 
-// run takes and gives back the key as the claimer asks until ctx ends, then
+// Run takes and gives back the key as the claimer asks until ctx ends, then
 // closes its connection, which gives the key back to the server.
-func (s *sleepLock) run(ctx context.Context) {
+func (s *Lock) Run(ctx context.Context) {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -140,7 +150,7 @@ func (s *sleepLock) run(ctx context.Context) {
 			}
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: the wait timed out
-				signal(s.recheck)
+				notify(s.recheck)
 				continue
 			}
 			conn = s.drop(ctx, conn)
@@ -153,7 +163,7 @@ func (s *sleepLock) run(ctx context.Context) {
 			conn = s.drop(ctx, conn)
 			if ctx.Err() == nil {
 				s.logger.Warn("sleep lock connection lost; looking at the queue and taking it again")
-				signal(s.recheck)
+				notify(s.recheck)
 			}
 		}
 	}
@@ -161,7 +171,7 @@ func (s *sleepLock) run(ctx context.Context) {
 
 // hold keeps the key until the claimer wakes or ctx ends, then gives it
 // back. It reports false when the connection, and with it the key, was lost.
-func (s *sleepLock) hold(ctx context.Context, conn *pgx.Conn) bool {
+func (s *Lock) hold(ctx context.Context, conn *pgx.Conn) bool {
 	holdCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	s.mu.Lock()
@@ -174,7 +184,7 @@ func (s *sleepLock) hold(ctx context.Context, conn *pgx.Conn) bool {
 	if holdCtx.Err() == nil {
 		// Granted while the claimer still sleeps: it looks once more.
 		s.holding.Store(true)
-		signal(s.recheck)
+		notify(s.recheck)
 		// Nothing is sent on this connection: the wait returns when the
 		// claimer wakes, or when the connection dies.
 		_ = conn.PgConn().WaitForNotification(holdCtx)
@@ -200,13 +210,13 @@ func (s *sleepLock) hold(ctx context.Context, conn *pgx.Conn) bool {
 	return true
 }
 
-func (s *sleepLock) connect(ctx context.Context) (*pgx.Conn, error) {
+func (s *Lock) connect(ctx context.Context) (*pgx.Conn, error) {
 	connectCtx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	return pgx.ConnectConfig(connectCtx, s.connConfig)
 }
 
-func (s *sleepLock) drop(ctx context.Context, conn *pgx.Conn) *pgx.Conn {
+func (s *Lock) drop(ctx context.Context, conn *pgx.Conn) *pgx.Conn {
 	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	_ = conn.Close(closeCtx)
 	cancel()
@@ -217,17 +227,24 @@ func (s *sleepLock) drop(ctx context.Context, conn *pgx.Conn) *pgx.Conn {
 // NOTIFY while nobody holds the key), and backs off before the next try, by
 // at most maxSleepRetry: until the key is held again, these looks are how
 // the claimer finds new jobs.
-func (s *sleepLock) fail(ctx context.Context, msg string, err error, failures int) {
+func (s *Lock) fail(ctx context.Context, msg string, err error, failures int) {
 	if ctx.Err() != nil {
 		return
 	}
 	delay := min(retry.Delay(failures), maxSleepRetry)
 	s.logger.Warn(msg, zap.Error(err), zap.Int("failures", failures), zap.Duration("retry_in", delay))
-	signal(s.recheck)
+	notify(s.recheck)
 	t := time.NewTimer(delay)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 	case <-t.C:
+	}
+}
+
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
 	}
 }

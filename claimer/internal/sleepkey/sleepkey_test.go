@@ -1,4 +1,4 @@
-package claimer
+package sleepkey
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
+
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
 
 // The writers' triggers (migrations 003 and 007) and the claimer's sleep lock must
 // name the same key, whatever the schema is called: writers notify a queue
@@ -70,7 +72,7 @@ func TestSleepConnectionOpensAtStart(t *testing.T) {
 	cc := pool.Config().ConnConfig.Copy()
 	app := "sleep-at-start-" + strings.ReplaceAll(t.Name(), "/", "-")
 	cc.RuntimeParams["application_name"] = app
-	s := newSleepLock(cc, "some_schema", "default", 5*time.Second, zaptest.NewLogger(t))
+	s := New(cc, "some_schema", "default", 5*time.Second, zaptest.NewLogger(t))
 	sessions := func() int {
 		var n int
 		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app+"-sleep").Scan(&n))
@@ -79,10 +81,10 @@ func TestSleepConnectionOpensAtStart(t *testing.T) {
 
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); s.run(runCtx) }()
+	go func() { defer close(done); s.Run(runCtx) }()
 	require.Eventually(t, func() bool { return sessions() == 1 }, 30*time.Second, 10*time.Millisecond,
 		"connected while nobody asked for the key")
-	require.False(t, s.holding.Load())
+	require.False(t, s.Holding())
 
 	stop()
 	<-done

@@ -1,0 +1,60 @@
+// Package pinned sends the claimer's statements behind the settings that
+// pin their plans, in one round trip and one transaction, and names the
+// tables in them.
+package pinned
+
+import (
+	"context"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PlanSQL goes before each claim, heartbeat and completion, in the same
+// implicit transaction, and pins their plans: a generic plan, made once per
+// connection (else the claim was planned anew at every call), that finds
+// rows by key only, however the statistics looked when it was made (a plan
+// made on a nearly empty table scanned the whole table ever after). The
+// settings are the transaction's own. claimer/plan_test.go checks the plans.
+const PlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       set_config('enable_tidscan', 'on', true),
+       set_config('enable_seqscan', 'off', true),
+       set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true)`
+
+// ClaimPlanSQL is PlanSQL for the claim, which also commits without
+// waiting for its WAL flush.
+const ClaimPlanSQL = PlanSQL + `,
+       set_config('synchronous_commit', 'off', true)`
+
+// Send sends settings (PlanSQL or ClaimPlanSQL) and then sql, in one round
+// trip and one transaction. Read the settings' result first.
+func Send(ctx context.Context, pool *pgxpool.Pool, settings, sql string, args ...any) pgx.BatchResults {
+	batch := &pgx.Batch{}
+	batch.Queue(settings)
+	batch.Queue(sql, args...)
+	return pool.SendBatch(ctx, batch)
+}
+
+// Exec runs sql after PlanSQL, as Send, and returns its tag once the
+// transaction has committed.
+func Exec(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
+	results := Send(ctx, pool, PlanSQL, sql, args...)
+	_, err := results.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = results.Exec()
+	}
+	if closeErr := results.Close(); err == nil {
+		err = closeErr
+	}
+	return tag, err
+}
+
+// WithSchema names schema's tables in sql: {jobs} and {queues}.
+func WithSchema(sql, schema string) string {
+	return strings.NewReplacer("{jobs}", pgx.Identifier{schema, "jobs"}.Sanitize(),
+		"{queues}", pgx.Identifier{schema, "queues"}.Sanitize()).Replace(sql)
+}
