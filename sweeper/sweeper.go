@@ -134,8 +134,8 @@ func New(cfg Config) (*Sweeper, error) {
 
 // lockSQL takes the sweep's lock, and keeps this transaction's statements to
 // their indexes: a plan the connection kept from when the table was nearly
-// empty would otherwise scan the whole table at every sweep (see planSQL in
-// package claimer).
+// empty would otherwise scan the whole table at every sweep (see PlanSQL in
+// claimer/internal/pinned).
 const lockSQL = `SELECT pg_try_advisory_xact_lock(hashtext('pgdispatch.sweeper'), hashtext($1)),
        set_config('enable_seqscan', 'off', true),
        set_config('enable_hashjoin', 'off', true),

@@ -70,9 +70,10 @@ func (b *bench) drain(ctx context.Context) ([]*Result, error) {
 // Each loop claims up to $1 due jobs (FOR UPDATE SKIP LOCKED, then running,
 // the attempt counted, a lease) and commits without waiting for its WAL
 // flush, then records them done and commits with it, as the claimer and the
-// completer do. The statements mirror the claimer's (claimer/sql.go) in the
-// rows and columns they write; the claimer's own also report the next
-// run_at and skipped rows, and bound the payload bytes.
+// completer do. The statements mirror the claimer's (claimer/claim.go and
+// claimer/internal/completer) in the rows and columns they write; the
+// claimer's own also report the next run_at and skipped rows, and bound the
+// payload bytes.
 const floorSQL = `
 CREATE PROCEDURE {schema}.bench_floor(batch int) LANGUAGE plpgsql AS $$
 DECLARE
