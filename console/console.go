@@ -91,13 +91,13 @@ func (c *Config) validate() error {
 
 // Server is the console.
 type Server struct {
-	cfg       Config
-	admin     *admin.Admin
-	log       *zap.Logger
-	pages     map[string]*template.Template
-	csrfKey   []byte
-	hub       *hub
-	handler   http.Handler
+	cfg     Config
+	admin   *admin.Admin
+	log     *zap.Logger
+	pages   map[string]*template.Template
+	csrfKey []byte
+	hub     *hub
+	handler http.Handler
 	// base is the context the live updates run under: Serve's.
 	base context.Context
 }

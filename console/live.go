@@ -141,8 +141,8 @@ func (h *hub) run(ctx context.Context) {
 
 // liveState is what the browsers receive.
 type liveState struct {
-	Queues  any `json:"queues"`
-	Workers any `json:"workers"`
+	Queues  any   `json:"queues"`
+	Workers any   `json:"workers"`
 	MaxID   int64 `json:"max_id"`
 	// Error says why the state could not be read.
 	Error string `json:"error,omitempty"`
