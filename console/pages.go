@@ -50,6 +50,12 @@ var funcs = template.FuncMap{
 		}
 		return *s
 	},
+	"opt": func(s *string) string {
+		if s == nil {
+			return "—"
+		}
+		return *s
+	},
 	"short": func(s string, n int) string {
 		if r := []rune(s); len(r) > n {
 			return string(r[:n]) + "…"
