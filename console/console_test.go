@@ -1,6 +1,7 @@
 package console
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -177,3 +178,67 @@ func TestAuth(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// openEvents connects to the live updates as a browser does, and returns
+// the first event's data and the stream's close.
+func (b *bundle) openEvents(t *testing.T) (string, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "GET", b.url+"events", nil)
+	require.NoError(t, err)
+	req.SetBasicAuth("vic", viewerToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	r := bufio.NewReader(resp.Body)
+	for {
+		line, err := r.ReadString('\n')
+		require.NoError(t, err)
+		if data, ok := strings.CutPrefix(line, "data: "); ok {
+			return data, func() {
+				cancel()
+				resp.Body.Close()
+			}
+		}
+	}
+}
+
+// With no browser connected the console sends the database nothing: not
+// before the first viewer, and not after the last has left. While one is
+// connected it reads the state about once a PollInterval.
+func TestIdleCostsNothing(t *testing.T) {
+	t.Parallel()
+	const poll = 50 * time.Millisecond
+	stopped := make(chan struct{}, 10)
+	b := setup(t, Config{PollInterval: poll})
+	b.srv.hub.onStop = func() { stopped <- struct{}{} }
+	b.exec(t, `INSERT INTO {jobs} (queue, kind) VALUES ('q', 'k')`)
+
+	// A guard: 20 poll intervals in which a poll would have been counted.
+	idle := func(what string) {
+		t.Helper()
+		before := b.count.Statements.Load()
+		<-time.After(20 * poll)
+		require.Equal(t, before, b.count.Statements.Load(), "statements sent %s", what)
+	}
+	idle("before any viewer")
+
+	data, leave := b.openEvents(t)
+	require.Contains(t, data, `"queue":"q"`)
+	start, before := time.Now(), b.count.Statements.Load()
+	require.Positive(t, before, "the counter counts the console's statements")
+	second, leave2 := b.openEvents(t)
+	require.JSONEq(t, data, second, "a second viewer gets the shared state")
+	<-time.After(20 * poll)
+	n := b.count.Statements.Load() - before
+	t.Logf("with viewers connected: %d statements in %s (poll %s)", n, time.Since(start).Round(time.Millisecond), poll)
+	leave2()
+	leave()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the live updates did not stop when the last viewer left")
+	}
+	require.False(t, b.srv.hub.running())
+	idle("after the last viewer left")
+}

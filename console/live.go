@@ -36,9 +36,8 @@ type hub struct {
 	wg      sync.WaitGroup
 
 	wake chan struct{}
-	// onState, for tests, is called after each read with whether the
-	// state changed.
-	onState func(changed bool)
+	// onStop, for tests, is called when a loop has stopped.
+	onStop func()
 }
 
 func newHub(s *Server) *hub {
@@ -71,6 +70,9 @@ func (h *hub) subscribe(ctx context.Context) (<-chan []byte, func()) {
 		go func() {
 			defer h.wg.Done()
 			h.run(runCtx)
+			if h.onStop != nil {
+				h.onStop()
+			}
 		}()
 	}
 	return ch, func() {
@@ -175,9 +177,6 @@ func (h *hub) refresh(ctx context.Context) {
 		}
 	}
 	h.mu.Unlock()
-	if h.onState != nil {
-		h.onState(changed)
-	}
 }
 
 // events streams the live state to one browser as server-sent events, a
