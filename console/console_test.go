@@ -39,13 +39,16 @@ type bundle struct {
 	pool *pgxpool.Pool
 }
 
-func setup(t *testing.T, cfg Config) *bundle {
+func setup(t *testing.T, cfg Config, opts ...func(*pgxpool.Config)) *bundle {
 	t.Helper()
 	b := &bundle{schema: pgtest.Schema(t), count: &stmtcount.Counter{}, pool: pgtest.Pool(t)}
 	pc, err := pgxpool.ParseConfig(pgtest.URL())
 	require.NoError(t, err)
 	pc.MaxConns = 4
 	pc.ConnConfig.Tracer = b.count
+	for _, o := range opts {
+		o(pc)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pc)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
@@ -55,7 +58,9 @@ func setup(t *testing.T, cfg Config) *bundle {
 
 	cfg.Pool, cfg.Schema, cfg.ListenConfig = pool, b.schema, lc
 	cfg.OperatorToken, cfg.ViewerToken = operatorToken, viewerToken
-	cfg.Logger = zaptest.NewLogger(t)
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t)
+	}
 	b.srv, err = New(cfg)
 	require.NoError(t, err)
 
