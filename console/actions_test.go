@@ -51,7 +51,9 @@ func TestActions(t *testing.T) {
 		SELECT 'q', 'k', s, CASE WHEN s = 'running' THEN 'w' END, CASE WHEN s = 'running' THEN now() + interval '1 minute' END,
 		       CASE WHEN s IN ('done', 'dead') THEN now() END
 		FROM unnest(array['pending', 'pending', 'pending', 'running', 'done', 'dead']) s`)
-	status := func(id int) string { return b.queryString(t, `SELECT coalesce(max(status), 'gone') FROM {jobs} WHERE id = $1`, id) }
+	status := func(id int) string {
+		return b.queryString(t, `SELECT coalesce(max(status), 'gone') FROM {jobs} WHERE id = $1`, id)
+	}
 
 	// Everything a filter selects: the count first, then the action.
 	code, body := b.request(t, "GET", "/bulk?action=cancel&status=pending&queue=q", "ann", operatorToken, nil, nil)
