@@ -234,6 +234,13 @@ func TestBrowser(t *testing.T) {
 	// The jobs list, and a filter that narrows it.
 	br.do(t, "open the jobs", chromedp.Navigate(b.url+"jobs"), chromedp.WaitVisible("#rows"))
 	require.Equal(t, "9", br.eval(t, `String(document.querySelectorAll('#rows tr[data-id]').length)`))
+	// The list follows the table too.
+	br.waitFor(t, "the live updates connect", `document.querySelector('#live.on') !== null`)
+	br.eval(t, `window.notReloaded = "yes"; ""`)
+	b.exec(t, `INSERT INTO {jobs} (queue, kind) VALUES ('hooks', 'live-row')`)
+	br.waitFor(t, "the new row", `document.querySelectorAll('#rows tr[data-id]').length === 10`)
+	require.Contains(t, br.eval(t, `document.querySelector('#rows tr[data-id]').textContent`), "live-row", "newest first")
+	require.Equal(t, "yes", br.eval(t, `window.notReloaded`), "the page was not reloaded")
 	br.eval(t, `window.unfiltered = "yes"; ""`)
 	br.do(t, "filter by error text",
 		chromedp.SetValue(`#filters input[name="error"]`, "refused"),
