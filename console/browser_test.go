@@ -273,6 +273,7 @@ func TestBrowser(t *testing.T) {
 	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
 	br.do(t, "list the hostile job", chromedp.Navigate(b.url+"jobs?kind="+url.QueryEscape(hostile)), chromedp.WaitVisible("#rows"))
 	require.Contains(t, br.eval(t, `document.querySelector('#rows').textContent`), "<script>alert(1)</script>")
+	require.Contains(t, br.eval(t, `document.querySelector('#rows').textContent`), `javascript:alert(3)\x1b[31m`, "the terminal escape shows escaped")
 	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
 	br.do(t, "the overview with the hostile queue", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
 	require.Contains(t, br.eval(t, `document.querySelector('#queues').textContent`), "<img src=x onerror=alert(2)>")

@@ -71,6 +71,7 @@ var funcs = template.FuncMap{
 		return fmt.Sprintf("%d/%d", j.Attempts, *j.MaxAttempts)
 	},
 	"pretty": pretty,
+	"vis":    visible,
 	"deref": func(n *int64) int64 {
 		if n == nil {
 			return 0
@@ -100,6 +101,26 @@ func seconds(s *float64) string {
 	default:
 		return d.Truncate(time.Minute).String()
 	}
+}
+
+// visible writes the characters a terminal or a browser would act on or
+// hide (controls, format characters such as the bidirectional overrides)
+// as Go escapes them (\x1b, \u202e), so that a row shows what it holds.
+func visible(s string) string {
+	hidden := func(r rune) bool { return !strconv.IsGraphic(r) && r != '\n' && r != '\t' }
+	if !strings.ContainsFunc(s, hidden) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if hidden(r) {
+			q := strconv.QuoteRuneToGraphic(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // pretty indents a JSON document; what is not one is shown as it is.

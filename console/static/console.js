@@ -3,7 +3,16 @@
 (function () {
   var page = document.body.dataset.page;
   var dot = document.getElementById("live");
-  var lastMax = null, lastText = null, pending = false;
+  var lastText = null, pending = false;
+
+  // vis writes what a browser would hide or act on as an escape, as the
+  // server's pages do.
+  function vis(s) {
+    return String(s).replace(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff]/g, function (c) {
+      var h = c.charCodeAt(0).toString(16);
+      return c.charCodeAt(0) < 0x80 ? "\\x" + ("0" + h).slice(-2) : "\\u" + ("000" + h).slice(-4);
+    });
+  }
 
   function text(el, s) { if (el && el.textContent !== s) { el.textContent = s; } }
 
@@ -33,7 +42,7 @@
           var td = document.createElement("td");
           if (i > 0 && i < 10) { td.className = "n"; }
           if (f && f !== "queue") { td.dataset.f = f; }
-          if (f === "queue") { td.textContent = q.queue; }
+          if (f === "queue") { td.textContent = vis(q.queue); }
           tr.appendChild(td);
         });
         body.appendChild(tr);
@@ -65,7 +74,7 @@
     }
     list.forEach(function (w) {
       var tr = document.createElement("tr");
-      var name = document.createElement("td"); name.textContent = w.name;
+      var name = document.createElement("td"); name.textContent = vis(w.name);
       var n = document.createElement("td"); n.className = "n"; n.textContent = String(w.running);
       var jobs = document.createElement("td");
       (w.jobs || []).forEach(function (j) {
@@ -73,7 +82,7 @@
         a.href = "/jobs/" + encodeURIComponent(String(j.id));
         a.textContent = String(j.id);
         jobs.appendChild(a);
-        jobs.appendChild(document.createTextNode(" " + j.kind + " "));
+        jobs.appendChild(document.createTextNode(" " + vis(j.kind) + " "));
       });
       var lease = document.createElement("td"); lease.textContent = String(w.lease_until).replace("T", " ").slice(0, 23);
       tr.append(name, n, jobs, lease);
@@ -123,7 +132,6 @@
       if (lastText !== null && key !== lastText) { jobs(); }
       lastText = key;
     }
-    lastMax = state.max_id;
   });
   document.body.dataset.live = "1";
 })();
