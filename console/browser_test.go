@@ -279,5 +279,6 @@ func TestBrowser(t *testing.T) {
 	require.Contains(t, br.eval(t, `document.querySelector('#queues').textContent`), "<img src=x onerror=alert(2)>")
 
 	br.do(t, "open the schedules", chromedp.Navigate(b.url+"schedules"), chromedp.WaitVisible("#schedules"))
+	br.screenshot(t, "schedules")
 	br.noIncidents(t)
 }

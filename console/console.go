@@ -172,7 +172,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx) // the event streams end with ctx
-	<-errc
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) {
+		err = cmp.Or(err, serr)
+	}
 	s.hub.wait()
 	if err != nil {
 		return fmt.Errorf("console: shutdown: %w", err)

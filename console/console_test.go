@@ -131,7 +131,7 @@ func (b *bundle) request(t *testing.T, method, path, name, token string, form ur
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	resp, err := client.Do(req)
 	require.NoError(t, err)
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	out, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	return resp.StatusCode, string(out)
@@ -192,7 +192,7 @@ func (b *bundle) openEvents(t *testing.T) (string, func()) {
 	req, err := http.NewRequestWithContext(ctx, "GET", b.url+"events", nil)
 	require.NoError(t, err)
 	req.SetBasicAuth("vic", viewerToken)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := http.DefaultClient.Do(req) //nolint:bodyclose // closed by the func returned
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	r := bufio.NewReader(resp.Body)
@@ -202,7 +202,7 @@ func (b *bundle) openEvents(t *testing.T) (string, func()) {
 		if data, ok := strings.CutPrefix(line, "data: "); ok {
 			return data, func() {
 				cancel()
-				resp.Body.Close()
+				_ = resp.Body.Close()
 			}
 		}
 	}
