@@ -18,7 +18,11 @@ import (
 	cdppage "github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/triggers"
 )
 
 // browserTimeout bounds each step a browser takes; a step that waits for a
@@ -278,7 +282,23 @@ func TestBrowser(t *testing.T) {
 	br.do(t, "the overview with the hostile queue", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
 	require.Contains(t, br.eval(t, `document.querySelector('#queues').textContent`), "<img src=x onerror=alert(2)>")
 
+	// The schedules and dispatch triggers; pause a schedule.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := b.srv.admin.Declare(ctx, admin.ScheduleSpec{Name: "nightly-report", Cron: "0 3 * * *", Kind: "email", Queue: "mail"})
+	require.NoError(t, err)
+	_, err = b.srv.admin.Declare(ctx, admin.ScheduleSpec{Name: "heartbeat", Every: time.Minute, Kind: "noop"})
+	require.NoError(t, err)
+	b.exec(t, `CREATE TABLE {schema}.orders (id bigint PRIMARY KEY, status text)`)
+	_, _, err = triggers.Add(ctx, b.pool, b.schema, triggers.Spec{
+		Table: pgx.Identifier{b.schema, "orders"}.Sanitize(), Events: []string{"insert", "update"}, Kind: "http_callback",
+		Payload: []byte(`{"url": "https://hooks.example.com/orders?token=abc12345"}`), Queue: "hooks", When: "NEW.status = 'paid'",
+	})
+	require.NoError(t, err)
 	br.do(t, "open the schedules", chromedp.Navigate(b.url+"schedules"), chromedp.WaitVisible("#schedules"))
+	require.NotContains(t, br.eval(t, `document.querySelector('#triggers').textContent`), "abc12345", "the payload's secret is masked")
+	br.do(t, "pause a schedule", chromedp.Click(`#schedules tr[data-name="heartbeat"] button[value="pause"]`), chromedp.WaitVisible(".flash"))
+	require.Equal(t, "false", b.queryString(t, `SELECT enabled::text FROM {schema}.schedules WHERE name = 'heartbeat'`))
 	br.screenshot(t, "schedules")
 	br.noIncidents(t)
 }
