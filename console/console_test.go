@@ -247,3 +247,24 @@ func TestIdleCostsNothing(t *testing.T) {
 	require.False(t, b.srv.hub.running())
 	idle("after the last viewer left")
 }
+
+// Every page comes with a Content-Security-Policy that allows no inline
+// script and nothing from elsewhere, and may not be framed.
+func TestSecurityHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	for _, path := range []string{"", "jobs", "schedules", "static/console.js"} {
+		req, err := http.NewRequest("GET", b.url+path, nil)
+		require.NoError(t, err)
+		req.SetBasicAuth("vic", viewerToken)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		csp := resp.Header.Get("Content-Security-Policy")
+		require.Contains(t, csp, "script-src 'self'", path)
+		require.NotContains(t, csp, "unsafe-inline", path)
+		require.Contains(t, csp, "frame-ancestors 'none'", path)
+		require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"), path)
+	}
+}
