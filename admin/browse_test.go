@@ -164,4 +164,16 @@ func TestLive(t *testing.T) {
 	require.EqualValues(t, 2, l.Workers[0].Running)
 	require.Len(t, l.Workers[0].Jobs, 2)
 	require.Positive(t, l.MaxID)
+
+	exec(`INSERT INTO {jobs} (queue, kind, status, finished_at) VALUES
+		('b', 'k', 'dead', now()), ('b', 'k', 'done', now() - interval '10 minutes'), ('b', 'k', 'done', now() - interval '2 hours')`)
+	hour, err := a.LastHour(context.Background())
+	require.NoError(t, err)
+	var done, dead int64
+	for _, m := range hour {
+		require.Equal(t, "b", m.Queue, "c's job died an hour ago, before the chart's first minute")
+		done += m.Done
+		dead += m.Dead
+	}
+	require.Equal(t, [2]int64{2, 1}, [2]int64{done, dead})
 }

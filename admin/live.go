@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Live is the state of the queues and workers that a console shows and
@@ -103,4 +105,31 @@ func (a *Admin) Live(ctx context.Context) (Live, error) {
 		return Live{}, fmt.Errorf("live state: %w", err)
 	}
 	return l, nil
+}
+
+// Minute is one queue's finished jobs in one minute.
+type Minute struct {
+	Queue  string    `json:"queue"`
+	Minute time.Time `json:"minute"`
+	Done   int64     `json:"done"`
+	Dead   int64     `json:"dead"`
+}
+
+// LastHour counts each queue's done and dead jobs per minute over the last
+// hour, from jobs_finished_idx. Done jobs count while they are kept
+// (RETAIN_DONE). Minutes without any are left out.
+func (a *Admin) LastHour(ctx context.Context) ([]Minute, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rows, _ := a.pool.Query(ctx, a.sql(`
+SELECT queue, date_trunc('minute', finished_at),
+       count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'dead')
+FROM {jobs}
+WHERE status IN ('done', 'dead') AND finished_at > date_trunc('minute', now()) - interval '59 minutes'
+GROUP BY 1, 2 ORDER BY 1, 2`))
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Minute])
+	if err != nil {
+		return nil, fmt.Errorf("the last hour: %w", err)
+	}
+	return out, nil
 }

@@ -228,7 +228,6 @@ func TestBrowser(t *testing.T) {
 	br.waitFor(t, "the new job's count", mailCell("pending")+`.textContent === "4"`)
 	t.Logf("an INSERT showed on the overview %s after it", time.Since(start).Round(time.Millisecond))
 	require.Equal(t, "yes", br.eval(t, `window.notReloaded`), "the page was not reloaded")
-	br.screenshot(t, "overview")
 
 	// Pause the queue from the overview.
 	br.do(t, "pause mail", chromedp.Click(`#queues tr[data-queue="mail"] button[value="pause"]`), chromedp.WaitVisible(".flash"))
@@ -279,8 +278,15 @@ func TestBrowser(t *testing.T) {
 	require.Contains(t, br.eval(t, `document.querySelector('#rows').textContent`), "<script>alert(1)</script>")
 	require.Contains(t, br.eval(t, `document.querySelector('#rows').textContent`), `javascript:alert(3)\x1b[31m`, "the terminal escape shows escaped")
 	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
+	// The last hour's chart, and the hostile queue on the overview.
+	b.exec(t, `INSERT INTO {jobs} (queue, kind, status, finished_at)
+		SELECT 'hooks', 'http_callback', CASE WHEN i % 7 = 0 THEN 'dead' ELSE 'done' END,
+		       now() - (i % 60) * interval '1 minute' - (i % 5) * interval '1 second'
+		FROM generate_series(1, 400) i`)
 	br.do(t, "the overview with the hostile queue", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
 	require.Contains(t, br.eval(t, `document.querySelector('#queues').textContent`), "<img src=x onerror=alert(2)>")
+	require.Equal(t, "true", br.eval(t, `String(document.querySelectorAll('#queues tr[data-queue="hooks"] td.chart rect.done').length >= 59)`))
+	br.screenshot(t, "overview")
 
 	// The schedules and dispatch triggers; pause a schedule.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

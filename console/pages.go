@@ -169,6 +169,8 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, name, block stri
 type queueRow struct {
 	admin.LiveQueue
 	Done, Dead, Cancelled *int64
+	// Chart is the last hour's done and dead jobs; nil for none.
+	Chart *chart
 }
 
 func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
@@ -216,6 +218,14 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 				}
 			}
 		}
+	}
+	hour, err := s.admin.LastHour(r.Context())
+	if err != nil && p.Error == "" {
+		p.Error = s.dbError("count the last hour", err)
+	}
+	drawn := charts(hour, time.Now())
+	for _, row := range rows {
+		row.Chart = drawn[row.Queue]
 	}
 	slices.SortFunc(rows, func(a, b *queueRow) int { return strings.Compare(a.Queue, b.Queue) })
 	p.Data = struct {

@@ -38,10 +38,10 @@
         if (empty) { empty.remove(); }
         tr = document.createElement("tr");
         tr.dataset.queue = q.queue;
-        ["queue", "pending", "due", "running", "lag", "done_last_minute", "dead_last_minute", "", "", "", "paused"].forEach(function (f, i) {
+        ["queue", "pending", "due", "running", "lag", "done_last_minute", "dead_last_minute", "chart", "", "", "", "paused"].forEach(function (f, i) {
           var td = document.createElement("td");
-          if (i > 0 && i < 10) { td.className = "n"; }
-          if (f && f !== "queue") { td.dataset.f = f; }
+          if (i > 0 && i < 11 && f !== "chart") { td.className = "n"; }
+          if (f && f !== "queue" && f !== "chart") { td.dataset.f = f; }
           if (f === "queue") { td.textContent = vis(q.queue); }
           tr.appendChild(td);
         });
