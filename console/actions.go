@@ -54,15 +54,16 @@ func back(r *http.Request, def string) string {
 	return b
 }
 
-// redirect returns to to with msg shown on the page.
-func redirect(w http.ResponseWriter, r *http.Request, to, msg string) {
+// redirect returns to to with msg shown on the page, signed so that a link
+// from elsewhere cannot put words on the console's pages.
+func (s *Server) redirect(w http.ResponseWriter, r *http.Request, to, msg string) {
 	u, err := url.Parse(to)
 	if err != nil {
 		u = &url.URL{Path: "/"}
 	}
 	q := u.Query()
-	q.Del("msg")
 	q.Set("msg", msg)
+	q.Set("sig", s.sign(msg))
 	u.RawQuery = q.Encode()
 	http.Redirect(w, r, u.String(), http.StatusSeeOther)
 }
@@ -98,12 +99,12 @@ func (s *Server) jobsAction(w http.ResponseWriter, r *http.Request) {
 		ids = append(ids, id)
 	}
 	if len(ids) == 0 {
-		redirect(w, r, to, "select jobs first")
+		s.redirect(w, r, to, "select jobs first")
 		return
 	}
 	d, err := parseSnooze(r)
 	if err != nil {
-		redirect(w, r, to, err.Error())
+		s.redirect(w, r, to, err.Error())
 		return
 	}
 	changes, err := act.do(r.Context(), s.admin, ids, d)
@@ -122,7 +123,7 @@ func (s *Server) jobsAction(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		msg = s.dbError(name+" jobs", err)
 	}
-	redirect(w, r, to, msg)
+	s.redirect(w, r, to, msg)
 }
 
 func summary(act jobAction, changed, left int) string {
@@ -152,7 +153,7 @@ func (s *Server) bulkConfirm(w http.ResponseWriter, r *http.Request) {
 	p := page{Title: "Confirm: " + name, Nav: "jobs"}
 	filter := url.Values{}
 	for k, vs := range q {
-		if k != "action" && k != "after" && k != "msg" {
+		if k != "action" && k != "after" && k != "msg" && k != "sig" {
 			filter[k] = vs
 		}
 	}
@@ -189,13 +190,13 @@ func (s *Server) bulkAction(w http.ResponseWriter, r *http.Request) {
 	}
 	f, err := parseFilter(filter)
 	if err != nil {
-		redirect(w, r, to, err.Error())
+		s.redirect(w, r, to, err.Error())
 		return
 	}
 	f.After, f.Sort = nil, ""
 	d, err := parseSnooze(r)
 	if err != nil {
-		redirect(w, r, to, err.Error())
+		s.redirect(w, r, to, err.Error())
 		return
 	}
 	changed, left := 0, 0
@@ -217,7 +218,7 @@ func (s *Server) bulkAction(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		msg += "; then stopped: " + s.dbError(name+" jobs", err)
 	}
-	redirect(w, r, to, msg)
+	s.redirect(w, r, to, msg)
 }
 
 // queueAction pauses or resumes a queue.
@@ -251,5 +252,5 @@ func (s *Server) pauseAction(w http.ResponseWriter, r *http.Request, what string
 	default:
 		msg = fmt.Sprintf("%s %q was %sd already", what, name, action)
 	}
-	redirect(w, r, to, msg)
+	s.redirect(w, r, to, msg)
 }

@@ -74,6 +74,14 @@ func (s *Server) csrfToken(u user) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
+// sign is the signature of a message the console shows after an action.
+func (s *Server) sign(msg string) string {
+	m := hmac.New(sha256.New, s.csrfKey)
+	m.Write([]byte("msg\x00"))
+	m.Write([]byte(msg))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
 var crossOrigin = http.NewCrossOriginProtection()
 
 // operator lets through a POST from an operator that carries the CSRF

@@ -180,6 +180,13 @@ func TestAuth(t *testing.T) {
 	code, body = b.request(t, "GET", "/", "ann", operatorToken, nil, nil)
 	require.Equal(t, http.StatusOK, code)
 	require.Contains(t, body, annCSRF, "the page carries the user's CSRF token")
+
+	// A link from elsewhere cannot put words on a page: only the messages
+	// the console signed show.
+	_, body = b.request(t, "GET", "/jobs?msg=Your+token+expired%2C+sign+in+at+evil.example", "ann", operatorToken, nil, nil)
+	require.NotContains(t, body, "evil.example")
+	_, body = b.request(t, "GET", "/jobs?msg=retried+1+job&sig="+b.srv.sign("retried 1 job"), "ann", operatorToken, nil, nil)
+	require.Contains(t, body, `<p class="flash">retried 1 job</p>`)
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

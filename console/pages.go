@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"crypto/hmac"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -151,8 +152,8 @@ func parsePages() (map[string]*template.Template, error) {
 func (s *Server) render(w http.ResponseWriter, r *http.Request, name, block string, p page) {
 	p.User = userOf(r)
 	p.CSRF = s.csrfToken(p.User)
-	if p.Flash == "" {
-		p.Flash = r.URL.Query().Get("msg")
+	if msg := r.URL.Query().Get("msg"); p.Flash == "" && hmac.Equal([]byte(s.sign(msg)), []byte(r.URL.Query().Get("sig"))) {
+		p.Flash = msg
 	}
 	var b bytes.Buffer
 	if err := s.pages[name].ExecuteTemplate(&b, block, p); err != nil {
@@ -262,7 +263,7 @@ type jobsView struct {
 func (v jobsView) Link(key, value string) string {
 	q := url.Values{}
 	for k, vs := range v.Query {
-		if k != "after" && k != "msg" && k != "fragment" {
+		if k != "after" && k != "msg" && k != "sig" && k != "fragment" {
 			q[k] = vs
 		}
 	}
@@ -275,7 +276,7 @@ func (v jobsView) Link(key, value string) string {
 func (v jobsView) SortLink(col string) string {
 	q := url.Values{}
 	for k, vs := range v.Query {
-		if k != "after" && k != "msg" && k != "fragment" && k != "asc" {
+		if k != "after" && k != "msg" && k != "sig" && k != "fragment" && k != "asc" {
 			q[k] = vs
 		}
 	}
@@ -312,7 +313,7 @@ func (v jobsView) HasStatus(status string) bool { return slices.Contains(v.Filte
 func (v jobsView) Encoded() string {
 	q := url.Values{}
 	for k, vs := range v.Query {
-		if k != "after" && k != "msg" && k != "fragment" && k != "sort" && k != "asc" {
+		if k != "after" && k != "msg" && k != "sig" && k != "fragment" && k != "sort" && k != "asc" {
 			q[k] = vs
 		}
 	}

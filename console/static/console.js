@@ -98,6 +98,7 @@
     if (document.querySelector('#rows input[type="checkbox"]:checked')) { return; }
     var u = new URL(window.location.href);
     u.searchParams.delete("msg");
+    u.searchParams.delete("sig");
     u.searchParams.set("fragment", "1");
     pending = true;
     fetch(u.toString(), { credentials: "same-origin" }).then(function (r) {
