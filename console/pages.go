@@ -271,6 +271,17 @@ func (v jobsView) Link(key, value string) string {
 	return "/jobs?" + q.Encode()
 }
 
+// Here is the URL of this page, for an action to return to.
+func (v jobsView) Here() string {
+	q := url.Values{}
+	for k, vs := range v.Query {
+		if k != "msg" && k != "sig" && k != "fragment" {
+			q[k] = vs
+		}
+	}
+	return "/jobs?" + q.Encode()
+}
+
 // SortLink is the link of a column's header: its sort, newest first, or
 // the other way when it is the sort already.
 func (v jobsView) SortLink(col string) string {
