@@ -107,7 +107,10 @@ func (s *Server) jobsAction(w http.ResponseWriter, r *http.Request) {
 		s.redirect(w, r, to, err.Error())
 		return
 	}
-	changes, err := act.do(r.Context(), s.admin, ids, d)
+	// An action runs to its end when the browser leaves; each statement
+	// has its timeout.
+	ctx := context.WithoutCancel(r.Context())
+	changes, err := act.do(ctx, s.admin, ids, d)
 	s.hub.poke()
 	changed, left := 0, 0
 	for _, c := range changes {
@@ -200,8 +203,9 @@ func (s *Server) bulkAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	changed, left := 0, 0
-	err = s.admin.EachMatching(r.Context(), f, func(ids []int64) error {
-		changes, err := act.do(r.Context(), s.admin, ids, d)
+	ctx := context.WithoutCancel(r.Context()) // as in jobsAction
+	err = s.admin.EachMatching(ctx, f, func(ids []int64) error {
+		changes, err := act.do(ctx, s.admin, ids, d)
 		for _, c := range changes {
 			if c.Changed {
 				changed++
@@ -239,7 +243,7 @@ func (s *Server) pauseAction(w http.ResponseWriter, r *http.Request, what string
 		http.Error(w, "want action pause or resume, and a name", http.StatusBadRequest)
 		return
 	}
-	changed, err := f(r.Context(), name)
+	changed, err := f(context.WithoutCancel(r.Context()), name) // as in jobsAction
 	s.hub.poke()
 	s.log.Info("console action", zap.String("who", userOf(r).Name), zap.String("action", action+" "+what),
 		zap.String("name", name), zap.Bool("changed", changed), zap.Error(err))
