@@ -13,8 +13,9 @@
 //
 // Live updates cost the database nothing while no browser is connected:
 // the first viewer starts one listener (LISTEN on the schema's channels)
-// and one refresh loop of one statement (admin.Live) a second at most, and
-// the last viewer to leave stops them.
+// and one loop that reads the state in one statement (admin.Live) each
+// second, or sooner after a notification but never twice within half a
+// second, and the last viewer to leave stops them.
 package console
 
 import (

@@ -53,8 +53,8 @@ func (h *hub) poke() {
 }
 
 // subscribe adds a viewer, starting the loop for the first one under ctx
-// (the server's, not the request's), and returns its channel of states and its leave. The
-// channel holds the latest state only.
+// (the server's, not the request's), and returns the viewer's channel of
+// states, which holds the latest one only, and its leave.
 func (h *hub) subscribe(ctx context.Context) (<-chan []byte, func()) {
 	ch := make(chan []byte, 1)
 	h.mu.Lock()
