@@ -11,6 +11,7 @@
 //	pgdispatch queues     pause and resume queues
 //	pgdispatch schedules  add, list, remove, pause and resume cron schedules
 //	pgdispatch at-worker  run the AT Worker's table on pgdispatch, and give it back
+//	pgdispatch console    serve the web console
 //
 // Configuration comes from the environment, an optional .env file in the
 // working directory, and flags; flags win. `pgdispatch COMMAND --help` lists
@@ -46,6 +47,7 @@ Usage:
   pgdispatch queues list|pause|resume   pause a queue's claims on every worker, and resume them
   pgdispatch schedules add|list|remove|pause|resume   create jobs on a cron schedule or an interval, once per slot
   pgdispatch at-worker switch|revert   run the AT Worker's scheduled_tasks on pgdispatch, producers and SQL unchanged, and give it back
+  pgdispatch console [flags]   serve the web console: queues, workers, jobs, schedules, live, with actions
 
 Run 'pgdispatch COMMAND --help' for a command's flags. Every flag can also be
 set by the environment variable named in its help, or in a .env file.
@@ -88,6 +90,7 @@ var commands = map[string]command{
 	"queues":    {queuesCommand},
 	"schedules": {schedulesCommand},
 	"at-worker": {atWorkerCommand},
+	"console":   {consoleCommand},
 }
 
 func main() {

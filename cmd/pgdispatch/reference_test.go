@@ -44,6 +44,7 @@ var settingGroups = map[string][]setting{
 	"executorSettings": executorSettings,
 	"serveSettings":    serveSettings,
 	"atWorkerSettings": atWorkerSettings,
+	"consoleSettings":  consoleSettings,
 }
 
 // Names the docs may use that are neither settings, flags nor metrics of

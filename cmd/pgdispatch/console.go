@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/console"
+	"github.com/pgdispatch/pgdispatch/migrations"
+)
+
+// The settings of console alone. The tokens have no flag: they are
+// secrets, which a process listing would show.
+var consoleSettings = []setting{
+	{env: "CONSOLE_LISTEN", flag: "listen", def: console.DefaultListen, help: "address the web console serves on; keep it on loopback, or behind TLS"},
+	{env: "CONSOLE_OPERATOR_TOKEN", help: "password of the console's operators, who may act (retry, cancel, snooze, delete, pause, resume) and reveal secrets; the user name is who the actions are logged as"},
+	{env: "CONSOLE_VIEWER_TOKEN", help: "password of the console's viewers, who may only read"},
+}
+
+func consoleCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("console", "Serve the web console: queues, workers, jobs and their attempts, schedules and dispatch triggers, live.\n"+
+		"Sign in with your name and CONSOLE_OPERATOR_TOKEN (or CONSOLE_VIEWER_TOKEN to only read).", stderr)
+	v := newValues(fs, connSettings, consoleSettings)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	addr := v.str("CONSOLE_LISTEN")
+	operatorToken, viewerToken := v.str("CONSOLE_OPERATOR_TOKEN"), v.str("CONSOLE_VIEWER_TOKEN")
+	if operatorToken == "" && viewerToken == "" {
+		return errors.New("the console needs credentials: set CONSOLE_OPERATOR_TOKEN (and CONSOLE_VIEWER_TOKEN for read-only users)")
+	}
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	_, err = migrations.Check(checkCtx, c.pool, c.schema)
+	cancel()
+	if err != nil {
+		return explainSchema(err, c.schema)
+	}
+	listenConfig := c.pool.Config().ConnConfig.Copy()
+	if c.direct != "" {
+		if listenConfig, err = pgx.ParseConfig(c.direct); err != nil {
+			return fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err)
+		}
+	}
+	if listenConfig.ConnectTimeout == 0 {
+		listenConfig.ConnectTimeout = 10 * time.Second
+	}
+	listenConfig.RuntimeParams["application_name"] = "pgdispatch-console"
+	srv, err := console.New(console.Config{
+		Pool: c.pool, Schema: c.schema, ListenConfig: listenConfig, Timeout: c.timeout,
+		OperatorToken: operatorToken, ViewerToken: viewerToken, Logger: c.logger,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("console: %w", err)
+	}
+	if !console.Loopback(addr) {
+		c.logger.Warn("the console listens off loopback: put it behind TLS", zap.String("addr", ln.Addr().String()))
+	}
+	fmt.Fprintf(stdout, "pgdispatch console: http://%s/\n", ln.Addr())
+	return srv.Serve(ctx, ln)
+}

@@ -1,0 +1,260 @@
+package console
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/admin"
+)
+
+// defaultSnooze is how long a snooze delays a job unless the form says.
+const defaultSnooze = time.Hour
+
+func contextTimeout(r *http.Request, s *Server) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.Context(), cmp.Or(s.cfg.Timeout, 10*time.Second))
+}
+
+// jobAction is one of the actions on jobs: what it does to a batch of ids,
+// and the words that report it.
+type jobAction struct {
+	do      func(ctx context.Context, a *admin.Admin, ids []int64, snooze time.Duration) ([]admin.Change, error)
+	did     string
+	applies string
+}
+
+var jobActions = map[string]jobAction{
+	"retry": {func(ctx context.Context, a *admin.Admin, ids []int64, _ time.Duration) ([]admin.Change, error) {
+		return a.Retry(ctx, ids)
+	}, "retried", "dead or cancelled"},
+	"cancel": {func(ctx context.Context, a *admin.Admin, ids []int64, _ time.Duration) ([]admin.Change, error) {
+		return a.Cancel(ctx, ids)
+	}, "cancelled", "pending or running"},
+	"snooze": {func(ctx context.Context, a *admin.Admin, ids []int64, d time.Duration) ([]admin.Change, error) {
+		return a.Snooze(ctx, ids, d)
+	}, "snoozed", "pending"},
+	"delete": {func(ctx context.Context, a *admin.Admin, ids []int64, _ time.Duration) ([]admin.Change, error) {
+		return a.Delete(ctx, ids)
+	}, "deleted", "not running"},
+}
+
+// back is where an action returns to: the form's page, on this console.
+func back(r *http.Request, def string) string {
+	b := r.PostFormValue("back")
+	if !strings.HasPrefix(b, "/") || strings.HasPrefix(b, "//") || strings.HasPrefix(b, "/\\") {
+		return def
+	}
+	return b
+}
+
+// redirect returns to to with msg shown on the page, signed so that a link
+// from elsewhere cannot put words on the console's pages.
+func (s *Server) redirect(w http.ResponseWriter, r *http.Request, to, msg string) {
+	u, err := url.Parse(to)
+	if err != nil {
+		u = &url.URL{Path: "/"}
+	}
+	q := u.Query()
+	q.Set("msg", msg)
+	q.Set("sig", s.sign(msg))
+	u.RawQuery = q.Encode()
+	http.Redirect(w, r, u.String(), http.StatusSeeOther)
+}
+
+func parseSnooze(r *http.Request) (time.Duration, error) {
+	v := r.PostFormValue("for")
+	if v == "" {
+		return defaultSnooze, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("snooze for %q: want a duration such as 90s or 2h", v)
+	}
+	return d, nil
+}
+
+// jobsAction applies an action to the jobs the form names.
+func (s *Server) jobsAction(w http.ResponseWriter, r *http.Request) {
+	to := back(r, "/jobs")
+	name := r.PostFormValue("action")
+	act, ok := jobActions[name]
+	if !ok {
+		http.Error(w, fmt.Sprintf("unknown action %q", name), http.StatusBadRequest)
+		return
+	}
+	var ids []int64
+	for _, v := range r.PostForm["id"] {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || id <= 0 {
+			http.Error(w, fmt.Sprintf("not a job id: %q", v), http.StatusBadRequest)
+			return
+		}
+		ids = append(ids, id)
+	}
+	if len(ids) == 0 {
+		s.redirect(w, r, to, "select jobs first")
+		return
+	}
+	d, err := parseSnooze(r)
+	if err != nil {
+		s.redirect(w, r, to, err.Error())
+		return
+	}
+	// An action runs to its end when the browser leaves; each statement
+	// has its timeout.
+	ctx := context.WithoutCancel(r.Context())
+	changes, err := act.do(ctx, s.admin, ids, d)
+	s.hub.poke()
+	changed, left := 0, 0
+	for _, c := range changes {
+		if c.Changed {
+			changed++
+		} else {
+			left++
+		}
+	}
+	s.log.Info("console action", zap.String("who", userOf(r).Name), zap.String("action", name),
+		zap.Int64s("job_ids", ids), zap.Int("changed", changed), zap.Error(err))
+	msg := summary(act, changed, left)
+	if err != nil {
+		msg = s.dbError(name+" jobs", err)
+	}
+	s.redirect(w, r, to, msg)
+}
+
+func summary(act jobAction, changed, left int) string {
+	msg := fmt.Sprintf("%s %d %s", act.did, changed, plural(changed, "job"))
+	if left > 0 {
+		msg += fmt.Sprintf("; %d left as they were (not %s, or gone)", left, act.applies)
+	}
+	return msg
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
+}
+
+// bulkConfirm shows how many jobs the filter selects and asks to confirm
+// the action on all of them.
+func (s *Server) bulkConfirm(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	name := q.Get("action")
+	if _, ok := jobActions[name]; !ok {
+		http.Error(w, fmt.Sprintf("unknown action %q", name), http.StatusBadRequest)
+		return
+	}
+	p := page{Title: "Confirm: " + name, Nav: "jobs"}
+	filter := url.Values{}
+	for k, vs := range q {
+		if k != "action" && k != "after" && k != "msg" && k != "sig" {
+			filter[k] = vs
+		}
+	}
+	f, err := parseFilter(filter)
+	var n int64
+	if err != nil {
+		p.Error = err.Error()
+	} else if n, err = s.admin.Count(r.Context(), f); err != nil {
+		p.Error = s.dbError("count the jobs", err)
+	}
+	p.Data = struct {
+		Action string
+		Filter string
+		Count  int64
+		Back   string
+	}{name, filter.Encode(), n, "/jobs?" + filter.Encode()}
+	s.render(w, r, "bulk", "layout.html", p)
+}
+
+// bulkAction applies an action to every job the filter selects, in
+// batches in id order.
+func (s *Server) bulkAction(w http.ResponseWriter, r *http.Request) {
+	name := r.PostFormValue("action")
+	act, ok := jobActions[name]
+	if !ok {
+		http.Error(w, fmt.Sprintf("unknown action %q", name), http.StatusBadRequest)
+		return
+	}
+	filter, err := url.ParseQuery(r.PostFormValue("filter"))
+	to := "/jobs?" + filter.Encode()
+	if err != nil {
+		http.Error(w, "the filter is not a query string", http.StatusBadRequest)
+		return
+	}
+	f, err := parseFilter(filter)
+	if err != nil {
+		s.redirect(w, r, to, err.Error())
+		return
+	}
+	f.After, f.Sort = nil, ""
+	d, err := parseSnooze(r)
+	if err != nil {
+		s.redirect(w, r, to, err.Error())
+		return
+	}
+	changed, left := 0, 0
+	ctx := context.WithoutCancel(r.Context()) // as in jobsAction
+	err = s.admin.EachMatching(ctx, f, func(ids []int64) error {
+		changes, err := act.do(ctx, s.admin, ids, d)
+		for _, c := range changes {
+			if c.Changed {
+				changed++
+			} else {
+				left++
+			}
+		}
+		return err
+	})
+	s.hub.poke()
+	s.log.Info("console action", zap.String("who", userOf(r).Name), zap.String("action", name+" matching"),
+		zap.String("filter", filter.Encode()), zap.Int("changed", changed), zap.Int("left", left), zap.Error(err))
+	msg := summary(act, changed, left)
+	if err != nil {
+		msg += "; then stopped: " + s.dbError(name+" jobs", err)
+	}
+	s.redirect(w, r, to, msg)
+}
+
+// queueAction pauses or resumes a queue.
+func (s *Server) queueAction(w http.ResponseWriter, r *http.Request) {
+	s.pauseAction(w, r, "queue", s.admin.Pause, s.admin.Resume)
+}
+
+// scheduleAction pauses or resumes a schedule.
+func (s *Server) scheduleAction(w http.ResponseWriter, r *http.Request) {
+	s.pauseAction(w, r, "schedule", s.admin.PauseSchedule, s.admin.ResumeSchedule)
+}
+
+func (s *Server) pauseAction(w http.ResponseWriter, r *http.Request, what string, pause, resume func(context.Context, string) (bool, error)) {
+	to := back(r, "/")
+	name, action := r.PostFormValue("name"), r.PostFormValue("action")
+	f := map[string]func(context.Context, string) (bool, error){"pause": pause, "resume": resume}[action]
+	if f == nil || name == "" {
+		http.Error(w, "want action pause or resume, and a name", http.StatusBadRequest)
+		return
+	}
+	changed, err := f(context.WithoutCancel(r.Context()), name) // as in jobsAction
+	s.hub.poke()
+	s.log.Info("console action", zap.String("who", userOf(r).Name), zap.String("action", action+" "+what),
+		zap.String("name", name), zap.Bool("changed", changed), zap.Error(err))
+	var msg string
+	switch {
+	case err != nil:
+		msg = s.dbError(action+" "+what+" "+strconv.Quote(name), err)
+	case changed:
+		msg = fmt.Sprintf("%s %q: %sd", what, name, action)
+	default:
+		msg = fmt.Sprintf("%s %q was %sd already", what, name, action)
+	}
+	s.redirect(w, r, to, msg)
+}
