@@ -3,6 +3,7 @@ package admin
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -302,17 +303,35 @@ func (a *Admin) Delete(ctx context.Context, ids []int64) ([]Change, error) {
 // Mask masks the secrets of j's payload, last_error, errors and result, as
 // `jobs show` does without --reveal (see redact.Payload), and reports
 // whether it masked anything.
+//
+// The workers mask receivers' replies as they write them; a row written
+// before they did, or by another writer, may still quote a secret of its
+// own payload (as written, or in base64 as AUTH PLAIN sends it), so the
+// payload's secrets are masked wherever they appear in the job.
 func (j *Job) Mask() bool {
 	before := *j
+	known := redact.NewSecrets(redact.PayloadSecrets(j.Payload)...)
 	if j.LastError != nil {
-		masked := redact.URLs(*j.LastError)
+		masked := redact.URLs(redact.Reply(*j.LastError, known))
 		j.LastError = &masked
 	}
-	j.Payload = maskJSON(j.Payload)
-	j.Errors = maskJSON(j.Errors)
-	j.Result = maskJSON(j.Result)
+	j.Payload = MaskJSON(j.Payload)
+	j.Errors = MaskJSON(maskKnown(j.Errors, known))
+	j.Result = MaskJSON(maskKnown(j.Result, known))
 	return string(before.Payload) != string(j.Payload) || *ptrOr(before.LastError) != *ptrOr(j.LastError) ||
 		string(before.Errors) != string(j.Errors) || string(before.Result) != string(j.Result)
+}
+
+// maskKnown masks known secrets in a JSON document's text, and keeps the
+// document as it was if that would leave it invalid.
+func maskKnown(raw []byte, known *redact.Secrets) []byte {
+	if len(raw) == 0 {
+		return raw
+	}
+	if masked := []byte(known.Mask(string(raw))); json.Valid(masked) {
+		return masked
+	}
+	return raw
 }
 
 func ptrOr(s *string) *string {
@@ -322,7 +341,9 @@ func ptrOr(s *string) *string {
 	return s
 }
 
-func maskJSON(raw []byte) []byte {
+// MaskJSON masks the secrets of a JSON document (see redact.Payload), or
+// the whole of it when it does not parse.
+func MaskJSON(raw []byte) []byte {
 	if len(raw) == 0 {
 		return raw
 	}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
-	"github.com/pgdispatch/pgdispatch/internal/redact"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -147,7 +146,7 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		if !*reveal {
 			for i := range jobs {
-				maskJob(&jobs[i])
+				jobs[i].Mask()
 			}
 		}
 		if *asJSON {
@@ -204,7 +203,7 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		var masked bool
 		if !*reveal {
 			before := j
-			maskJob(&j)
+			j.Mask()
 			masked = !bytes.Equal(before.Payload, j.Payload) || !reflect.DeepEqual(before.LastError, j.LastError) ||
 				!bytes.Equal(before.Errors, j.Errors) || !bytes.Equal(before.Result, j.Result)
 		}
@@ -311,43 +310,6 @@ func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 const revealHelp = "show secrets as they are: URL user info and query values, and the values of keys such as Authorization, X-Api-Key, password or token"
 
-// maskJob masks the secrets of j's payload, last_error, errors and result
-// (see redact.Payload).
-//
-// The workers mask receivers' replies as they write them; a row written
-// before they did, or by another writer, may still quote a secret of its
-// own payload (as written, or in base64 as AUTH PLAIN sends it), so the
-// payload's secrets are masked wherever they appear in the job.
-func maskJob(j *admin.Job) {
-	known := redact.NewSecrets(redact.PayloadSecrets(j.Payload)...)
-	if j.LastError != nil {
-		masked := redact.URLs(redact.Reply(*j.LastError, known))
-		j.LastError = &masked
-	}
-	j.Payload = maskJSON(j.Payload)
-	j.Errors = maskJSON(maskKnown(j.Errors, known))
-	j.Result = maskJSON(maskKnown(j.Result, known))
-}
-
-// maskKnown masks known secrets in a JSON document's text, and keeps the
-// document as it was if that would leave it invalid.
-func maskKnown(raw json.RawMessage, known *redact.Secrets) json.RawMessage {
-	if len(raw) == 0 {
-		return raw
-	}
-	if masked := json.RawMessage(known.Mask(string(raw))); json.Valid(masked) {
-		return masked
-	}
-	return raw
-}
-
-func maskJSON(raw json.RawMessage) json.RawMessage {
-	p, err := redact.Payload(raw)
-	if err != nil {
-		return json.RawMessage(`"` + redact.Mask + `"`)
-	}
-	return p
-}
 
 // printChanges prints what a command did to each job, and returns err, or
 // else an error when it changed none of them (a command that did nothing

@@ -165,7 +165,7 @@ func schedulesList(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		if !*reveal {
 			for i := range list {
-				list[i].Payload = maskJSON(list[i].Payload)
+				list[i].Payload = admin.MaskJSON(list[i].Payload)
 			}
 		}
 		if *asJSON {
