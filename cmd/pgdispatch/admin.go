@@ -310,7 +310,6 @@ func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 const revealHelp = "show secrets as they are: URL user info and query values, and the values of keys such as Authorization, X-Api-Key, password or token"
 
-
 // printChanges prints what a command did to each job, and returns err, or
 // else an error when it changed none of them (a command that did nothing
 // exits non-zero) or an id matched no job.
