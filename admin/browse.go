@@ -17,7 +17,7 @@ import (
 )
 
 // Sorts are the orders Page lists jobs in. Each is backed by an index: id
-// by the primary key, run_at (pending jobs) by jobs_schedule_idx and
+// by the primary key, run_at (pending jobs) by jobs_claim_idx and
 // finished_at (finished jobs) by jobs_finished_idx.
 var Sorts = []string{"id", "run_at", "finished_at"}
 
@@ -150,12 +150,46 @@ var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 // Page returns a page of the jobs f selects, in f's order, and the cursor
 // of the next page (nil on the last). Keyset pagination: each page is read
 // from the sort's index where the previous one ended. Sorting by run_at
-// lists pending jobs (jobs_schedule_idx, by queue); by finished_at, finished
-// jobs, one branch per status (jobs_finished_idx), merged.
+// lists pending jobs (jobs_claim_idx, a queue and priority at a time,
+// merged); by finished_at, finished jobs, one branch per status
+// (jobs_finished_idx), merged.
 func (a *Admin) Page(ctx context.Context, f JobFilter) ([]Job, *Cursor, error) {
+	stmt, args, err := f.page()
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rows, err := a.pool.Query(ctx, a.sql(stmt), args...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list jobs: %w", err)
+	}
+	jobs, err := pgx.CollectRows(rows, scanJob)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list jobs: %w", err)
+	}
+	limit := cmp.Or(f.Limit, DefaultLimit)
+	if len(jobs) <= limit {
+		return jobs, nil, nil
+	}
+	jobs = jobs[:limit]
+	last := jobs[limit-1]
+	next := &Cursor{ID: last.ID}
+	switch f.Sort {
+	case "run_at":
+		next.Time = last.RunAt
+	case "finished_at":
+		next.Time = *last.FinishedAt
+	}
+	return jobs, next, nil
+}
+
+// page is the statement of a page of the jobs f selects, and its
+// arguments.
+func (f JobFilter) page() (string, []any, error) {
 	sort := cmp.Or(f.Sort, "id")
 	if !slices.Contains(Sorts, sort) {
-		return nil, nil, fmt.Errorf("unknown sort %q: want one of %s", f.Sort, strings.Join(Sorts, ", "))
+		return "", nil, fmt.Errorf("unknown sort %q: want one of %s", f.Sort, strings.Join(Sorts, ", "))
 	}
 	// The statuses the sort lists, each a branch of its own.
 	var branches []string
@@ -173,7 +207,7 @@ func (a *Admin) Page(ctx context.Context, f JobFilter) ([]Job, *Cursor, error) {
 	}
 	where, args, err := f.where()
 	if err != nil {
-		return nil, nil, err
+		return "", nil, err
 	}
 	dir, cmpOp := " DESC", "<"
 	if f.Asc {
@@ -198,14 +232,46 @@ func (a *Admin) Page(ctx context.Context, f JobFilter) ([]Job, *Cursor, error) {
 	args = append(args, limit+1)
 	limitArg := " LIMIT $" + strconv.Itoa(len(args))
 	stmt := `SELECT ` + jobColumns + ` FROM {jobs} WHERE ` + where + ` ORDER BY ` + order + limitArg
+	switch {
+	case sort != "run_at" || len(branches) != 1:
+	case f.Kind != "" || f.ErrorText != "" || f.ID != 0 || (cmp.Or(f.TimeField, "run_at") != "run_at" && !(f.Since.IsZero() && f.Until.IsZero())):
+		// Pending jobs by run_at, with a condition no index of theirs
+		// checks: every pending job is read once, in the table's order
+		// (a bitmap scan of jobs_claim_idx), and the page is the first of
+		// their ids sorted.
+		return `SELECT ` + jobColumns + ` FROM {jobs} WHERE id = ANY(ARRAY(
+		    SELECT id FROM {jobs} WHERE ` + where + ` AND status = 'pending' ORDER BY ` + order + limitArg + `
+		)) ORDER BY ` + order, args, nil
+	default:
+		// Pending jobs by run_at. No index has run_at first, and one would
+		// cost every claim and insert; jobs_claim_idx (queue, priority,
+		// run_at, id) holds them in this order within a queue and a
+		// priority, a lane. A skip scan finds the lanes, one probe each;
+		// a page of each lane is read from the index where the cursor
+		// points; the merge sorts at most limit+1 rows of each lane.
+		return `WITH RECURSIVE lanes(queue, priority) AS (
+		    (SELECT queue, priority FROM {jobs} WHERE status = 'pending' ORDER BY queue, priority LIMIT 1)
+		    UNION ALL
+		    SELECT n.queue, n.priority FROM lanes CROSS JOIN LATERAL (
+		        SELECT queue, priority FROM {jobs}
+		        WHERE status = 'pending' AND (queue, priority) > (lanes.queue, lanes.priority)
+		        ORDER BY queue, priority LIMIT 1
+		    ) n
+		)
+		SELECT p.* FROM lanes CROSS JOIN LATERAL (
+		    SELECT ` + jobColumns + ` FROM {jobs}
+		    WHERE queue = lanes.queue AND priority = lanes.priority AND ` + where + ` AND status = 'pending'
+		    ORDER BY ` + order + limitArg + `
+		) p ORDER BY ` + order + limitArg, args, nil
+	}
 	if branches != nil {
 		// Each branch reads its status's index in order; the merge sorts
 		// at most limit+1 rows of each.
 		parts := make([]string, 0, len(branches))
 		for _, st := range branches {
 			// A literal of this package's, not input: a partial index
-			// (jobs_schedule_idx: status = 'pending') serves a generic plan
-			// only when the query repeats its predicate.
+			// serves a generic plan only when the query repeats its
+			// predicate.
 			parts = append(parts, `(SELECT `+jobColumns+` FROM {jobs} WHERE `+where+` AND status = '`+st+`'`+
 				` ORDER BY `+order+limitArg+`)`)
 		}
@@ -214,29 +280,7 @@ func (a *Admin) Page(ctx context.Context, f JobFilter) ([]Job, *Cursor, error) {
 		}
 		stmt = `SELECT * FROM (` + strings.Join(parts, " UNION ALL ") + `) b ORDER BY ` + order + limitArg
 	}
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	rows, err := a.pool.Query(ctx, a.sql(stmt), args...)
-	if err != nil {
-		return nil, nil, fmt.Errorf("list jobs: %w", err)
-	}
-	jobs, err := pgx.CollectRows(rows, scanJob)
-	if err != nil {
-		return nil, nil, fmt.Errorf("list jobs: %w", err)
-	}
-	if len(jobs) <= limit {
-		return jobs, nil, nil
-	}
-	jobs = jobs[:limit]
-	last := jobs[limit-1]
-	next := &Cursor{ID: last.ID}
-	switch sort {
-	case "run_at":
-		next.Time = last.RunAt
-	case "finished_at":
-		next.Time = *last.FinishedAt
-	}
-	return jobs, next, nil
+	return stmt, args, nil
 }
 
 // Count counts the jobs f selects (its order and cursor aside).

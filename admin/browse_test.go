@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
 func ids(jobs []admin.Job) []int64 {
@@ -42,11 +44,12 @@ func pages(t *testing.T, a *admin.Admin, f admin.JobFilter) []int64 {
 // order.
 func TestPages(t *testing.T) {
 	t.Parallel()
-	a, _, exec := setup(t)
+	a, schema, exec := setup(t)
 	// 30 jobs: ids 1..30, run_at and finished_at in the order opposite to
-	// the ids, with ties; 20 pending, and 3 dead, 4 done and 3 cancelled.
-	exec(`INSERT INTO {jobs} (queue, kind, status, run_at, finished_at, last_error)
-		SELECT CASE WHEN i % 2 = 0 THEN 'even' ELSE 'odd' END, 'k',
+	// the ids, with ties; 20 pending, and 3 dead, 4 done and 3 cancelled;
+	// two queues, two priorities.
+	exec(`INSERT INTO {jobs} (queue, priority, kind, status, run_at, finished_at, last_error)
+		SELECT CASE WHEN i % 2 = 0 THEN 'even' ELSE 'odd' END, (i / 5) % 2, 'k',
 		       CASE WHEN i % 3 <> 0 THEN 'pending' WHEN i % 9 = 0 THEN 'dead' WHEN i % 9 = 3 THEN 'done' ELSE 'cancelled' END,
 		       timestamptz '2026-01-01' - (i / 2) * interval '1 minute',
 		       CASE WHEN i % 3 = 0 THEN timestamptz '2026-01-01' - (i / 4) * interval '1 second' END,
@@ -71,6 +74,20 @@ func TestPages(t *testing.T) {
 		}
 	}
 
+	// By run_at, the pages merge the queues' and priorities' into the
+	// order of the table, with a filter no index checks (kind) or without.
+	for _, kind := range []string{"", "k"} {
+		for _, asc := range []bool{false, true} {
+			dir := map[bool]string{false: " DESC", true: ""}[asc]
+			rows, err := pgtest.Pool(t).Query(context.Background(), `SELECT id FROM `+pgx.Identifier{schema, "jobs"}.Sanitize()+
+				` WHERE status = 'pending' ORDER BY run_at`+dir+`, id`+dir)
+			require.NoError(t, err)
+			want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+			require.NoError(t, err)
+			require.Equal(t, want, pages(t, a, admin.JobFilter{Sort: "run_at", Asc: asc, Kind: kind, Limit: 3}), "kind %q, asc %v", kind, asc)
+		}
+	}
+
 	// The filters.
 	count := func(f admin.JobFilter) int {
 		got := pages(t, a, f)
@@ -91,6 +108,8 @@ func TestPages(t *testing.T) {
 	since := time.Date(2025, 12, 31, 23, 55, 0, 0, time.UTC)
 	require.Equal(t, 11, count(admin.JobFilter{TimeField: "run_at", Since: since}), "run_at at or after 23:55: i/2 <= 5")
 	require.Equal(t, 19, count(admin.JobFilter{TimeField: "run_at", Until: since}))
+	require.Len(t, pages(t, a, admin.JobFilter{TimeField: "run_at", Since: since, Sort: "run_at", Limit: 2}), 8, "the pending of them: i % 3 <> 0")
+	require.Empty(t, pages(t, a, admin.JobFilter{Statuses: []string{"dead"}, Sort: "run_at"}), "by run_at, pending jobs only")
 
 	_, _, err := a.Page(context.Background(), admin.JobFilter{Sort: "payload"})
 	require.ErrorContains(t, err, `unknown sort "payload"`)
