@@ -56,6 +56,7 @@ func BenchmarkPages(b *testing.B) {
 		{"pending_by_run_at", admin.JobFilter{Sort: "run_at", Asc: true}},
 		{"pending_by_run_at_desc", admin.JobFilter{Sort: "run_at"}},
 		{"kind_pending_by_run_at", admin.JobFilter{Kind: "k3", Sort: "run_at", Asc: true}},
+		{"queue_kind_pending_by_run_at", admin.JobFilter{Queue: "q3", Kind: "k3", Sort: "run_at", Asc: true}},
 		{"queue_pending_by_run_at", admin.JobFilter{Queue: "q3", Sort: "run_at", Asc: true}},
 		{"queue_pending_by_run_at_desc", admin.JobFilter{Queue: "q3", Sort: "run_at"}},
 		{"finished_by_finished_at", admin.JobFilter{Sort: "finished_at"}},
@@ -84,7 +85,7 @@ func BenchmarkPages(b *testing.B) {
 				took = append(took, time.Since(t0))
 			}
 			slices.Sort(took)
-			p95 := took[min(len(took)-1, len(took)*95/100)]
+			p95 := took[(len(took)*95+99)/100-1] // nearest rank: the 19th of 20
 			b.ReportMetric(float64(p95.Microseconds())/1000, "p95-ms")
 		})
 	}
