@@ -60,7 +60,7 @@ func newBrowser(t *testing.T, name, token string) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromiumPath(t)),
-		chromedp.WindowSize(1360, 900),
+		chromedp.WindowSize(1280, 800),
 		chromedp.NoSandbox,
 		chromedp.Flag("disable-gpu", true),
 	)
@@ -184,11 +184,15 @@ func js(s string) string {
 // terminal escapes.
 const hostile = "<script>alert(1)</script><img src=x onerror=alert(2)>javascript:alert(3)\x1b[31m"
 
-// One browser goes through the console as an operator: the overview shows
-// a queue's counts and follows an INSERT without a reload; a filter narrows
-// the jobs; retrying a dead job from the list makes it pending in the
-// table; pausing a queue pauses it; a job's page masks its secrets; and
-// rows full of markup show as text, with no script run.
+// One browser goes through the console as an operator, and writes a
+// screenshot of each page: the overview shows a queue's counts and follows
+// an INSERT without a reload; pausing a queue pauses it, and resuming it
+// resumes it; a filter narrows the jobs; retrying a dead job from the list
+// makes it pending in the table, and cancelling one from its page cancels
+// it; a job's page masks its secrets; the confirmation of an action on
+// every job a filter selects counts them, and the action changes them; a
+// schedule pauses; and rows full of markup show as text, with no script
+// run.
 func TestBrowser(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
@@ -201,12 +205,9 @@ func TestBrowser(t *testing.T) {
 		('hooks', 'http_callback', 'dead', now(), NULL, NULL, now(), 'receiver answered 500',
 		 '{"url": "https://user:hunter2pass@example.com/hook?token=abcdef123", "headers": {"Authorization": "Bearer s3cr3t-value"}}'),
 		('hooks', 'http_callback', 'done', now(), NULL, NULL, now(), NULL, '{}')`)
-	b.exec(t, `INSERT INTO {jobs} (queue, kind, status, finished_at, last_error, payload, result, errors) VALUES
-		($1, $1, 'dead', now(), $1, jsonb_build_object('x', $1::text), jsonb_build_object('body', $1::text),
-		 jsonb_build_array(jsonb_build_object('attempt', 1, 'worker', $1::text, 'error', $1::text)))`, hostile)
 	refused := b.queryInt(t, `SELECT id FROM {jobs} WHERE last_error LIKE '%refused'`)
 	secret := b.queryInt(t, `SELECT id FROM {jobs} WHERE last_error = 'receiver answered 500'`)
-	evil := b.queryInt(t, `SELECT id FROM {jobs} WHERE kind = $1`, hostile)
+	later := b.queryInt(t, `SELECT id FROM {jobs} WHERE run_at > now() + interval '1 minute'`)
 
 	br := newBrowser(t, "ann", operatorToken)
 	mailCell := func(f string) string {
@@ -236,12 +237,12 @@ func TestBrowser(t *testing.T) {
 
 	// The jobs list, and a filter that narrows it.
 	br.do(t, "open the jobs", chromedp.Navigate(b.url+"jobs"), chromedp.WaitVisible("#rows"))
-	require.Equal(t, "9", br.eval(t, `String(document.querySelectorAll('#rows tr[data-id]').length)`))
+	require.Equal(t, "8", br.eval(t, `String(document.querySelectorAll('#rows tr[data-id]').length)`))
 	// The list follows the table too.
 	br.waitFor(t, "the live updates connect", `document.querySelector('#live.on') !== null`)
 	br.eval(t, `window.notReloaded = "yes"; ""`)
 	b.exec(t, `INSERT INTO {jobs} (queue, kind) VALUES ('hooks', 'live-row')`)
-	br.waitFor(t, "the new row", `document.querySelectorAll('#rows tr[data-id]').length === 10`)
+	br.waitFor(t, "the new row", `document.querySelectorAll('#rows tr[data-id]').length === 9`)
 	require.Contains(t, br.eval(t, `document.querySelector('#rows tr[data-id]').textContent`), "live-row", "newest first")
 	require.Equal(t, "yes", br.eval(t, `window.notReloaded`), "the page was not reloaded")
 	br.eval(t, `window.unfiltered = "yes"; ""`)
@@ -251,7 +252,6 @@ func TestBrowser(t *testing.T) {
 		chromedp.Submit(`#filters`))
 	br.waitFor(t, "the narrowed list", `window.unfiltered === undefined && document.readyState === "complete" && document.querySelectorAll('#rows tr[data-id]').length === 1`)
 	require.Equal(t, fmt.Sprint(refused), br.eval(t, `document.querySelector('#rows tr[data-id]').dataset.id`))
-	br.screenshot(t, "jobs")
 
 	// Retry the dead job from the list: the row changes in the table.
 	br.do(t, "retry the selected job",
@@ -260,6 +260,16 @@ func TestBrowser(t *testing.T) {
 		chromedp.WaitVisible(".flash"))
 	require.Contains(t, br.eval(t, `document.querySelector('.flash').textContent`), "retried 1 job")
 	require.Equal(t, "pending", b.queryString(t, `SELECT status FROM {jobs} WHERE id = $1`, refused))
+	br.do(t, "open the jobs again", chromedp.Navigate(b.url+"jobs"), chromedp.WaitVisible("#rows"))
+	br.screenshot(t, "jobs")
+
+	// Cancel a job from its page.
+	br.do(t, "cancel a job",
+		chromedp.Navigate(fmt.Sprintf("%sjobs/%d", b.url, later)),
+		chromedp.Click(`form.actions button[value="cancel"]`),
+		chromedp.WaitVisible(".flash"))
+	require.Contains(t, br.eval(t, `document.querySelector('.flash').textContent`), "cancelled 1 job")
+	require.Equal(t, "cancelled", b.queryString(t, `SELECT status FROM {jobs} WHERE id = $1`, later))
 
 	// A job's page masks the payload's secrets.
 	br.do(t, "open a job", chromedp.Navigate(fmt.Sprintf("%sjobs/%d", b.url, secret)), chromedp.WaitVisible("#payload"))
@@ -269,24 +279,27 @@ func TestBrowser(t *testing.T) {
 	require.Contains(t, payload, "xxxxx")
 	br.screenshot(t, "job")
 
-	// Rows full of markup show as text, and run nothing.
-	br.do(t, "open the hostile job", chromedp.Navigate(fmt.Sprintf("%sjobs/%d", b.url, evil)), chromedp.WaitVisible("#attempts"))
-	require.Contains(t, br.eval(t, `document.querySelector('#payload').textContent`), "<script>alert(1)</script>")
-	require.Contains(t, br.eval(t, `document.querySelector('#attempts').textContent`), "<img src=x onerror=alert(2)>")
-	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
-	br.do(t, "list the hostile job", chromedp.Navigate(b.url+"jobs?kind="+url.QueryEscape(hostile)), chromedp.WaitVisible("#rows"))
-	require.Contains(t, br.eval(t, `document.querySelector('#rows').textContent`), "<script>alert(1)</script>")
-	require.Contains(t, br.eval(t, `document.querySelector('#rows').textContent`), `javascript:alert(3)\x1b[31m`, "the terminal escape shows escaped")
-	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
+	// Snooze every pending job of the queue: the count first, then the
+	// action.
+	br.do(t, "open the confirmation", chromedp.Navigate(b.url+"bulk?action=snooze&queue=mail&status=pending"), chromedp.WaitVisible("#count"))
+	require.Equal(t, "4", br.eval(t, `document.querySelector('#count').textContent`), "two seeded, one inserted, one retried")
+	br.screenshot(t, "bulk")
+	br.do(t, "confirm", chromedp.Click(`#confirm`), chromedp.WaitVisible(".flash"))
+	require.Contains(t, br.eval(t, `document.querySelector('.flash').textContent`), "snoozed 4 jobs")
+	require.EqualValues(t, 0, b.queryInt(t, `SELECT count(*) FROM {jobs} WHERE queue = 'mail' AND status = 'pending' AND run_at < now() + interval '30 minutes'`))
+
 	// The last hour's chart (a bar for each of the 60 minutes, but those
-	// a turn of the minute moves out of it), and the hostile queue.
+	// a turn of the minute moves out of it); resume the queue.
 	b.exec(t, `INSERT INTO {jobs} (queue, kind, status, finished_at)
 		SELECT 'hooks', 'http_callback', CASE WHEN i % 7 = 0 THEN 'dead' ELSE 'done' END,
 		       now() - (i % 60) * interval '1 minute' - (i % 5) * interval '1 second'
 		FROM generate_series(1, 400) i`)
-	br.do(t, "the overview with the hostile queue", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
-	require.Contains(t, br.eval(t, `document.querySelector('#queues').textContent`), "<img src=x onerror=alert(2)>")
+	br.do(t, "the overview with the chart", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
 	require.Equal(t, "true", br.eval(t, `String(document.querySelectorAll('#queues tr[data-queue="hooks"] td.chart rect.done').length >= 55)`))
+	br.do(t, "resume mail", chromedp.Click(`#queues tr[data-queue="mail"] button[value="resume"]`), chromedp.WaitVisible(".flash"))
+	require.Contains(t, br.eval(t, `document.querySelector('.flash').textContent`), `resumed`)
+	require.EqualValues(t, 0, b.queryInt(t, `SELECT count(*) FROM {schema}.queues WHERE name = 'mail' AND paused_at IS NOT NULL`))
+	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('#queues button[value="resume"]').length)`))
 	br.screenshot(t, "overview")
 
 	// The schedules and dispatch triggers; pause a schedule.
@@ -302,10 +315,29 @@ func TestBrowser(t *testing.T) {
 		Payload: []byte(`{"url": "https://hooks.example.com/orders?token=abc12345"}`), Queue: "hooks", When: "NEW.status = 'paid'",
 	})
 	require.NoError(t, err)
+	// The slots and runs a worker's scheduler would have left.
+	b.exec(t, `UPDATE {schema}.schedules SET last_run_at = date_trunc('day', now()) + interval '3 hours',
+		next_run_at = date_trunc('day', now()) + interval '1 day 3 hours', runs = 12 WHERE name = 'nightly-report'`)
 	br.do(t, "open the schedules", chromedp.Navigate(b.url+"schedules"), chromedp.WaitVisible("#schedules"))
 	require.NotContains(t, br.eval(t, `document.querySelector('#triggers').textContent`), "abc12345", "the payload's secret is masked")
 	br.do(t, "pause a schedule", chromedp.Click(`#schedules tr[data-name="heartbeat"] button[value="pause"]`), chromedp.WaitVisible(".flash"))
 	require.Equal(t, "false", b.queryString(t, `SELECT enabled::text FROM {schema}.schedules WHERE name = 'heartbeat'`))
 	br.screenshot(t, "schedules")
+
+	// Rows full of markup show as text, and run nothing.
+	b.exec(t, `INSERT INTO {jobs} (queue, kind, status, finished_at, last_error, payload, result, errors) VALUES
+		($1, $1, 'dead', now(), $1, jsonb_build_object('x', $1::text), jsonb_build_object('body', $1::text),
+		 jsonb_build_array(jsonb_build_object('attempt', 1, 'worker', $1::text, 'error', $1::text)))`, hostile)
+	evil := b.queryInt(t, `SELECT id FROM {jobs} WHERE kind = $1`, hostile)
+	br.do(t, "open the hostile job", chromedp.Navigate(fmt.Sprintf("%sjobs/%d", b.url, evil)), chromedp.WaitVisible("#attempts"))
+	require.Contains(t, br.eval(t, `document.querySelector('#payload').textContent`), "<script>alert(1)</script>")
+	require.Contains(t, br.eval(t, `document.querySelector('#attempts').textContent`), "<img src=x onerror=alert(2)>")
+	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
+	br.do(t, "list the hostile job", chromedp.Navigate(b.url+"jobs?kind="+url.QueryEscape(hostile)), chromedp.WaitVisible("#rows"))
+	require.Contains(t, br.eval(t, `document.querySelector('#rows').textContent`), "<script>alert(1)</script>")
+	require.Contains(t, br.eval(t, `document.querySelector('#rows').textContent`), `javascript:alert(3)\x1b[31m`, "the terminal escape shows escaped")
+	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
+	br.do(t, "the overview with the hostile queue", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
+	require.Contains(t, br.eval(t, `document.querySelector('#queues').textContent`), "<img src=x onerror=alert(2)>")
 	br.noIncidents(t)
 }
