@@ -232,37 +232,8 @@ func (f JobFilter) page() (string, []any, error) {
 	args = append(args, limit+1)
 	limitArg := " LIMIT $" + strconv.Itoa(len(args))
 	stmt := `SELECT ` + jobColumns + ` FROM {jobs} WHERE ` + where + ` ORDER BY ` + order + limitArg
-	switch {
-	case sort != "run_at" || len(branches) != 1:
-	case f.Kind != "" || f.ErrorText != "" || f.ID != 0 || (cmp.Or(f.TimeField, "run_at") != "run_at" && !(f.Since.IsZero() && f.Until.IsZero())):
-		// Pending jobs by run_at, with a condition no index of theirs
-		// checks: every pending job is read once, in the table's order
-		// (a bitmap scan of jobs_claim_idx), and the page is the first of
-		// their ids sorted.
-		return `SELECT ` + jobColumns + ` FROM {jobs} WHERE id = ANY(ARRAY(
-		    SELECT id FROM {jobs} WHERE ` + where + ` AND status = 'pending' ORDER BY ` + order + limitArg + `
-		)) ORDER BY ` + order, args, nil
-	default:
-		// Pending jobs by run_at. No index has run_at first, and one would
-		// cost every claim and insert; jobs_claim_idx (queue, priority,
-		// run_at, id) holds them in this order within a queue and a
-		// priority, a lane. A skip scan finds the lanes, one probe each;
-		// a page of each lane is read from the index where the cursor
-		// points; the merge sorts at most limit+1 rows of each lane.
-		return `WITH RECURSIVE lanes(queue, priority) AS (
-		    (SELECT queue, priority FROM {jobs} WHERE status = 'pending' ORDER BY queue, priority LIMIT 1)
-		    UNION ALL
-		    SELECT n.queue, n.priority FROM lanes CROSS JOIN LATERAL (
-		        SELECT queue, priority FROM {jobs}
-		        WHERE status = 'pending' AND (queue, priority) > (lanes.queue, lanes.priority)
-		        ORDER BY queue, priority LIMIT 1
-		    ) n
-		)
-		SELECT p.* FROM lanes CROSS JOIN LATERAL (
-		    SELECT ` + jobColumns + ` FROM {jobs}
-		    WHERE queue = lanes.queue AND priority = lanes.priority AND ` + where + ` AND status = 'pending'
-		    ORDER BY ` + order + limitArg + `
-		) p ORDER BY ` + order + limitArg, args, nil
+	if sort == "run_at" && len(branches) == 1 {
+		return f.pendingByRunAt(where, order, limitArg), args, nil
 	}
 	if branches != nil {
 		// Each branch reads its status's index in order; the merge sorts
@@ -281,6 +252,41 @@ func (f JobFilter) page() (string, []any, error) {
 		stmt = `SELECT * FROM (` + strings.Join(parts, " UNION ALL ") + `) b ORDER BY ` + order + limitArg
 	}
 	return stmt, args, nil
+}
+
+// pendingByRunAt is the statement of a page of pending jobs by run_at.
+// No index has run_at first, and one would cost every claim and insert;
+// jobs_claim_idx (queue, priority, run_at, id) holds them in this order
+// within a queue and a priority, a lane. where, order and limit are the
+// page's.
+func (f JobFilter) pendingByRunAt(where, order, limit string) string {
+	timeField := cmp.Or(f.TimeField, "created_at")
+	if f.Kind != "" || f.ErrorText != "" || f.ID != 0 || (timeField != "run_at" && (!f.Since.IsZero() || !f.Until.IsZero())) {
+		// A condition the index does not check would have a lane that
+		// lacks it read to its end, in the index's order: every pending
+		// job is read once instead, in the table's order (a bitmap scan),
+		// and the page is the first of their ids sorted.
+		return `SELECT ` + jobColumns + ` FROM {jobs} WHERE id = ANY(ARRAY(
+		    SELECT id FROM {jobs} WHERE ` + where + ` AND status = 'pending' ORDER BY ` + order + limit + `
+		)) ORDER BY ` + order
+	}
+	// A skip scan finds the lanes, an index probe each; a page of each
+	// lane is read from the index where the cursor points; the merge sorts
+	// at most limit rows of each lane.
+	return `WITH RECURSIVE lanes(queue, priority) AS (
+	    (SELECT queue, priority FROM {jobs} WHERE status = 'pending' ORDER BY queue, priority LIMIT 1)
+	    UNION ALL
+	    SELECT n.queue, n.priority FROM lanes CROSS JOIN LATERAL (
+	        SELECT queue, priority FROM {jobs}
+	        WHERE status = 'pending' AND (queue, priority) > (lanes.queue, lanes.priority)
+	        ORDER BY queue, priority LIMIT 1
+	    ) n
+	)
+	SELECT p.* FROM lanes CROSS JOIN LATERAL (
+	    SELECT ` + jobColumns + ` FROM {jobs}
+	    WHERE queue = lanes.queue AND priority = lanes.priority AND ` + where + ` AND status = 'pending'
+	    ORDER BY ` + order + limit + `
+	) p ORDER BY ` + order + limit
 }
 
 // Count counts the jobs f selects (its order and cursor aside).
