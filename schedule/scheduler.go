@@ -46,14 +46,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/internal/retry"
+	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 )
 
 // DefaultFallback is the longest a scheduler sleeps without a wake-up.
 const DefaultFallback = 5 * time.Minute
 
 const (
-	defaultBatchSize        = 100
-	defaultStatementTimeout = 10 * time.Second
+	defaultBatchSize = 100
 	// HoldIdleTimeout is the longest a pass's transaction may wait for its
 	// worker between statements: the server ends the session of a worker
 	// that froze mid-pass after it (idle_in_transaction_session_timeout,
@@ -83,7 +83,8 @@ type Config struct {
 	Fallback time.Duration
 	// BatchSize bounds the schedules one transaction fires. Default: 100.
 	BatchSize int
-	// StatementTimeout bounds each pass's transaction. Default: 10s.
+	// StatementTimeout bounds each pass's transaction. Default:
+	// pgdispatch.DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
 	// Now, when set, is the clock of Pass instead of the database's now(),
 	// for tests.
@@ -153,7 +154,7 @@ func New(cfg Config) (*Scheduler, error) {
 	}
 	cfg.Fallback = cmp.Or(cfg.Fallback, DefaultFallback)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
-	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
 	r := strings.NewReplacer("{schedules}", pgx.Identifier{cfg.Schema, "schedules"}.Sanitize(),
 		"{fire}", pgx.Identifier{cfg.Schema, "fire_schedule_slots"}.Sanitize())
 	queries := map[string]string{}
