@@ -614,12 +614,12 @@ func TestShutdownGivesBackUnfinishedJobs(t *testing.T) {
 	require.Contains(t, *lastError, "interrupted by worker shutdown")
 }
 
-// RETAIN_DONE=0: done jobs are deleted at once.
+// RetainDoneNone: done jobs are deleted at once.
 func TestDeleteDone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := b.config(t, "w")
-	cfg.DeleteDone = true
+	cfg.RetainDone = pgdispatch.RetainDoneNone
 	start(t, cfg)
 	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
 	b.watch.Until(t, waitFor, "job deleted", func(m map[int64]pgtest.JobState) bool { return m[id].Deleted })

@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/internal/retry"
+	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 )
 
 // The defaults of Config.
@@ -37,10 +38,9 @@ const (
 )
 
 const (
-	defaultMaxAttempts      = 5
-	defaultBatchSize        = 1000
-	defaultStatementTimeout = 10 * time.Second
-	maxBatchesPerPass       = 100
+	defaultMaxAttempts = 5
+	defaultBatchSize   = 1000
+	maxBatchesPerPass  = 100
 )
 
 // Config configures a Sweeper.
@@ -52,18 +52,18 @@ type Config struct {
 	Schema string
 	// Interval between passes. Default: 30s.
 	Interval time.Duration
-	// RetainDone is how long done jobs are kept. Default: 24h.
+	// RetainDone is how long done jobs are kept; a negative one purges them
+	// at the next pass whatever their age, for workers that delete jobs as
+	// they finish (pgdispatch.RetainDoneNone). Default: 24h.
 	RetainDone time.Duration
-	// PurgeDoneAtOnce deletes done jobs at the next pass whatever their age,
-	// for workers that delete jobs as they finish (RETAIN_DONE=0).
-	PurgeDoneAtOnce bool
 	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
 	RetainDead time.Duration
 	// MaxAttempts applies to rescued jobs whose max_attempts is NULL. Default: 5.
 	MaxAttempts int
 	// BatchSize bounds the rows one statement changes. Default: 1000.
 	BatchSize int
-	// StatementTimeout bounds each pass's transaction. Default: 10s.
+	// StatementTimeout bounds each pass's transaction. Default:
+	// pgdispatch.DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
 	// Logger receives the sweeper's logs. Default: no logging.
 	Logger *zap.Logger
@@ -75,7 +75,7 @@ func (c *Config) validate() error {
 		return errors.New("sweeper: Pool is required")
 	case c.Schema == "":
 		return errors.New("sweeper: Schema is required")
-	case c.Interval < 0, c.RetainDone < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.BatchSize < 0, c.StatementTimeout < 0:
+	case c.Interval < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.BatchSize < 0, c.StatementTimeout < 0:
 		return errors.New("sweeper: durations and counts must not be negative")
 	}
 	return nil
@@ -113,14 +113,11 @@ func New(cfg Config) (*Sweeper, error) {
 		return nil, err
 	}
 	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
-	cfg.RetainDone = cmp.Or(cfg.RetainDone, DefaultRetainDone)
-	if cfg.PurgeDoneAtOnce {
-		cfg.RetainDone = 0
-	}
+	cfg.RetainDone = max(cmp.Or(cfg.RetainDone, DefaultRetainDone), 0)
 	cfg.RetainDead = cmp.Or(cfg.RetainDead, DefaultRetainDead)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
-	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
 	jobs := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Sweeper{
 		cfg:    cfg,
