@@ -1,0 +1,4 @@
+package pgdispatch
+
+// ListenConnConfig is listenConnConfig, for the tests.
+var ListenConnConfig = listenConnConfig
