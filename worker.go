@@ -115,9 +115,6 @@ type Config struct {
 	// StatementTimeout bounds each database call. Default:
 	// DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
-	// ReconnectMin and ReconnectMax bound the listener's reconnect backoff.
-	// Defaults: 100ms and 10s.
-	ReconnectMin, ReconnectMax time.Duration
 	// OnListen, when set, is called each time the listener has (re)connected
 	// and LISTEN is in place. It must not block. For health checks and tests.
 	OnListen func()
@@ -126,6 +123,10 @@ type Config struct {
 	Observer claimer.Observer
 	// Logger receives all logs. Default: no logging.
 	Logger *zap.Logger
+
+	// reconnectMin and reconnectMax bound the listener's reconnect backoff,
+	// in the tests. Default: the listener's (100ms to 10s).
+	reconnectMin, reconnectMax time.Duration
 }
 
 // Worker runs a listener, a claimer per queue, a sweeper and a scheduler.
@@ -204,7 +205,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w.listener, err = listener.New(listener.Config{
 		ConnConfig: cfg.ListenConnConfig, Channel: triggers.Channel(cfg.Schema),
 		Wake: w.wake, WakeAll: w.wakeAll, ControlChannel: triggers.ControlChannel, Control: w.control,
-		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, OnListen: cfg.OnListen, Logger: logger,
+		ReconnectMin: cfg.reconnectMin, ReconnectMax: cfg.reconnectMax, OnListen: cfg.OnListen, Logger: logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgdispatch: %w", err)

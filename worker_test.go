@@ -363,7 +363,7 @@ func TestListenerReconnects(t *testing.T) {
 	app := "pgdispatch-listener-" + b.schema
 	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
 	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
-	cfg.ReconnectMin = 200 * time.Millisecond
+	pgdispatch.SetReconnect(&cfg, 200*time.Millisecond, 0)
 	w, _, listening := start(t, cfg)
 	b.waitAsleep(t, w)
 

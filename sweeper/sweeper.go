@@ -39,7 +39,7 @@ const (
 
 const (
 	defaultMaxAttempts = 5
-	defaultBatchSize   = 1000
+	defaultBatchSize   = 1000 // the rows one statement changes
 	maxBatchesPerPass  = 100
 )
 
@@ -60,8 +60,6 @@ type Config struct {
 	RetainDead time.Duration
 	// MaxAttempts applies to rescued jobs whose max_attempts is NULL. Default: 5.
 	MaxAttempts int
-	// BatchSize bounds the rows one statement changes. Default: 1000.
-	BatchSize int
 	// StatementTimeout bounds each pass's transaction. Default:
 	// pgdispatch.DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
@@ -75,7 +73,7 @@ func (c *Config) validate() error {
 		return errors.New("sweeper: Pool is required")
 	case c.Schema == "":
 		return errors.New("sweeper: Schema is required")
-	case c.Interval < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.BatchSize < 0, c.StatementTimeout < 0:
+	case c.Interval < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.StatementTimeout < 0:
 		return errors.New("sweeper: durations and counts must not be negative")
 	}
 	return nil
@@ -98,6 +96,9 @@ type Sweeper struct {
 	// poolSize is the pool's MaxConns, read once (Pool.Config copies the
 	// whole config): how many dead connections a pass may meet in a row.
 	poolSize int
+	// batchSize bounds the rows one statement changes: defaultBatchSize
+	// but in the tests.
+	batchSize int
 
 	rescued, killed, purged atomic.Int64
 }
@@ -116,7 +117,6 @@ func New(cfg Config) (*Sweeper, error) {
 	cfg.RetainDone = max(cmp.Or(cfg.RetainDone, DefaultRetainDone), 0)
 	cfg.RetainDead = cmp.Or(cfg.RetainDead, DefaultRetainDead)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
 	jobs := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Sweeper{
@@ -125,7 +125,8 @@ func New(cfg Config) (*Sweeper, error) {
 		rescue: strings.NewReplacer("{jobs}", jobs, "{lost}", lostSQL).Replace(rescueSQL),
 		purge:  strings.ReplaceAll(purgeSQL, "{jobs}", jobs),
 
-		poolSize: int(cfg.Pool.Config().MaxConns),
+		poolSize:  int(cfg.Pool.Config().MaxConns),
+		batchSize: defaultBatchSize,
 	}, nil
 }
 
@@ -250,7 +251,7 @@ func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err err
 		return res, false, nil
 	}
 
-	rows, err := tx.Query(ctx, s.rescue, s.cfg.MaxAttempts, s.cfg.BatchSize)
+	rows, err := tx.Query(ctx, s.rescue, s.cfg.MaxAttempts, s.batchSize)
 	if err != nil {
 		return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
 	}
@@ -278,7 +279,7 @@ func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err err
 	if err := rows.Err(); err != nil {
 		return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
 	}
-	more = n == s.cfg.BatchSize
+	more = n == s.batchSize
 
 	for _, p := range []struct {
 		statuses []string
@@ -287,12 +288,12 @@ func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err err
 		{[]string{"done"}, s.cfg.RetainDone},
 		{[]string{"dead", "cancelled"}, s.cfg.RetainDead},
 	} {
-		tag, err := tx.Exec(ctx, s.purge, p.statuses, p.retain.Seconds(), s.cfg.BatchSize)
+		tag, err := tx.Exec(ctx, s.purge, p.statuses, p.retain.Seconds(), s.batchSize)
 		if err != nil {
 			return res, false, fmt.Errorf("sweep: purge %s jobs: %w", strings.Join(p.statuses, "/"), err)
 		}
 		res.Purged += tag.RowsAffected()
-		more = more || tag.RowsAffected() == int64(s.cfg.BatchSize)
+		more = more || tag.RowsAffected() == int64(s.batchSize)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return res, false, fmt.Errorf("sweep: commit: %w", err)
