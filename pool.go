@@ -99,7 +99,7 @@ func NewPool(ctx context.Context, url string, cfg PoolConfig) (*pgxpool.Pool, er
 		return nil, err
 	}
 	if pc.ConnConfig.ConnectTimeout == 0 {
-		pc.ConnConfig.ConnectTimeout = 10 * time.Second
+		pc.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
 	if !strings.Contains(url, "pool_max_conns") {
 		pc.MaxConns = max(pc.MaxConns, DefaultMaxConns)

@@ -52,9 +52,9 @@ const DefaultStatementTimeout = stmttimeout.Default
 // any left, whatever their age.
 const RetainDoneNone time.Duration = -1
 
-// listenerConnectTimeout bounds a connection of the listener or a sleep
-// key unless its config sets its own.
-const listenerConnectTimeout = 10 * time.Second
+// defaultConnectTimeout bounds each new connection, of a pool from NewPool,
+// the listener or a sleep key, unless its config sets its own.
+const defaultConnectTimeout = 10 * time.Second
 
 // DefaultQueue is the queue of jobs that name none.
 const DefaultQueue = "default"
@@ -271,7 +271,7 @@ func ListenConnConfigOf(url string) (*pgx.ConnConfig, error) {
 func listenConnConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
 	cc = cc.Copy()
 	if cc.ConnectTimeout == 0 {
-		cc.ConnectTimeout = listenerConnectTimeout
+		cc.ConnectTimeout = defaultConnectTimeout
 	}
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
