@@ -467,8 +467,7 @@ func TestCancelWhileTheListenerIsAway(t *testing.T) {
 	app := "pgdispatch-listener-" + b.schema
 	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
 	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
-	cfg.ReconnectMin = 500 * time.Millisecond
-	cfg.ReconnectMax = 500 * time.Millisecond
+	pgdispatch.SetReconnect(&cfg, 500*time.Millisecond, 500*time.Millisecond)
 	cfg.Lease = time.Hour // no heartbeat in the test's time
 	start(t, cfg)
 	ended := make(chan struct{})

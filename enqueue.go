@@ -39,9 +39,6 @@ type Job struct {
 	MaxAttempts int
 }
 
-// defaultCallTimeout bounds Enqueue when ctx has no deadline of its own.
-const defaultCallTimeout = 10 * time.Second
-
 // Enqueue inserts job into the default schema and returns its id, or the id
 // of the job that already holds job.DedupKey.
 func Enqueue(ctx context.Context, db DB, job Job) (int64, error) {
@@ -105,7 +102,7 @@ func (s Schema) call(ctx context.Context, db DB, fn string, job Job, dest ...any
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, defaultCallTimeout)
+		ctx, cancel = context.WithTimeout(ctx, DefaultStatementTimeout)
 		defer cancel()
 	}
 	sql := "SELECT * FROM " + pgx.Identifier{string(s), fn}.Sanitize() +

@@ -330,7 +330,7 @@ func TestServerRestart(t *testing.T) {
 	b.registry.Register("record", b.rec)
 	cfg := b.config(t, "w")
 	cfg.Pool, cfg.Schema = pool, pgdispatch.DefaultSchema
-	cfg.ReconnectMin = 50 * time.Millisecond
+	pgdispatch.SetReconnect(&cfg, 50*time.Millisecond, 0)
 	w, _, listening := start(t, cfg)
 	b.waitAsleep(t, w)
 

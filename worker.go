@@ -21,14 +21,17 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgdispatch/pgdispatch/atworker"
 	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 	"github.com/pgdispatch/pgdispatch/listener"
 	"github.com/pgdispatch/pgdispatch/migrations"
 	"github.com/pgdispatch/pgdispatch/schedule"
@@ -38,6 +41,20 @@ import (
 
 // DefaultSchema is the schema pgdispatch lives in unless configured otherwise.
 const DefaultSchema = migrations.DefaultSchema
+
+// DefaultStatementTimeout bounds each database call of a Worker, a pool
+// from NewPool, Enqueue (when its context has no deadline), and the
+// packages under this one, unless configured otherwise.
+const DefaultStatementTimeout = stmttimeout.Default
+
+// RetainDoneNone, as Config.RetainDone, deletes each job as soon as it is
+// done, in the transaction that records its outcome; the sweeper deletes
+// any left, whatever their age.
+const RetainDoneNone time.Duration = -1
+
+// defaultConnectTimeout bounds each new connection, of a pool from NewPool,
+// the listener or a sleep key, unless its config sets its own.
+const defaultConnectTimeout = 10 * time.Second
 
 // DefaultQueue is the queue of jobs that name none.
 const DefaultQueue = "default"
@@ -58,15 +75,19 @@ type Config struct {
 	// ListenConnConfig is where the listener connects, and where each
 	// claimer holds its queue's sleep key while it sleeps: both need a
 	// session of their own, so for a setup whose pool goes through a
-	// transaction-pooling proxy, point this past it. Default: the pool's
-	// config.
+	// transaction-pooling proxy, point this past it (ListenConnConfigOf
+	// parses a URL). Default: the pool's config. Either way, a connect
+	// timeout of 10s unless it sets one, and the application_name
+	// "pgdispatch-listener" unless it names another than "pgdispatch".
 	ListenConnConfig *pgx.ConnConfig
 	// Schema holds the jobs table. Default: "pgdispatch".
 	Schema string
 	// WorkerID names this worker in locked_by and the logs. Default:
 	// DefaultWorkerID().
 	WorkerID string
-	// Queues lists the queues to serve. Default: the "default" queue.
+	// Queues lists the queues to serve, each named once, by a name of at
+	// most migrations.NameLimit characters (see CheckQueues). Default: the
+	// "default" queue.
 	Queues []Queue
 	// Registry picks executors by kind. Default: executors.NewRegistry().
 	Registry *executors.Registry
@@ -78,9 +99,12 @@ type Config struct {
 	claimer.Options
 
 	// SweepInterval is how often expired leases are given back and finished
-	// jobs purged. Default: 30s.
+	// jobs purged, and how often the outcomes of jobs of an AT Worker's
+	// switched table are written into its rows (atworker.Settler).
+	// Default: 30s.
 	SweepInterval time.Duration
-	// RetainDone is how long done jobs are kept. Default: 24h.
+	// RetainDone is how long done jobs are kept. RetainDoneNone deletes
+	// each job as soon as it is done. Default: 24h.
 	RetainDone time.Duration
 	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
 	RetainDead time.Duration
@@ -88,11 +112,9 @@ type Config struct {
 	// wake-up: it sleeps until the next slot of the schedules table, and a
 	// change to the table wakes it. Default: 5 minutes.
 	ScheduleFallback time.Duration
-	// StatementTimeout bounds each database call. Default: 10s.
+	// StatementTimeout bounds each database call. Default:
+	// DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
-	// ReconnectMin and ReconnectMax bound the listener's reconnect backoff.
-	// Defaults: 100ms and 10s.
-	ReconnectMin, ReconnectMax time.Duration
 	// OnListen, when set, is called each time the listener has (re)connected
 	// and LISTEN is in place. It must not block. For health checks and tests.
 	OnListen func()
@@ -101,6 +123,10 @@ type Config struct {
 	Observer claimer.Observer
 	// Logger receives all logs. Default: no logging.
 	Logger *zap.Logger
+
+	// reconnectMin and reconnectMax bound the listener's reconnect backoff,
+	// in the tests. Default: the listener's (100ms to 10s).
+	reconnectMin, reconnectMax time.Duration
 }
 
 // Worker runs a listener, a claimer per queue, a sweeper and a scheduler.
@@ -112,6 +138,7 @@ type Worker struct {
 	claimers  map[string]*claimer.Claimer
 	sweeper   *sweeper.Sweeper
 	scheduler *schedule.Scheduler
+	settler   *atworker.Settler
 }
 
 // DefaultWorkerID returns a new name for a worker: the hostname, the
@@ -145,24 +172,28 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if len(cfg.Queues) == 0 {
 		cfg.Queues = []Queue{{Name: DefaultQueue}}
 	}
+	if err := CheckQueues(cfg.Queues); err != nil {
+		return nil, fmt.Errorf("pgdispatch: %w", err)
+	}
+	if cfg.RetainDone < 0 && cfg.RetainDone != RetainDoneNone {
+		return nil, errors.New("pgdispatch: RetainDone must not be negative, but RetainDoneNone")
+	}
 	if cfg.Registry == nil {
 		cfg.Registry = executors.NewRegistry()
 	}
-	if cfg.ListenConnConfig == nil {
-		cfg.ListenConnConfig = cfg.Pool.Config().ConnConfig
-	}
+	cfg.ListenConnConfig = listenConnConfig(cmp.Or(cfg.ListenConnConfig, cfg.Pool.Config().ConnConfig))
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout)
+	cfg.SweepInterval = cmp.Or(cfg.SweepInterval, sweeper.DefaultInterval)
+	deleteDone := cfg.RetainDone == RetainDoneNone
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).With(zap.String("worker_id", cfg.WorkerID))
 	w := &Worker{cfg: cfg, logger: logger, claimers: map[string]*claimer.Claimer{}}
 	for _, q := range cfg.Queues {
-		if _, dup := w.claimers[q.Name]; dup {
-			return nil, fmt.Errorf("pgdispatch: queue %q is listed twice", q.Name)
-		}
 		opts := cfg.Options
 		opts.Concurrency = cmp.Or(q.Concurrency, cfg.Concurrency)
 		c, err := claimer.New(claimer.Config{
 			Pool: cfg.Pool, Schema: cfg.Schema, SleepConnConfig: cfg.ListenConnConfig, Queue: q.Name,
-			WorkerID: cfg.WorkerID, Registry: cfg.Registry, Options: opts, StatementTimeout: cfg.StatementTimeout,
-			Observer: cfg.Observer, Logger: logger,
+			WorkerID: cfg.WorkerID, Registry: cfg.Registry, Options: opts, DeleteDone: deleteDone,
+			StatementTimeout: cfg.StatementTimeout, Observer: cfg.Observer, Logger: logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("pgdispatch: queue %q: %w", q.Name, err)
@@ -174,14 +205,14 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w.listener, err = listener.New(listener.Config{
 		ConnConfig: cfg.ListenConnConfig, Channel: triggers.Channel(cfg.Schema),
 		Wake: w.wake, WakeAll: w.wakeAll, ControlChannel: triggers.ControlChannel, Control: w.control,
-		ReconnectMin: cfg.ReconnectMin, ReconnectMax: cfg.ReconnectMax, OnListen: cfg.OnListen, Logger: logger,
+		ReconnectMin: cfg.reconnectMin, ReconnectMax: cfg.reconnectMax, OnListen: cfg.OnListen, Logger: logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgdispatch: %w", err)
 	}
 	w.sweeper, err = sweeper.New(sweeper.Config{
 		Pool: cfg.Pool, Schema: cfg.Schema, Interval: cfg.SweepInterval,
-		RetainDone: cfg.RetainDone, PurgeDoneAtOnce: cfg.DeleteDone, RetainDead: cfg.RetainDead,
+		RetainDone: cfg.RetainDone, RetainDead: cfg.RetainDead,
 		MaxAttempts: cfg.MaxAttempts, StatementTimeout: cfg.StatementTimeout, Logger: logger,
 	})
 	if err != nil {
@@ -194,7 +225,61 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdispatch: %w", err)
 	}
+	w.settler, err = atworker.NewSettler(atworker.SettlerConfig{
+		DB: cfg.Pool, Schema: cfg.Schema, Interval: cfg.SweepInterval, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pgdispatch: %w", err)
+	}
 	return w, nil
+}
+
+// CheckQueues reports a queue with no name, or a name longer than the
+// jobs table allows, or listed twice, or a negative concurrency.
+func CheckQueues(qs []Queue) error {
+	seen := map[string]bool{}
+	for _, q := range qs {
+		switch {
+		case q.Name == "":
+			return errors.New("a queue has no name")
+		case utf8.RuneCountInString(q.Name) > migrations.NameLimit:
+			return fmt.Errorf("a queue's name has at most %d characters, as the jobs table allows", migrations.NameLimit)
+		case seen[q.Name]:
+			return fmt.Errorf("queue %q is listed twice", q.Name)
+		case q.Concurrency < 0:
+			return fmt.Errorf("the concurrency of queue %q must not be negative", q.Name)
+		}
+		seen[q.Name] = true
+	}
+	return nil
+}
+
+// ListenConnConfigOf parses url, the URL of PostgreSQL itself past any
+// transaction-pooling proxy, for Config.ListenConnConfig. Its error does
+// not repeat the URL (ConnStringError).
+func ListenConnConfigOf(url string) (*pgx.ConnConfig, error) {
+	cc, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, ConnStringError(err)
+	}
+	return cc, nil
+}
+
+// listenConnConfig is a copy of cc with the listener's defaults: a connect
+// timeout, and its session named unless cc names it (a pool from NewPool
+// names its sessions "pgdispatch").
+func listenConnConfig(cc *pgx.ConnConfig) *pgx.ConnConfig {
+	cc = cc.Copy()
+	if cc.ConnectTimeout == 0 {
+		cc.ConnectTimeout = defaultConnectTimeout
+	}
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	if app := cc.RuntimeParams["application_name"]; app == "" || app == "pgdispatch" {
+		cc.RuntimeParams["application_name"] = "pgdispatch-listener"
+	}
+	return cc
 }
 
 func (w *Worker) wake(queue string) {
@@ -246,7 +331,7 @@ func (w *Worker) wakeAll() {
 // outcomes. It returns nil after a clean shutdown, and when ctx ends before
 // the schema check is done: nothing had started.
 func (w *Worker) Run(ctx context.Context) error {
-	checkCtx, cancel := context.WithTimeout(ctx, cmp.Or(w.cfg.StatementTimeout, 10*time.Second))
+	checkCtx, cancel := context.WithTimeout(ctx, w.cfg.StatementTimeout)
 	_, err := migrations.Check(checkCtx, w.cfg.Pool, w.cfg.Schema)
 	cancel()
 	if err != nil {
@@ -267,6 +352,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	g.Go(func() error { return w.listener.Run(gctx) })
 	g.Go(func() error { return w.sweeper.Run(gctx) })
 	g.Go(func() error { return w.scheduler.Run(gctx) })
+	g.Go(func() error { return w.settler.Run(gctx) })
 	for _, c := range w.claimers {
 		g.Go(func() error { return c.Run(gctx) })
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -362,7 +363,7 @@ func TestListenerReconnects(t *testing.T) {
 	app := "pgdispatch-listener-" + b.schema
 	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
 	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
-	cfg.ReconnectMin = 200 * time.Millisecond
+	pgdispatch.SetReconnect(&cfg, 200*time.Millisecond, 0)
 	w, _, listening := start(t, cfg)
 	b.waitAsleep(t, w)
 
@@ -614,12 +615,12 @@ func TestShutdownGivesBackUnfinishedJobs(t *testing.T) {
 	require.Contains(t, *lastError, "interrupted by worker shutdown")
 }
 
-// RETAIN_DONE=0: done jobs are deleted at once.
+// RetainDoneNone: done jobs are deleted at once.
 func TestDeleteDone(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := b.config(t, "w")
-	cfg.DeleteDone = true
+	cfg.RetainDone = pgdispatch.RetainDoneNone
 	start(t, cfg)
 	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
 	b.watch.Until(t, waitFor, "job deleted", func(m map[int64]pgtest.JobState) bool { return m[id].Deleted })
@@ -699,4 +700,56 @@ func TestDefaultWorkerIDIsUnique(t *testing.T) {
 		ids[w.ID()] = true
 	}
 	require.Len(t, ids, 2, "two workers of one process have IDs of their own")
+}
+
+// NewWorker refuses a queue the jobs table could not hold, or listed
+// twice, and says which.
+func TestNewWorkerChecksQueues(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	for _, tc := range []struct {
+		queues []pgdispatch.Queue
+		want   string
+	}{
+		{[]pgdispatch.Queue{{Name: ""}}, "a queue has no name"},
+		{[]pgdispatch.Queue{{Name: strings.Repeat("q", migrations.NameLimit+1)}}, "at most 128 characters"},
+		{[]pgdispatch.Queue{{Name: "a"}, {Name: "a"}}, `queue "a" is listed twice`},
+		{[]pgdispatch.Queue{{Name: "a", Concurrency: -1}}, `the concurrency of queue "a" must not be negative`},
+	} {
+		cfg := b.config(t, "w")
+		cfg.Queues = tc.queues
+		_, err := pgdispatch.NewWorker(cfg)
+		require.ErrorContains(t, err, tc.want)
+	}
+	cfg := b.config(t, "w")
+	cfg.Queues = []pgdispatch.Queue{{Name: strings.Repeat("q", migrations.NameLimit)}}
+	_, err := pgdispatch.NewWorker(cfg)
+	require.NoError(t, err)
+}
+
+// The listener's connection gets a connect timeout and the name
+// "pgdispatch-listener" unless its config sets them, and the config given
+// stays as it was.
+func TestListenConnDefaults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		app, wantApp     string
+		timeout, wantOut time.Duration
+	}{
+		{"", "pgdispatch-listener", 0, 10 * time.Second},
+		{"pgdispatch", "pgdispatch-listener", 0, 10 * time.Second},
+		{"mine", "mine", time.Second, time.Second},
+	} {
+		cc, err := pgdispatch.ListenConnConfigOf(pgtest.URL())
+		require.NoError(t, err)
+		cc.RuntimeParams["application_name"] = tc.app
+		cc.ConnectTimeout = tc.timeout
+		got := pgdispatch.ListenConnConfig(cc)
+		require.Equal(t, tc.wantApp, got.RuntimeParams["application_name"])
+		require.Equal(t, tc.wantOut, got.ConnectTimeout)
+		require.Equal(t, tc.app, cc.RuntimeParams["application_name"], "the config given changed")
+	}
+	_, err := pgdispatch.ListenConnConfigOf("postgres://u:s3cret@h:bad/db")
+	require.Error(t, err)
+	require.NotContains(t, err.Error(), "s3cret")
 }

@@ -18,11 +18,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 const (
-	defaultTimeout = 10 * time.Second
 	// BatchSize is how many jobs one transaction of a bulk retry touches.
 	BatchSize = 1000
 	// DefaultLimit is how many jobs List returns unless told.
@@ -43,7 +43,7 @@ type Admin struct {
 // New returns an Admin for schema's jobs on pool. timeout bounds each
 // statement (default 10s).
 func New(pool *pgxpool.Pool, schema string, timeout time.Duration) *Admin {
-	return &Admin{pool: pool, schema: schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), timeout: cmp.Or(timeout, defaultTimeout)}
+	return &Admin{pool: pool, schema: schema, jobs: pgx.Identifier{schema, "jobs"}.Sanitize(), timeout: cmp.Or(timeout, stmttimeout.Default)}
 }
 
 // sql names the schema's objects in s: {jobs}, and {schema}.name for the

@@ -31,7 +31,8 @@
 // Nothing is added to the jobs table: jobs that do not come from
 // scheduled_tasks pay nothing. Settle writes the final state of finished
 // jobs back into the store, so that the view still answers once the sweeper
-// has purged them; pgdispatch run calls it every SWEEP_INTERVAL.
+// has purged them; every pgdispatch.Worker runs a Settler, which calls it
+// every SWEEP_INTERVAL.
 //
 // Revert makes scheduled_tasks a table again, with every row's current
 // state, and cancels the pending jobs, which the AT Worker runs from then on.

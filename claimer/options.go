@@ -12,21 +12,21 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // The defaults of Options and Config.
 const (
-	DefaultConcurrency      = 100
-	DefaultLease            = 30 * time.Second
-	DefaultPollInterval     = 30 * time.Second
-	DefaultJobTimeout       = 5 * time.Minute
-	DefaultMaxJobTimeout    = time.Hour
-	DefaultMaxAttempts      = 5
-	DefaultShutdownTimeout  = 30 * time.Second
-	DefaultStatementTimeout = 10 * time.Second
-	DefaultRetryBase        = 30 * time.Second // the first retry's delay; see DefaultRetryBackoff
-	DefaultClaimBytes       = 16 << 20
+	DefaultConcurrency     = 100
+	DefaultLease           = 30 * time.Second
+	DefaultPollInterval    = 30 * time.Second
+	DefaultJobTimeout      = 5 * time.Minute
+	DefaultMaxJobTimeout   = time.Hour
+	DefaultMaxAttempts     = 5
+	DefaultShutdownTimeout = 30 * time.Second
+	DefaultRetryBase       = 30 * time.Second // the first retry's delay; see DefaultRetryBackoff
+	DefaultClaimBytes      = 16 << 20
 )
 
 const maxRetryBackoff = 24 * time.Hour
@@ -51,7 +51,11 @@ type Config struct {
 
 	Options
 
-	// StatementTimeout bounds each database call. Default: 10s.
+	// DeleteDone deletes jobs as soon as they are done instead of keeping
+	// them for the sweeper to purge (pgdispatch.RetainDoneNone).
+	DeleteDone bool
+	// StatementTimeout bounds each database call. Default:
+	// pgdispatch.DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
 	// Observer, when set, is told of each job's start and outcome, for
 	// metrics. Its methods must not block.
@@ -91,9 +95,6 @@ type Options struct {
 	// RetryBackoff is the delay before the retry that follows attempt n.
 	// Default: 30s * 4^(n-1), capped at 24h, plus up to 10 % jitter.
 	RetryBackoff func(attempt int) time.Duration
-	// DeleteDone deletes jobs as soon as they are done instead of keeping
-	// them for the sweeper to purge.
-	DeleteDone bool
 	// ShutdownTimeout is how long running jobs may go on after Run's context
 	// ends before they are cancelled and given back. Default:
 	// DefaultShutdownTimeout (30s).
@@ -136,7 +137,7 @@ func (c Config) withDefaults() Config {
 	c.ClaimBytes = cmp.Or(c.ClaimBytes, DefaultClaimBytes)
 	c.MaxAttempts = cmp.Or(c.MaxAttempts, DefaultMaxAttempts)
 	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
-	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, stmttimeout.Default)
 	if c.RetryBackoff == nil {
 		c.RetryBackoff = DefaultRetryBackoff
 	}

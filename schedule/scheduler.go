@@ -46,14 +46,15 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/internal/retry"
+	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 )
 
 // DefaultFallback is the longest a scheduler sleeps without a wake-up.
 const DefaultFallback = 5 * time.Minute
 
 const (
-	defaultBatchSize        = 100
-	defaultStatementTimeout = 10 * time.Second
+	// batchSize bounds the schedules one transaction fires.
+	batchSize = 100
 	// HoldIdleTimeout is the longest a pass's transaction may wait for its
 	// worker between statements: the server ends the session of a worker
 	// that froze mid-pass after it (idle_in_transaction_session_timeout,
@@ -81,9 +82,8 @@ type Config struct {
 	Schema string
 	// Fallback is the longest sleep without a wake-up. Default: 5 minutes.
 	Fallback time.Duration
-	// BatchSize bounds the schedules one transaction fires. Default: 100.
-	BatchSize int
-	// StatementTimeout bounds each pass's transaction. Default: 10s.
+	// StatementTimeout bounds each pass's transaction. Default:
+	// pgdispatch.DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
 	// Now, when set, is the clock of Pass instead of the database's now(),
 	// for tests.
@@ -148,12 +148,11 @@ func New(cfg Config) (*Scheduler, error) {
 		return nil, errors.New("schedule: Pool is required")
 	case cfg.Schema == "":
 		return nil, errors.New("schedule: Schema is required")
-	case cfg.Fallback < 0, cfg.BatchSize < 0, cfg.StatementTimeout < 0:
+	case cfg.Fallback < 0, cfg.StatementTimeout < 0:
 		return nil, errors.New("schedule: durations and counts must not be negative")
 	}
 	cfg.Fallback = cmp.Or(cfg.Fallback, DefaultFallback)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
-	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
 	r := strings.NewReplacer("{schedules}", pgx.Identifier{cfg.Schema, "schedules"}.Sanitize(),
 		"{fire}", pgx.Identifier{cfg.Schema, "fire_schedule_slots"}.Sanitize())
 	queries := map[string]string{}
@@ -369,7 +368,7 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 	var now time.Time
 	batch.Queue(s.sql["now"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(&now) })
 	var rows []due
-	batch.Queue(s.sql["lock"], clock, s.cfg.BatchSize).Query(func(r pgx.Rows) error {
+	batch.Queue(s.sql["lock"], clock, batchSize).Query(func(r pgx.Rows) error {
 		var err error
 		rows, err = pgx.CollectRows(r, func(r pgx.CollectableRow) (due, error) {
 			var d due
@@ -453,7 +452,7 @@ func (s *Scheduler) pass(ctx context.Context, clock *time.Time, oneByOne bool) (
 			zap.Int64("caught_up", res.CaughtUp), zap.Int64("failed", res.Failed), zap.Int64("taken", res.Taken))
 	}
 
-	if len(rows) == s.cfg.BatchSize || len(plans) < len(rows) {
+	if len(rows) == batchSize || len(plans) < len(rows) {
 		return res, nil // more are due: at once
 	}
 	res.Wait = s.wait(now, *earliest, *held)

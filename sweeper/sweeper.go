@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/internal/retry"
+	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 )
 
 // The defaults of Config.
@@ -37,10 +38,9 @@ const (
 )
 
 const (
-	defaultMaxAttempts      = 5
-	defaultBatchSize        = 1000
-	defaultStatementTimeout = 10 * time.Second
-	maxBatchesPerPass       = 100
+	defaultMaxAttempts = 5
+	defaultBatchSize   = 1000 // the rows one statement changes
+	maxBatchesPerPass  = 100
 )
 
 // Config configures a Sweeper.
@@ -52,18 +52,16 @@ type Config struct {
 	Schema string
 	// Interval between passes. Default: 30s.
 	Interval time.Duration
-	// RetainDone is how long done jobs are kept. Default: 24h.
+	// RetainDone is how long done jobs are kept; a negative one purges them
+	// at the next pass whatever their age, for workers that delete jobs as
+	// they finish (pgdispatch.RetainDoneNone). Default: 24h.
 	RetainDone time.Duration
-	// PurgeDoneAtOnce deletes done jobs at the next pass whatever their age,
-	// for workers that delete jobs as they finish (RETAIN_DONE=0).
-	PurgeDoneAtOnce bool
 	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
 	RetainDead time.Duration
 	// MaxAttempts applies to rescued jobs whose max_attempts is NULL. Default: 5.
 	MaxAttempts int
-	// BatchSize bounds the rows one statement changes. Default: 1000.
-	BatchSize int
-	// StatementTimeout bounds each pass's transaction. Default: 10s.
+	// StatementTimeout bounds each pass's transaction. Default:
+	// pgdispatch.DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
 	// Logger receives the sweeper's logs. Default: no logging.
 	Logger *zap.Logger
@@ -75,7 +73,7 @@ func (c *Config) validate() error {
 		return errors.New("sweeper: Pool is required")
 	case c.Schema == "":
 		return errors.New("sweeper: Schema is required")
-	case c.Interval < 0, c.RetainDone < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.BatchSize < 0, c.StatementTimeout < 0:
+	case c.Interval < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.StatementTimeout < 0:
 		return errors.New("sweeper: durations and counts must not be negative")
 	}
 	return nil
@@ -98,6 +96,9 @@ type Sweeper struct {
 	// poolSize is the pool's MaxConns, read once (Pool.Config copies the
 	// whole config): how many dead connections a pass may meet in a row.
 	poolSize int
+	// batchSize bounds the rows one statement changes: defaultBatchSize
+	// but in the tests.
+	batchSize int
 
 	rescued, killed, purged atomic.Int64
 }
@@ -113,14 +114,10 @@ func New(cfg Config) (*Sweeper, error) {
 		return nil, err
 	}
 	cfg.Interval = cmp.Or(cfg.Interval, DefaultInterval)
-	cfg.RetainDone = cmp.Or(cfg.RetainDone, DefaultRetainDone)
-	if cfg.PurgeDoneAtOnce {
-		cfg.RetainDone = 0
-	}
+	cfg.RetainDone = max(cmp.Or(cfg.RetainDone, DefaultRetainDone), 0)
 	cfg.RetainDead = cmp.Or(cfg.RetainDead, DefaultRetainDead)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
-	cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
-	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, defaultStatementTimeout)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
 	jobs := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Sweeper{
 		cfg:    cfg,
@@ -128,7 +125,8 @@ func New(cfg Config) (*Sweeper, error) {
 		rescue: strings.NewReplacer("{jobs}", jobs, "{lost}", lostSQL).Replace(rescueSQL),
 		purge:  strings.ReplaceAll(purgeSQL, "{jobs}", jobs),
 
-		poolSize: int(cfg.Pool.Config().MaxConns),
+		poolSize:  int(cfg.Pool.Config().MaxConns),
+		batchSize: defaultBatchSize,
 	}, nil
 }
 
@@ -253,7 +251,7 @@ func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err err
 		return res, false, nil
 	}
 
-	rows, err := tx.Query(ctx, s.rescue, s.cfg.MaxAttempts, s.cfg.BatchSize)
+	rows, err := tx.Query(ctx, s.rescue, s.cfg.MaxAttempts, s.batchSize)
 	if err != nil {
 		return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
 	}
@@ -281,7 +279,7 @@ func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err err
 	if err := rows.Err(); err != nil {
 		return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
 	}
-	more = n == s.cfg.BatchSize
+	more = n == s.batchSize
 
 	for _, p := range []struct {
 		statuses []string
@@ -290,12 +288,12 @@ func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err err
 		{[]string{"done"}, s.cfg.RetainDone},
 		{[]string{"dead", "cancelled"}, s.cfg.RetainDead},
 	} {
-		tag, err := tx.Exec(ctx, s.purge, p.statuses, p.retain.Seconds(), s.cfg.BatchSize)
+		tag, err := tx.Exec(ctx, s.purge, p.statuses, p.retain.Seconds(), s.batchSize)
 		if err != nil {
 			return res, false, fmt.Errorf("sweep: purge %s jobs: %w", strings.Join(p.statuses, "/"), err)
 		}
 		res.Purged += tag.RowsAffected()
-		more = more || tag.RowsAffected() == int64(s.cfg.BatchSize)
+		more = more || tag.RowsAffected() == int64(s.batchSize)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return res, false, fmt.Errorf("sweep: commit: %w", err)

@@ -32,8 +32,9 @@ func TestSweep(t *testing.T) {
 		('new_dead',  'dead',    3, 3,    NULL, NULL, now() - interval '1 day')`)
 	require.NoError(t, err)
 
-	s, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema, BatchSize: 2})
+	s, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema})
 	require.NoError(t, err)
+	sweeper.SetBatchSize(s, 2)
 	res, err := s.Sweep(ctx)
 	require.NoError(t, err)
 	require.Equal(t, sweeper.Result{Locked: true, Rescued: 1, Killed: 2, Purged: 3}, res)

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"go.uber.org/zap"
-
 	"github.com/pgdispatch/pgdispatch/atworker"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 )
@@ -39,10 +37,10 @@ func atWorkerCommand(ctx context.Context, args []string, stdout, stderr io.Write
 // The AT Worker's own settings. Each stands in for the pgdispatch setting
 // named in its help when that one is unset (atWorkerFallbacks).
 var atWorkerSettings = []setting{
-	{env: "WORKER_POLLING_INTERVAL", help: "the AT Worker's polling interval, in seconds: read as POLL_INTERVAL when that is unset"},
-	{env: "WORKER_BATCH_SIZE", help: "the AT Worker's batch size: read as CONCURRENCY when that is unset"},
-	{env: "WORKER_CLEANER_INTERVAL", help: "the AT Worker's cleaner interval, in minutes: read as SWEEP_INTERVAL when that is unset"},
-	{env: "WORKER_STUCK_TIMEOUT", help: "the AT Worker's stuck timeout, in minutes: read as LEASE when that is unset, and by at-worker switch"},
+	{env: "WORKER_POLLING_INTERVAL", help: "seconds: read as `POLL_INTERVAL`, the fallback tick (a worker is woken by `NOTIFY` within milliseconds; the tick only covers a lost wake-up)"},
+	{env: "WORKER_BATCH_SIZE", help: "read as `CONCURRENCY`: jobs run at once per queue, the largest claim"},
+	{env: "WORKER_CLEANER_INTERVAL", help: "minutes: read as `SWEEP_INTERVAL`"},
+	{env: "WORKER_STUCK_TIMEOUT", help: "minutes: read as `LEASE`, and by `at-worker switch` for rows being processed"},
 }
 
 // atWorkerFallback maps one AT Worker setting to pgdispatch's.
@@ -229,42 +227,4 @@ func rowCounts(counts map[string]int64) string {
 		return "0 rows"
 	}
 	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))
-}
-
-// atWorkerLooks is how many intervals a worker with no AT Worker bridge
-// waits between looks for one: a switch made while it runs is settled from
-// then on. It is long (5 minutes at the default SWEEP_INTERVAL), so that an
-// idle worker of a database that never switched stays idle.
-const atWorkerLooks = 10
-
-// settleATWorker writes the outcomes of the bridges' finished jobs into
-// their rows every interval, before the sweeper can purge them
-// (atworker.Settle); while there is no bridge, it looks for one every
-// atWorkerLooks intervals.
-func settleATWorker(ctx context.Context, c *conn, interval time.Duration) {
-	for {
-		wait := interval * atWorkerLooks
-		lookCtx, cancel := context.WithTimeout(ctx, c.timeout)
-		bridges, err := atworker.Bridges(lookCtx, c.pool, c.schema)
-		cancel()
-		if err == nil && len(bridges) > 0 {
-			wait = interval
-			var n int64
-			n, err = atworker.Settle(ctx, c.pool, c.schema, c.timeout)
-			if n > 0 {
-				c.logger.Debug("at-worker: finished jobs written into scheduled_tasks", zap.Int64("rows", n))
-			}
-		}
-		if err != nil && ctx.Err() == nil {
-			c.logger.Warn("at-worker: writing finished jobs into scheduled_tasks failed", zap.Error(err))
-			wait = interval
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
 }

@@ -388,7 +388,7 @@ func TestATWorkerSwitch(t *testing.T) {
 		return err == nil && unsettled == 0
 	}, 30*time.Second, 20*time.Millisecond, "rows of done jobs not written back")
 	require.Equal(t, *total.Done, settled)
-	require.NotContains(t, w.stderr.String(), "at-worker: writing finished jobs into scheduled_tasks failed")
+	require.NotContains(t, w.stderr.String(), "writing finished jobs into scheduled_tasks failed")
 
 	// 4. The revert: a table whose rows match their jobs' states, and the
 	// application's column as it was.

@@ -7,10 +7,10 @@ import (
 	"io"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -28,7 +28,9 @@ import (
 // which may hold a password (DATABASE_URL); what is printed passes through
 // the filter of package redact. A worker's setting carries apply, which
 // parses its value into the worker's config; its default is the package's
-// own, so that it is written once.
+// own, so that it is written once. help is its meaning in Markdown, from
+// which the setting tables of docs/reference.md are generated (go test
+// -run TestReference -update); --help prints it plain.
 type setting struct {
 	env, flag, def, help string
 	apply                func(v *values, cfg *pgdispatch.Config, errs *[]error)
@@ -36,18 +38,18 @@ type setting struct {
 
 // The settings every command that talks to the database reads.
 var connSettings = []setting{
-	{env: "DATABASE_URL", flag: "database-url", help: "PostgreSQL connection string; when empty, built from DB_HOST, DB_PORT, DB_USER, DB_PASSWORD, DB_NAME and DB_SSLMODE"},
-	{env: "LISTEN_DATABASE_URL", flag: "listen-database-url", help: "PostgreSQL itself, past a transaction-pooling proxy such as PgBouncer on DATABASE_URL: the listener, the sleep keys and migrations connect here, and DATABASE_URL then gets no startup parameters and no prepared statements (default: DATABASE_URL)"},
-	{env: "DB_SCHEMA", flag: "schema", def: pgdispatch.DefaultSchema, help: "schema that holds pgdispatch's tables"},
-	{env: "STATEMENT_TIMEOUT", flag: "statement-timeout", def: durationText(claimer.DefaultStatementTimeout), help: "bound on every database call (also the server's statement_timeout)"},
-	{env: "LOG_LEVEL", flag: "log-level", def: "info", help: "debug, info, warn or error"},
-	{env: "LOG_FORMAT", flag: "log-format", def: "json", help: "json or console"},
+	{env: "DATABASE_URL", flag: "database-url", help: "PostgreSQL connection string. When empty, built from the AT Worker's `DB_HOST` (localhost), `DB_PORT` (5432), `DB_USER` (postgres), `DB_PASSWORD` (postgres), `DB_NAME` (at_scheduler) and `DB_SSLMODE` (disable), if any of them is set"},
+	{env: "LISTEN_DATABASE_URL", flag: "listen-database-url", help: "where the listener connects, where each queue's claimer holds its sleep key (one more connection per queue), and where migrations run; empty: `DATABASE_URL`. Point it past a transaction-pooling PgBouncer on `DATABASE_URL`, which then gets no startup parameters and no prepared statements ([Behind PgBouncer](operations.md#behind-pgbouncer))"},
+	{env: "DB_SCHEMA", flag: "schema", def: pgdispatch.DefaultSchema, help: "schema of pgdispatch's tables; `demo` uses `pgdispatch_demo`"},
+	{env: "STATEMENT_TIMEOUT", flag: "statement-timeout", def: durationText(pgdispatch.DefaultStatementTimeout), help: "bound on every database call, and the server's `statement_timeout`"},
+	{env: "LOG_LEVEL", flag: "log-level", def: "info", help: "`debug`, `info`, `warn` or `error`; `demo` and `bench` use `error`"},
+	{env: "LOG_FORMAT", flag: "log-format", def: "json", help: "`json` or `console`; `demo` and `bench` use `console`"},
 }
 
 // The worker's settings, for run and demo.
 var workerSettings = []setting{
 	{
-		env: "WORKER_ID", flag: "worker-id", help: "this worker's name in locked_by and the logs (default: the hostname, the process id and a random suffix, as in db-7-1234-a1b2c3)",
+		env: "WORKER_ID", flag: "worker-id", help: "this worker's name in `locked_by` and the logs; empty: the hostname, the process id and a random suffix, as in `db-7-1234-a1b2c3`, new at each start",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
 			cfg.WorkerID = v.str("WORKER_ID")
 			if cfg.WorkerID == "" {
@@ -58,47 +60,48 @@ var workerSettings = []setting{
 		},
 	},
 	{
-		env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally name:concurrency",
+		env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally `name:concurrency`",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
 			var err error
 			cfg.Queues, err = parseQueues(v.str("QUEUES"))
 			*errs = append(*errs, err)
 		},
 	},
-	countSetting("CONCURRENCY", "concurrency", claimer.DefaultConcurrency, "jobs run at once per queue; a claim takes at most the free ones",
+	countSetting("CONCURRENCY", "concurrency", claimer.DefaultConcurrency, "jobs run at once per queue; one claim takes at most the free slots, so this is also the largest claim",
 		func(c *pgdispatch.Config) *int { return &c.Concurrency }),
-	durationSetting("POLL_INTERVAL", "poll-interval", claimer.DefaultPollInterval, "fallback tick that claims even without a notification",
+	durationSetting("POLL_INTERVAL", "poll-interval", claimer.DefaultPollInterval, "fallback tick that claims without a notification",
 		func(c *pgdispatch.Config) *time.Duration { return &c.PollInterval }),
-	durationSetting("LEASE", "lease", claimer.DefaultLease, "how long a claimed job stays this worker's without a heartbeat (renewed every LEASE/3)",
+	durationSetting("LEASE", "lease", claimer.DefaultLease, "how long a claimed job stays this worker's without a heartbeat; renewed every `LEASE/3`",
 		func(c *pgdispatch.Config) *time.Duration { return &c.Lease }),
 	durationSetting("SWEEP_INTERVAL", "sweep-interval", sweeper.DefaultInterval, "how often expired leases are given back and old jobs purged",
 		func(c *pgdispatch.Config) *time.Duration { return &c.SweepInterval }),
-	countSetting("MAX_ATTEMPTS", "max-attempts", claimer.DefaultMaxAttempts, fmt.Sprintf("attempts for jobs whose max_attempts is NULL (at most %d)", migrations.AttemptsLimit),
+	countSetting("MAX_ATTEMPTS", "max-attempts", claimer.DefaultMaxAttempts, fmt.Sprintf("attempts for jobs whose `max_attempts` is NULL; at most %d", migrations.AttemptsLimit),
 		func(c *pgdispatch.Config) *int { return &c.MaxAttempts }),
-	durationSetting("JOB_TIMEOUT", "job-timeout", claimer.DefaultJobTimeout, "bound on one attempt unless the payload's \"timeout\" says otherwise; an attempt cut short by shutdown after running longer counts",
+	durationSetting("JOB_TIMEOUT", "job-timeout", claimer.DefaultJobTimeout, "bound on one attempt unless the payload's `timeout` says otherwise; an attempt cut short by shutdown after running longer counts",
 		func(c *pgdispatch.Config) *time.Duration { return &c.JobTimeout }),
-	durationSetting("MAX_JOB_TIMEOUT", "max-job-timeout", claimer.DefaultMaxJobTimeout, "the longest \"timeout\" a payload may ask for; a job that asks for more is dead at once",
+	durationSetting("MAX_JOB_TIMEOUT", "max-job-timeout", claimer.DefaultMaxJobTimeout, "the longest `timeout` a payload may ask for; a job that asks for more is dead at once. At least `JOB_TIMEOUT`",
 		func(c *pgdispatch.Config) *time.Duration { return &c.MaxJobTimeout }),
 	{
-		env: "RETRY_BACKOFF", flag: "retry-backoff", def: durationText(claimer.DefaultRetryBase), help: "delay before the first retry; each later one waits 4x longer (capped at 24h), plus up to 10% jitter",
+		env: "RETRY_BACKOFF", flag: "retry-backoff", def: durationText(claimer.DefaultRetryBase), help: "delay before the first retry; each later one waits 4× longer (30s, 2m, 8m, 32m, …, capped at 24h), plus up to 10 % jitter",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
 			cfg.RetryBackoff = claimer.ExponentialBackoff(v.positiveDuration("RETRY_BACKOFF", errs))
 		},
 	},
 	{
-		env: "RETAIN_DONE", flag: "retain-done", def: durationText(sweeper.DefaultRetainDone), help: "how long done jobs are kept; 0 deletes a job as soon as it is done",
+		env: "RETAIN_DONE", flag: "retain-done", def: durationText(sweeper.DefaultRetainDone), help: "how long done jobs are kept; `0` deletes a job as soon as it is done",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
-			cfg.RetainDone = v.duration("RETAIN_DONE", errs)
-			cfg.DeleteDone = cfg.RetainDone == 0 && v.str("RETAIN_DONE") != ""
+			if cfg.RetainDone = v.duration("RETAIN_DONE", errs); cfg.RetainDone == 0 && v.str("RETAIN_DONE") != "" {
+				cfg.RetainDone = pgdispatch.RetainDoneNone
+			}
 		},
 	},
-	countSetting("CLAIM_BYTES", "claim-bytes", claimer.DefaultClaimBytes, "bound on the payloads one claim loads, in bytes (a compressed payload counts decompressed); a claim takes one job at least",
+	countSetting("CLAIM_BYTES", "claim-bytes", claimer.DefaultClaimBytes, "bound on the payloads one claim loads, in bytes: a claim stops adding jobs once their size passes it (a payload stored compressed counts decompressed), and takes one job at least",
 		func(c *pgdispatch.Config) *int { return &c.ClaimBytes }),
 	durationSetting("RETAIN_DEAD", "retain-dead", sweeper.DefaultRetainDead, "how long dead and cancelled jobs are kept",
 		func(c *pgdispatch.Config) *time.Duration { return &c.RetainDead }),
-	durationSetting("SHUTDOWN_TIMEOUT", "shutdown-timeout", claimer.DefaultShutdownTimeout, "how long running jobs may finish after SIGINT/SIGTERM before they are given back",
+	durationSetting("SHUTDOWN_TIMEOUT", "shutdown-timeout", claimer.DefaultShutdownTimeout, "how long running jobs may finish after SIGINT or SIGTERM before they are given back",
 		func(c *pgdispatch.Config) *time.Duration { return &c.ShutdownTimeout }),
-	{env: "SYNCHRONOUS_COMMIT", flag: "synchronous-commit", def: "on", help: "synchronous_commit of the worker's own connections (on, off, local, remote_write, remote_apply); off saves a WAL flush per claim, and a server crash may then re-run jobs whose claim or outcome was not yet flushed"},
+	{env: "SYNCHRONOUS_COMMIT", flag: "synchronous-commit", def: "on", help: "`synchronous_commit` of the worker's own connections, never the writers': `on`, `off`, `local`, `remote_write` or `remote_apply`. Claims always commit without waiting for their WAL flush; `off` does the same for outcomes, heartbeats and sweeps. After a server crash, jobs whose claim or outcome was not yet flushed run again; nothing is lost either way"},
 }
 
 // durationSetting is a setting of a positive duration, field of the
@@ -133,7 +136,7 @@ func durationText(d time.Duration) string {
 
 // The settings of run alone.
 var serveSettings = []setting{
-	{env: "METRICS_ADDR", flag: "metrics-addr", def: "", help: "address of the HTTP server for /metrics, /healthz and /readyz, such as :9090 (empty: off)"},
+	{env: "METRICS_ADDR", flag: "metrics-addr", def: "", help: "address of the HTTP server for `/metrics`, `/healthz` and `/readyz`, such as `127.0.0.1:9090`; empty: off. They have no authentication ([Metrics and health](#metrics-and-health))"},
 }
 
 // withDefaults returns a copy of settings with other defaults, by variable.
@@ -168,12 +171,24 @@ func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
 			}
 			// Registered with the built-in default, which usage prints; the
 			// environment's value is set after.
-			p := fs.String(s.flag, s.def, s.help+" ($"+s.env+")")
+			p := fs.String(s.flag, s.def, plain(s.help)+" ($"+s.env+")")
 			*p = def
 			v.vals[s.env] = p
 		}
 	}
 	return v
+}
+
+var (
+	markdownLink = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)    // [text](target)
+	seeAlso      = regexp.MustCompile(` \(\[[^\]]*\]\([^)]*\)\)`) // " ([text](target))"
+)
+
+// plain is help without its Markdown: no pointer to elsewhere in the docs,
+// links' text, and code spans' code.
+func plain(help string) string {
+	help = markdownLink.ReplaceAllString(seeAlso.ReplaceAllString(help, ""), "$1")
+	return strings.ReplaceAll(help, "`", "")
 }
 
 func (v *values) str(env string) string { return strings.TrimSpace(*v.vals[env]) }
@@ -261,10 +276,10 @@ func envOr(name, def string) string {
 	return def
 }
 
-// parseQueues reads QUEUES: "default,emails:4".
+// parseQueues reads QUEUES: "default,emails:4". The names are checked by
+// pgdispatch.CheckQueues.
 func parseQueues(s string) ([]pgdispatch.Queue, error) {
 	var qs []pgdispatch.Queue
-	seen := map[string]bool{}
 	for _, part := range strings.Split(s, ",") {
 		part = strings.TrimSpace(part)
 		if part == "" {
@@ -272,16 +287,6 @@ func parseQueues(s string) ([]pgdispatch.Queue, error) {
 		}
 		name, conc, hasConc := strings.Cut(part, ":")
 		q := pgdispatch.Queue{Name: strings.TrimSpace(name)}
-		if q.Name == "" {
-			return nil, fmt.Errorf("invalid QUEUES %q: a queue has no name", s)
-		}
-		if utf8.RuneCountInString(q.Name) > migrations.NameLimit {
-			return nil, fmt.Errorf("invalid QUEUES: a queue's name has at most %d characters, as the jobs table allows", migrations.NameLimit)
-		}
-		if seen[q.Name] {
-			return nil, fmt.Errorf("invalid QUEUES %q: %q is listed twice", s, q.Name)
-		}
-		seen[q.Name] = true
 		if hasConc {
 			n, err := strconv.Atoi(strings.TrimSpace(conc))
 			if err != nil || n <= 0 {
@@ -293,6 +298,9 @@ func parseQueues(s string) ([]pgdispatch.Queue, error) {
 	}
 	if len(qs) == 0 {
 		return nil, fmt.Errorf("invalid QUEUES %q: no queue named", s)
+	}
+	if err := pgdispatch.CheckQueues(qs); err != nil {
+		return nil, fmt.Errorf("invalid QUEUES: %w", err)
 	}
 	return qs, nil
 }

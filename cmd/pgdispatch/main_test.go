@@ -313,7 +313,7 @@ func TestBadConfigurationIsAClearError(t *testing.T) {
 		{"QUEUES=a,a", `"a" is listed twice`},
 		{"LOG_LEVEL=loud", `invalid LOG_LEVEL "loud"`},
 		{"LEASE=-1s", `invalid LEASE "-1s": must not be negative`},
-		{"SYNCHRONOUS_COMMIT=maybe", `invalid SYNCHRONOUS_COMMIT "maybe"`},
+		{"SYNCHRONOUS_COMMIT=maybe", `invalid synchronous_commit "maybe"`},
 	} {
 		p := start(t, dbEnv(schema, tc.env), "run")
 		require.Equal(t, 1, p.wait(t, 30*time.Second), tc.env)
@@ -567,7 +567,7 @@ func TestRetainDoneZeroDeletesAtOnce(t *testing.T) {
 		require.NoError(t, fs.Parse([]string{"--retain-done", retain}))
 		cfg, err := workerConfig(v, &conn{pool: pgtest.Pool(t), schema: "s", timeout: time.Second, logger: zap.NewNop()})
 		require.NoError(t, err)
-		require.Equal(t, deleteDone, cfg.DeleteDone, "RETAIN_DONE=%s", retain)
+		require.Equal(t, deleteDone, cfg.RetainDone == pgdispatch.RetainDoneNone, "RETAIN_DONE=%s", retain)
 	}
 }
 
@@ -579,7 +579,7 @@ func TestPoolSize(t *testing.T) {
 		pgtest.URL(): pgdispatch.DefaultMaxConns,
 		withParam(pgtest.URL(), "pool_max_conns=3"): 3,
 	} {
-		pool, err := newPool(ctx, poolOptions{url: url, timeout: 5 * time.Second})
+		pool, err := newPool(ctx, url, "DATABASE_URL", pgdispatch.PoolConfig{StatementTimeout: 5 * time.Second})
 		require.NoError(t, err)
 		require.Equal(t, want, pool.Config().MaxConns, url)
 		pool.Close()

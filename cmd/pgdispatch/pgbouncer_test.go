@@ -91,9 +91,8 @@ func TestPgBouncerCallsAreBounded(t *testing.T) {
 	t.Parallel()
 	bouncer := pgbouncertest.Start(t, pgtest.URL())
 	ctx := context.Background()
-	pool, err := newPool(ctx, poolOptions{
-		url: bouncer.URL(), timeout: 5 * time.Second, pooled: true,
-		params: map[string]string{"synchronous_commit": "off"},
+	pool, err := newPool(ctx, bouncer.URL(), "DATABASE_URL", pgdispatch.PoolConfig{
+		StatementTimeout: 5 * time.Second, ListenURL: pgtest.URL(), SynchronousCommit: "on",
 	})
 	require.NoError(t, err)
 	defer pool.Close()
@@ -121,7 +120,7 @@ func TestPgBouncerCallsAreBounded(t *testing.T) {
 	require.Eventually(t, sleeping(false), 10*time.Second, 10*time.Millisecond, "the statement still runs on the server")
 
 	// The URL's own mode wins.
-	pool, err = newPool(ctx, poolOptions{url: bouncer.URL() + "&default_query_exec_mode=exec", timeout: 5 * time.Second, pooled: true})
+	pool, err = newPool(ctx, bouncer.URL()+"&default_query_exec_mode=exec", "DATABASE_URL", pgdispatch.PoolConfig{StatementTimeout: 5 * time.Second, ListenURL: pgtest.URL()})
 	require.NoError(t, err)
 	defer pool.Close()
 	require.Equal(t, pgx.QueryExecModeExec, pool.Config().ConnConfig.DefaultQueryExecMode)
@@ -142,27 +141,9 @@ func TestPgBouncerMisconfigured(t *testing.T) {
 	other := pgbouncertest.Start(t, pgtest.URL())
 	p = start(t, dbEnv(schema, "DATABASE_URL="+bouncer.URL(), "LISTEN_DATABASE_URL="+other.URL()), "migrate")
 	require.Equal(t, 1, p.wait(t, 30*time.Second))
-	require.Contains(t, p.stderr.String(), "LISTEN_DATABASE_URL leads to a proxy such as PgBouncer, and it must lead to PostgreSQL itself")
+	require.Contains(t, p.stderr.String(), "LISTEN_DATABASE_URL, leads to a proxy such as PgBouncer, and it must lead to PostgreSQL itself")
 
 	p = start(t, dbEnv(schema, "DATABASE_URL="+bouncer.URL(), "LISTEN_DATABASE_URL="+pgtest.URL(), "SYNCHRONOUS_COMMIT=off"), "run")
 	require.Equal(t, 1, p.wait(t, 30*time.Second))
-	require.Contains(t, p.stderr.String(), "SYNCHRONOUS_COMMIT=off cannot reach the server through the transaction pooler")
-}
-
-func TestBehindPooler(t *testing.T) {
-	t.Parallel()
-	const direct = "postgres://app@db:5432/app"
-	for _, tc := range []struct {
-		db, listen string
-		want       bool
-	}{
-		{direct, "", false},
-		{direct, direct, false},
-		{direct, "postgres://other@db/app?application_name=x", false}, // the same server
-		{"postgres://app@pgbouncer:6432/app", direct, true},
-		{"postgres://app@db:6432/app", direct, true},
-		{"host=pgbouncer port=5432 user=app", direct, true},
-	} {
-		require.Equal(t, tc.want, pgdispatch.BehindPooler(tc.db, tc.listen), "%s, %s", tc.db, tc.listen)
-	}
+	require.Contains(t, p.stderr.String(), "synchronous_commit=off cannot reach the server through the transaction pooler")
 }

@@ -216,46 +216,55 @@ func (p problems) report(t *testing.T, what string) {
 	}
 }
 
-// checkSettings: every setting appears once in a configuration table, with
-// its flag and default, and every row is a setting.
+// update rewrites the setting tables of docs/reference.md from the code.
+var update = flag.Bool("update", false, "rewrite the setting tables of docs/reference.md from the code")
+
+// settingTable marks a setting table generated from a group of
+// settingGroups, and ends it.
+var settingTable = regexp.MustCompile("(?s)<!-- generated from (\\w+): go test -run TestReference -update -->\n(.*?)\n<!-- end of generated table -->")
+
+// checkSettings: each group of settings has one table in the reference,
+// generated from the code's variable, flag, default and meaning, so that
+// every setting has a row and every row is a setting.
 func checkSettings(t *testing.T, ref doc) {
 	checkGroupsAreListed(t)
-	rows := map[string][]string{}
 	var p problems
-	for _, row := range ref.tablesWith("variable", "flag", "default", "meaning") {
-		name := code(row[0])
-		if _, dup := rows[name]; dup {
-			p.addf("%s has two rows", name)
-		}
-		rows[name] = row
-	}
 	seen := map[string]bool{}
-	for groupName, g := range settingGroups {
+	text := settingTable.ReplaceAllStringFunc(ref.text, func(block string) string {
+		m := settingTable.FindStringSubmatch(block)
+		g, ok := settingGroups[m[1]]
+		if !ok || seen[m[1]] {
+			p.addf("a table is generated from %s, which is no group of settingGroups, or has another table", m[1])
+			return block
+		}
+		seen[m[1]] = true
+		var b strings.Builder
+		b.WriteString("| variable | flag | default | meaning |\n|---|---|---|---|")
 		for _, s := range g {
-			seen[s.env] = true
-			row, ok := rows[s.env]
-			if !ok {
-				p.addf("missing: %s (%s) has no row in the configuration table", s.env, groupName)
-				continue
-			}
-			wantFlag := "(environment only)"
+			flag, def := "(environment only)", " "
 			if s.flag != "" {
-				wantFlag = "`--" + s.flag + "`"
+				flag = "`--" + s.flag + "`"
 			}
-			if row[1] != wantFlag {
-				p.addf("%s: flag is %q in the reference, %s in the code", s.env, row[1], wantFlag)
+			if s.def != "" {
+				def = " `" + s.def + "` "
 			}
-			if got := code(row[2]); got != s.def {
-				p.addf("%s: default is %q in the reference, %q in the code", s.env, got, s.def)
-			}
+			fmt.Fprintf(&b, "\n| `%s` | %s |%s| %s |", s.env, flag, def, s.help)
 		}
-	}
-	for name := range rows {
+		if m[2] != b.String() {
+			p.addf("the table of %s is not the code's: run go test -run TestReference -update ./cmd/pgdispatch", m[1])
+		}
+		return strings.Replace(block, m[2], b.String(), 1)
+	})
+	for name := range settingGroups {
 		if !seen[name] {
-			p.addf("extra: %s is in the configuration table but is no setting of the code", name)
+			p.addf("missing: no table is generated from %s", name)
 		}
 	}
-	p.report(t, "configuration table: | variable | flag | default | meaning |")
+	if *update && text != ref.text {
+		require.NoError(t, os.WriteFile(ref.path, []byte(text), 0o644))
+		return
+	}
+	p.report(t, "generated setting tables")
 }
 
 // checkGroupsAreListed fails when the package declares a []setting variable

@@ -1,17 +1,14 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
@@ -50,78 +47,34 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	if dbURL == "" {
 		errs = append(errs, errors.New("no database: set DATABASE_URL (or DB_HOST and friends), or pass --database-url"))
 	}
-	direct := v.str("LISTEN_DATABASE_URL")
-	pooled := pgdispatch.BehindPooler(dbURL, direct)
-	params := map[string]string{}
-	if v.has("SYNCHRONOUS_COMMIT") { // the worker commands: their own bookkeeping only
-		sc := v.str("SYNCHRONOUS_COMMIT")
-		switch {
-		case !synchronousCommit[sc]:
-			errs = append(errs, fmt.Errorf("invalid SYNCHRONOUS_COMMIT %q: want on, off, local, remote_write or remote_apply", sc))
-		case pooled && sc != "on":
-			errs = append(errs, fmt.Errorf("SYNCHRONOUS_COMMIT=%s cannot reach the server through the transaction pooler of DATABASE_URL "+
-				"(LISTEN_DATABASE_URL names another server): set synchronous_commit on pgdispatch's role instead "+
-				"(ALTER ROLE ... SET synchronous_commit = %s)", sc, sc))
-		case !pooled:
-			params["synchronous_commit"] = sc
-		}
-	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	pool, err := newPool(ctx, poolOptions{url: dbURL, timeout: timeout, params: params, pooled: pooled})
+	direct := v.str("LISTEN_DATABASE_URL")
+	pc := pgdispatch.PoolConfig{StatementTimeout: timeout, ListenURL: direct}
+	if v.has("SYNCHRONOUS_COMMIT") { // the worker commands: their own bookkeeping only
+		pc.SynchronousCommit = v.str("SYNCHRONOUS_COMMIT")
+	}
+	pool, err := newPool(ctx, dbURL, "DATABASE_URL", pc)
 	if err != nil {
 		return nil, err
 	}
 	c := &conn{pool: pool, schema: schema, timeout: timeout, logger: logger}
-	if pooled {
+	if pgdispatch.BehindPooler(dbURL, direct) {
 		c.direct = direct
 		logger.Debug("DATABASE_URL goes through a transaction pooler: LISTEN_DATABASE_URL names another server")
 	}
 	return c, nil
 }
 
-// poolOptions says how newPool connects.
-type poolOptions struct {
-	url     string
-	setting string // where url came from, for errors; default DATABASE_URL
-	timeout time.Duration
-	params  map[string]string // more runtime parameters, unless the URL sets them
-	pooled  bool              // url goes through a transaction pooler
-}
-
-// newPool connects as pgdispatch.NewPool does, naming the setting in its
-// errors.
-func newPool(ctx context.Context, o poolOptions) (*pgxpool.Pool, error) {
-	setting := cmp.Or(o.setting, "DATABASE_URL")
-	if _, err := pgxpool.ParseConfig(o.url); err != nil {
+// newPool connects as pgdispatch.NewPool does, naming setting in the error
+// of a URL that does not parse.
+func newPool(ctx context.Context, url, setting string, cfg pgdispatch.PoolConfig) (*pgxpool.Pool, error) {
+	if _, err := pgxpool.ParseConfig(url); err != nil {
 		return nil, fmt.Errorf("invalid %s: %w", setting, pgdispatch.ConnStringError(err))
 	}
-	pool, err := pgdispatch.NewPool(ctx, o.url, pgdispatch.PoolConfig{StatementTimeout: o.timeout, BehindPooler: o.pooled, RuntimeParams: o.params})
-	if err != nil && refusedStartupParameter(err) {
-		return nil, fmt.Errorf("%w (%s leads to a proxy such as PgBouncer, %s; "+
-			"see Behind PgBouncer in docs/operations.md)", err, setting, proxyHint[setting])
-	}
-	return pool, err
+	return pgdispatch.NewPool(ctx, url, cfg)
 }
-
-// proxyHint says what to do when the URL of a setting leads to a proxy
-// that refuses pgdispatch's startup parameters.
-var proxyHint = map[string]string{
-	"DATABASE_URL": "which needs LISTEN_DATABASE_URL: if it pools transactions, set LISTEN_DATABASE_URL to " +
-		"PostgreSQL itself, and pgdispatch sends DATABASE_URL no startup parameters and prepares no statements there",
-	"LISTEN_DATABASE_URL": "and it must lead to PostgreSQL itself, past any proxy",
-}
-
-// refusedStartupParameter reports PgBouncer's refusal of a startup
-// parameter it does not know.
-func refusedStartupParameter(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "08P01" && // protocol_violation
-		strings.HasPrefix(pgErr.Message, "unsupported startup parameter")
-}
-
-var synchronousCommit = map[string]bool{"on": true, "off": true, "local": true, "remote_write": true, "remote_apply": true}
 
 // workerConfig builds the worker's config from its settings.
 func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
@@ -139,23 +92,11 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 		errs = append(errs, fmt.Errorf("JOB_TIMEOUT (%s) must not exceed MAX_JOB_TIMEOUT (%s)", cfg.JobTimeout, cfg.MaxJobTimeout))
 	}
 	if u := v.str("LISTEN_DATABASE_URL"); u != "" {
-		lc, err := pgx.ParseConfig(u)
+		lc, err := pgdispatch.ListenConnConfigOf(u)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", pgdispatch.ConnStringError(err)))
-		} else {
-			cfg.ListenConnConfig = lc
+			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err))
 		}
-	}
-	if cfg.ListenConnConfig == nil {
-		cfg.ListenConnConfig = c.pool.Config().ConnConfig.Copy()
-	}
-	if cfg.ListenConnConfig.ConnectTimeout == 0 {
-		cfg.ListenConnConfig.ConnectTimeout = 10 * time.Second
-	}
-	// Name the listener's session unless its URL did (the pool's default name
-	// is "pgdispatch").
-	if app := cfg.ListenConnConfig.RuntimeParams["application_name"]; app == "" || app == "pgdispatch" {
-		cfg.ListenConnConfig.RuntimeParams["application_name"] = "pgdispatch-listener"
+		cfg.ListenConnConfig = lc
 	}
 	return cfg, errors.Join(errs...)
 }
@@ -236,12 +177,6 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 			}
 		}()
 	}
-	// The rows of scheduled_tasks switched to pgdispatch get their jobs'
-	// outcomes before the sweeper purges them (pgdispatch at-worker).
-	settleCtx, stopSettling := context.WithCancel(ctx)
-	settled := make(chan struct{})
-	go func() { defer close(settled); settleATWorker(settleCtx, c, cfg.SweepInterval) }()
-	defer func() { stopSettling(); <-settled }()
 	return explainSchema(w.Run(ctx), c.schema)
 }
 
@@ -306,7 +241,7 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 func runMigrate(ctx context.Context, c *conn) error {
 	pool := c.pool
 	if c.direct != "" {
-		direct, err := newPool(ctx, poolOptions{url: c.direct, setting: "LISTEN_DATABASE_URL", timeout: c.timeout})
+		direct, err := newPool(ctx, c.direct, "LISTEN_DATABASE_URL", pgdispatch.PoolConfig{StatementTimeout: c.timeout, ListenURL: c.direct})
 		if err != nil {
 			return fmt.Errorf("migrate: %w", err)
 		}

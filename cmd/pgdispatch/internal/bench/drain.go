@@ -31,7 +31,7 @@ func (b *bench) drain(ctx context.Context) ([]*Result, error) {
 		}
 		p := newCounter(int64(b.opts.DrainJobs))
 		start := time.Now()
-		stop, err := b.runWorker(ctx, schema, p, func(c *pgdispatch.Config) { c.DeleteDone = deleteDone })
+		stop, err := b.runWorker(ctx, schema, p, func(c *pgdispatch.Config) { setDeleteDone(c, deleteDone) })
 		if err != nil {
 			drop()
 			return nil, err

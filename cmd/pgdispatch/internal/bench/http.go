@@ -70,7 +70,7 @@ func (b *bench) httpWorker(ctx context.Context, deleteDone bool) (string, func()
 	}
 	stop, err := b.runWorker(ctx, schema, newCounter(0), func(c *pgdispatch.Config) {
 		c.Registry.Register(httpcallback.Kind, exec)
-		c.DeleteDone = deleteDone
+		setDeleteDone(c, deleteDone)
 	})
 	if err != nil {
 		drop()

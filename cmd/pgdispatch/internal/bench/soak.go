@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdispatch/pgdispatch"
 )
 
 // tableHealth is one sample of the jobs table's size and dead rows.
@@ -99,8 +101,19 @@ func (b *bench) soak(ctx context.Context) ([]*Result, error) {
 func mb(b int64) float64 { return float64(b) / (1 << 20) }
 
 func (b *bench) retainSetting() string {
-	if b.base.DeleteDone {
+	if b.base.RetainDone == pgdispatch.RetainDoneNone {
 		return "0"
 	}
 	return b.base.RetainDone.String()
+}
+
+// setDeleteDone makes c delete each job as soon as it is done, or keep
+// done jobs for the sweeper.
+func setDeleteDone(c *pgdispatch.Config, on bool) {
+	switch {
+	case on:
+		c.RetainDone = pgdispatch.RetainDoneNone
+	case c.RetainDone == pgdispatch.RetainDoneNone:
+		c.RetainDone = 0
+	}
 }
