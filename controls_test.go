@@ -22,6 +22,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
 )
 
 func registerHTTP(t *testing.T, b *bundle) {
@@ -248,8 +249,8 @@ func TestCancelReachesARunningJob(t *testing.T) {
 	}
 	slices.Sort(took)
 	p99 := took[len(took)*99/100]
-	t.Logf("cancel to the request's end: p50 %s, p99 %s", took[len(took)/2], p99)
-	require.Less(t, p99, 100*time.Millisecond)
+	t.Logf("cancel to the request's end: p50 %s", took[len(took)/2])
+	timing.Below(t, "cancel to the request's end, p99", p99, 100*time.Millisecond)
 
 	// The outcomes are dropped: every row stays cancelled, with its attempt
 	// on record, once every run has returned.

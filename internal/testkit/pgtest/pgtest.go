@@ -174,6 +174,27 @@ func ddlPool(t testing.TB) *pgxpool.Pool {
 	return ddlConns
 }
 
+// LockWaitingPool is a pool of the test's own, closed when the test ends,
+// whose sessions wait for a lock as long as their context allows (no
+// lock_timeout, unlike Pool's): a lock timeout its test meets is the one
+// the code under test set.
+func LockWaitingPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cfg.MaxConns = 4
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "0"
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "60s"
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
 // UnpingedPool is a pool of maxConns connections named app (returned) in
 // pg_stat_activity, closed when the test ends, that hands out its idle
 // connections without a ping, as cmd/pgdispatch's does for those idle for
