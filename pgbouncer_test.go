@@ -175,23 +175,8 @@ func (b *bundle) insertVia(t *testing.T, db *pgxpool.Pool, sql string, args ...a
 // key shows only in pg_locks, which this reads every few milliseconds.
 func waitSleepKey(t *testing.T, schema, queue string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var held bool
-		err := pgtest.Pool(t).QueryRow(ctx, `SELECT EXISTS (
-			SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
-			   AND classid = $1::int8::oid AND objid = (hashtext($2)::int8 & 4294967295)::oid)`,
-			int64(uint32(migrations.SleepKey(schema))), queue).Scan(&held)
-		if err == nil && held {
-			return
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			t.Fatalf("no claimer of %q took its sleep key within %s (last error: %v)", queue, waitFor, err)
-		}
-	}
+	pgtest.WaitSQL(t, waitFor, fmt.Sprintf("a claimer of %q to take its sleep key", queue), `SELECT EXISTS (
+		SELECT FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
+		   AND classid = $1::int8::oid AND objid = (hashtext($2)::int8 & 4294967295)::oid)`,
+		int64(uint32(migrations.SleepKey(schema))), queue)
 }

@@ -2,6 +2,7 @@ package claimer
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -14,23 +15,17 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // waitStatus polls the row of job id until it reads want.
 func waitStatus(ctx context.Context, t *testing.T, c *Claimer, jobs string, id int64, want string) {
 	t.Helper()
-	var status string
-	for {
+	wait.For(t, 20*time.Second, fmt.Sprintf("job %d to be %s", id, want), func() bool {
+		var status string
 		require.NoError(t, c.cfg.Pool.QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
-		if status == want {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("job %d stayed %s, never %s", id, status, want)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+		return status == want
+	})
 }
 
 // A result that PostgreSQL's jsonb cannot hold (a string with NUL, a lone

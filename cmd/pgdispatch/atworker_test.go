@@ -23,6 +23,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/smtptest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // atWorkerDDL is the AT Worker's table as its README implies (the columns
@@ -382,12 +383,12 @@ func TestATWorkerSwitch(t *testing.T) {
 	// sweeper purges the jobs.
 	store0 := pgx.Identifier{app, "scheduled_tasks_at_worker"}.Sanitize()
 	var unsettled, settled int64
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "the rows of done jobs to be written back", func() bool {
 		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE s.status NOT IN ('completed', 'failed')),
 			count(*) FILTER (WHERE s.status = 'completed') FROM `+store0+` s JOIN `+pgx.Identifier{pgd, "jobs"}.Sanitize()+` j
 			ON j.id = s.pgdispatch_job_id WHERE j.status = 'done'`).Scan(&unsettled, &settled)
 		return err == nil && unsettled == 0
-	}, 30*time.Second, 20*time.Millisecond, "rows of done jobs not written back")
+	})
 	require.Equal(t, *total.Done, settled)
 	require.NotContains(t, w.stderr.String(), "at-worker: writing finished jobs into scheduled_tasks failed")
 

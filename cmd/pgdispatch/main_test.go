@@ -29,6 +29,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testkit/exampledb"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -624,10 +625,10 @@ func TestRunServesMetrics(t *testing.T) {
 
 	id := insert(t, schema, `INSERT INTO {jobs} (kind) VALUES ('noop') RETURNING id`)
 	w.Status(t, id, "done", 30*time.Second)
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "the completed job in the metrics", func() bool {
 		_, body := get("/metrics")
 		return strings.Contains(body, `pgdispatch_jobs_completed_total{kind="noop",outcome="done",queue="default"} 1`)
-	}, 30*time.Second, 20*time.Millisecond)
+	})
 	_, body := get("/metrics")
 	require.Contains(t, body, `pgdispatch_listener_connected 1`)
 	require.Contains(t, body, `pgdispatch_jobs_claimed_total{queue="default"} 1`)
@@ -688,12 +689,8 @@ func TestAdminCommands(t *testing.T) {
 	// A worker then runs them.
 	w := start(t, append(e, "QUEUES=default,other"), "run")
 	w.stderr.waitFor(t, "listening", 30*time.Second)
-	require.Eventually(t, func() bool {
-		var n int
-		err := pgtest.Pool(t).QueryRow(context.Background(),
-			"SELECT count(*) FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE status = 'done'").Scan(&n)
-		return err == nil && n == 4
-	}, 30*time.Second, 20*time.Millisecond)
+	pgtest.WaitSQL(t, 30*time.Second, "the four jobs to be done",
+		"SELECT count(*) = 4 FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE status = 'done'")
 
 	bad := start(t, e, "jobs", "retry", "12", "--all-dead")
 	require.Equal(t, 1, bad.wait(t, 30*time.Second))

@@ -101,24 +101,18 @@ func TestPgBouncerCallsAreBounded(t *testing.T) {
 	require.Equal(t, pgx.QueryExecModeCacheDescribe, cfg.DefaultQueryExecMode)
 	require.Equal(t, map[string]string{"application_name": "pgdispatch"}, cfg.RuntimeParams, "no other startup parameter")
 
-	sleeping := func(want bool) func() bool {
-		return func() bool {
-			var n int
-			if err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE state = 'active' AND query = 'SELECT pg_sleep(60)' AND application_name = 'pgdispatch'`).Scan(&n); err != nil {
-				t.Error(err)
-				return false
-			}
-			return (n > 0) == want
-		}
+	sleeping := func(want bool, what string) {
+		t.Helper()
+		pgtest.WaitSQL(t, 10*time.Second, what, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE state = 'active' AND query = 'SELECT pg_sleep(60)' AND application_name = 'pgdispatch') = $1`, want)
 	}
 	callCtx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { _, err := pool.Exec(callCtx, "SELECT pg_sleep(60)"); done <- err }()
-	require.Eventually(t, sleeping(true), 10*time.Second, 10*time.Millisecond, "the statement runs on the server")
+	sleeping(true, "the statement to run on the server")
 	require.ErrorIs(t, <-done, context.DeadlineExceeded)
-	require.Eventually(t, sleeping(false), 10*time.Second, 10*time.Millisecond, "the statement still runs on the server")
+	sleeping(false, "the statement to end on the server")
 
 	// The URL's own mode wins.
 	pool, err = newPool(ctx, poolOptions{url: bouncer.URL() + "&default_query_exec_mode=exec", timeout: 5 * time.Second, pooled: true})

@@ -29,6 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -245,6 +246,22 @@ func TerminateApp(ctx context.Context, t testing.TB, app string) int {
 		t.Fatalf("pgtest: terminate %s: %v", app, err)
 	}
 	return killed
+}
+
+// WaitSQL waits until query, a statement that returns one boolean, returns
+// true on the shared pool, failing the test after timeout or at the
+// statement's first error.
+func WaitSQL(t testing.TB, timeout time.Duration, what, query string, args ...any) {
+	t.Helper()
+	wait.For(t, timeout, what, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var ok bool
+		if err := Pool(t).QueryRow(ctx, query, args...).Scan(&ok); err != nil {
+			t.Fatalf("pgtest: waiting for %s: %v", what, err)
+		}
+		return ok
+	})
 }
 
 // Conn opens a connection of the test's own, outside the pool, and closes
