@@ -23,6 +23,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 func registerHTTP(t *testing.T, b *bundle) {
@@ -258,7 +259,7 @@ func TestCancelReachesARunningJob(t *testing.T) {
 		s := b.watch.Status(t, id, "cancelled", waitFor)
 		require.Equal(t, 1, s.Attempts)
 	}
-	require.Eventually(t, func() bool { return w.Claimer(pgdispatch.DefaultQueue).Running() == 0 }, waitFor, 5*time.Millisecond)
+	wait.For(t, waitFor, "w.Claimer(pgdispatch.DefaultQueue).Running() == 0", func() bool { return w.Claimer(pgdispatch.DefaultQueue).Running() == 0 })
 	j, err := a.Get(context.Background(), ids[0])
 	require.NoError(t, err)
 	require.Equal(t, "cancelled", j.Status)
@@ -410,7 +411,7 @@ func TestPausedQueue(t *testing.T) {
 	})
 	b.rec.requireEachOnce(t, inserted)
 	for _, w := range workers { // each claims once the resume's notification reaches it
-		require.Eventually(t, func() bool { return !w.Claimer(pgdispatch.DefaultQueue).Stats().Paused }, waitFor, time.Millisecond)
+		wait.For(t, waitFor, "!w.Claimer(pgdispatch.DefaultQueue).Stats().Paused", func() bool { return !w.Claimer(pgdispatch.DefaultQueue).Stats().Paused })
 	}
 	for _, stop := range stops {
 		stop()

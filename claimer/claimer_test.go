@@ -20,6 +20,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // newTestClaimer is a claimer of the default queue of a schema of the test's
@@ -410,10 +411,10 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 	until := lockedUntil()
 
 	var renewed time.Time
-	require.Eventually(t, func() bool {
+	wait.For(t, 20*time.Second, "no heartbeat renewed the lease", func() bool {
 		renewed = lockedUntil()
 		return renewed.After(until)
-	}, 20*time.Second, 20*time.Millisecond, "no heartbeat renewed the lease")
+	})
 	require.True(t, renewed.Add(-lease).Before(until),
 		"the lease lapsed at %s, before the heartbeat renewed it at %s", until, renewed.Add(-lease))
 	failed := logs.FilterMessage("heartbeat failed").All()
@@ -446,10 +447,10 @@ func TestPayloadTimeoutIsCapped(t *testing.T) {
 		status  string
 		lastErr *string
 	)
-	require.Eventually(t, func() bool {
+	wait.For(t, 20*time.Second, "the job to be dead", func() bool {
 		require.NoError(t, pool.QueryRow(ctx, "SELECT status, last_error FROM "+jobs+" WHERE id = $1", id).Scan(&status, &lastErr))
 		return status == "dead"
-	}, 20*time.Second, 10*time.Millisecond)
+	})
 	require.NoError(t, stop())
 	require.Contains(t, *lastErr, "MAX_JOB_TIMEOUT")
 	require.Empty(t, ran, "the executor never ran")

@@ -24,6 +24,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/metrics"
 )
 
@@ -163,17 +164,17 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	require.NoError(t, writer.Close(context.Background()))
 	// Every attempt is counted once it is written: 3 ok, flaky twice,
 	// refused once, the unknown kind once.
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "w.Claimer(\"default\").Stats().Completed == 7", func() bool {
 		return w.Claimer("default").Stats().Completed == 7
-	}, 30*time.Second, 5*time.Millisecond)
+	})
 
 	// The statistics system counts the six inserts once the writer's backend
 	// has reported them; the scrape samples after that.
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "the statistics system to count the six inserts", func() bool {
 		var n int64
 		err := pool.QueryRow(context.Background(), "SELECT pg_stat_get_tuples_inserted($1::regclass)", jobs).Scan(&n)
 		return err == nil && n == 6
-	}, 30*time.Second, 10*time.Millisecond)
+	})
 
 	f := scrape(t, srv)
 	q := map[string]string{"queue": "default"}
@@ -206,7 +207,7 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	require.NoError(t, err)
 	_, err = w.Sweeper().Sweep(context.Background())
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return w.Claimer("default").Stats().Completed == 8 }, 30*time.Second, 5*time.Millisecond)
+	wait.For(t, 30*time.Second, "w.Claimer(\"default\").Stats().Completed == 8", func() bool { return w.Claimer("default").Stats().Completed == 8 })
 	f = scrape(t, srv)
 	requireValue(t, 1.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
 	requireValue(t, 4.0, value(t, f, "pgdispatch_jobs_completed_total", map[string]string{"queue": "default", "kind": "ok", "outcome": "done"}))
@@ -355,10 +356,10 @@ func TestScheduleMetrics(t *testing.T) {
 	_, err = tx.Exec(context.Background(), `UPDATE "`+schema+`".schedules SET next_run_at = $1 WHERE name = 'held'`, slot)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(context.Background()))
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "s.Created >= 1 && s.Failed >= 1 && s.Taken >= 1", func() bool {
 		s := w.Scheduler().Stats()
 		return s.Created >= 1 && s.Failed >= 1 && s.Taken >= 1
-	}, 30*time.Second, 10*time.Millisecond)
+	})
 
 	f := scrape(t, srv)
 	tick, never := map[string]string{"schedule": "tick"}, map[string]string{"schedule": "never"}
