@@ -23,6 +23,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -94,25 +95,9 @@ func start(t *testing.T, cfg pgdispatch.Config) (w *pgdispatch.Worker, stop func
 		default:
 		}
 	}
-	w, err := pgdispatch.NewWorker(cfg)
-	require.NoError(t, err)
 	s := newClaimerStates()
+	w, stop = workertest.Run(testhook.With(context.Background(), s.hooks()), t, cfg)
 	states.Store(w, s)
-	ctx, cancel := context.WithCancel(testhook.With(context.Background(), s.hooks()))
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(time.Minute):
-				t.Error("worker did not stop within a minute")
-			}
-		})
-	}
 	t.Cleanup(func() { stop(); states.Delete(w) })
 	waitListening(t, ch)
 	return w, stop, ch

@@ -16,6 +16,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -135,15 +136,10 @@ func TestListAndGet(t *testing.T) {
 // ends.
 func worker(t *testing.T, schema string, reg *executors.Registry) *pgdispatch.Worker {
 	t.Helper()
-	w, err := pgdispatch.NewWorker(pgdispatch.Config{
+	w, _ := workertest.Run(context.Background(), t, pgdispatch.Config{
 		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "admin-test", Registry: reg,
 		Options: claimer.Options{PollInterval: time.Hour}, Logger: zaptest.NewLogger(t),
 	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	return w
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 	"github.com/pgdispatch/pgdispatch/metrics"
 )
 
@@ -127,7 +128,7 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code, "not ready before the listener connects")
 	require.Contains(t, body, "listener is not connected")
 
-	ctx, cancel := context.WithCancel(testhook.With(context.Background(), &testhook.Hooks{
+	workertest.Serve(testhook.With(context.Background(), &testhook.Hooks{
 		ClaimerState: func(_, _, to string) {
 			if to == "asleep" {
 				select {
@@ -136,10 +137,7 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 				}
 			}
 		},
-	}))
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	}), t, w, "metrics")
 	select {
 	case <-listening:
 	case <-time.After(30 * time.Second):
@@ -334,10 +332,7 @@ func TestScheduleMetrics(t *testing.T) {
 	m.Attach(w)
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	workertest.Serve(context.Background(), t, w, "metrics")
 
 	fn := `"` + schema + `".schedule`
 	_, err = pool.Exec(context.Background(), "SELECT "+fn+"('tick', NULL, 'noop', every => '1 second'), "+
