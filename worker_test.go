@@ -229,90 +229,6 @@ func (r *recorder) requireEachOnce(t *testing.T, n int) {
 	}
 }
 
-// Acceptance 1: a plain INSERT on another connection runs at once, with the
-// fallback tick an hour away.
-func TestInsertWakesWorker(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	cfg := b.config(t, "w1")
-	w, _, _ := start(t, cfg)
-
-	// A first job drains any wake-up left over from start.
-	first := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
-	b.rec.waitStart(t, first, waitFor)
-	b.waitAsleep(t, w)
-	notified := w.Listener().Notifications()
-
-	conn := pgtest.Conn(t)
-	var id int64
-	require.NoError(t, conn.QueryRow(context.Background(),
-		"INSERT INTO "+b.jobs+" (kind, payload) VALUES ('record', '{\"n\": 2}') RETURNING id").Scan(&id))
-	committed := time.Now()
-	startedAt := b.rec.waitStart(t, id, 10*time.Second)
-	t.Logf("commit to start: %s", startedAt.Sub(committed))
-	b.watch.Status(t, id, "done", waitFor)
-	require.Equal(t, 1, b.rec.startsOf(id))
-	require.Greater(t, w.Listener().Notifications(), notified, "a sleeping worker is woken by NOTIFY")
-}
-
-// Acceptance 2: three workers share 10,000 jobs; each runs exactly once.
-func TestThreeWorkersRunEachJobOnce(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	const n = 10000
-	var stops []func()
-	for i := range 3 {
-		cfg := b.config(t, fmt.Sprintf("worker-%d", i))
-		cfg.Concurrency = 20
-		_, stop, _ := start(t, cfg)
-		stops = append(stops, stop)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err := pgtest.Pool(t).Exec(ctx, "INSERT INTO "+b.jobs+" (kind) SELECT 'record' FROM generate_series(1, $1)", n)
-	require.NoError(t, err)
-
-	b.rec.waitStarts(t, n)
-	for _, stop := range stops {
-		stop() // graceful: writes every outcome
-	}
-	b.rec.requireEachOnce(t, n)
-
-	var done, attempts1, workers int
-	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'done'),
-		count(*) FILTER (WHERE attempts = 1), 0 FROM `+b.jobs).Scan(&done, &attempts1, &workers))
-	require.Equal(t, n, done)
-	require.Equal(t, n, attempts1)
-}
-
-// Acceptance 3 in process: a job whose worker stopped renewing its lease (its
-// claim left behind as a crash leaves it) runs again elsewhere once the lease
-// expires, and ends done with attempts = 2. The subprocess version with a
-// real kill -9 is in cmd/pgdispatch.
-func TestExpiredLeaseIsRescued(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	// The crashed worker's claim: running, attempt 1, lease about to expire.
-	id := b.insert(t, `INSERT INTO `+b.jobs+` (kind, status, attempts, locked_by, locked_until)
-		VALUES ('record', 'running', 1, 'crashed-worker', now() + interval '1 second') RETURNING id`)
-	cfg := b.config(t, "rescuer")
-	cfg.SweepInterval = 200 * time.Millisecond
-	start(t, cfg)
-	states := b.watch.Status(t, id, "done", waitFor)
-	require.Equal(t, 2, states.Attempts)
-	require.Equal(t, 1, b.rec.startsOf(id))
-	var rescued bool
-	for _, s := range b.watch.History(id) {
-		if s.Status == "pending" && s.Error != nil {
-			require.Contains(t, *s.Error, "lease expired: worker crashed-worker")
-			rescued = true
-		}
-	}
-	require.True(t, rescued, "the sweeper gave the job back")
-}
-
 // A live worker's lease is renewed by the heartbeat, so the sweeper never
 // takes a long job from it (river issue #1302).
 func TestHeartbeatKeepsLongJob(t *testing.T) {
@@ -363,45 +279,6 @@ func TestListenerReconnects(t *testing.T) {
 	startedAt := b.rec.waitStart(t, id, 10*time.Second)
 	t.Logf("insert during the gap to start: %s", startedAt.Sub(inserted))
 	b.watch.Status(t, id, "done", waitFor)
-}
-
-// Acceptance 5: retries, permanent errors, attempts used up, unknown kinds.
-func TestRetriesAndDeadJobs(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	cfg := b.config(t, "w")
-	cfg.RetryBackoff = func(attempt int) time.Duration { return time.Duration(attempt) * 300 * time.Millisecond }
-	start(t, cfg)
-
-	flaky := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload) VALUES ('record', '{"fail": 2}') RETURNING id`)
-	permanent := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload) VALUES ('record', '{"permanent": true}') RETURNING id`)
-	exhausted := b.insert(t, `INSERT INTO `+b.jobs+` (kind, payload, max_attempts) VALUES ('record', '{"fail": 99}', 2) RETURNING id`)
-	unknown := b.insert(t, `INSERT INTO `+b.jobs+` (kind) VALUES ('no_such_kind') RETURNING id`)
-
-	s := b.watch.Status(t, flaky, "done", waitFor)
-	require.Equal(t, 3, s.Attempts)
-	delays := b.retryDelays(flaky)
-	require.Len(t, delays, 2, "two retries")
-	require.InDelta(t, 0.3, delays[0], 0.01, "backoff after attempt 1")
-	require.InDelta(t, 0.6, delays[1], 0.01, "backoff after attempt 2")
-
-	s = b.watch.Status(t, permanent, "dead", waitFor)
-	require.Equal(t, 1, s.Attempts)
-	require.Contains(t, *s.Error, "refused for good")
-
-	s = b.watch.Status(t, exhausted, "dead", waitFor)
-	require.Equal(t, 2, s.Attempts)
-	require.Contains(t, *s.Error, "attempt 2 of 2")
-	require.Contains(t, *s.Error, "failing attempt 2 on purpose")
-
-	s = b.watch.Status(t, unknown, "dead", waitFor)
-	require.Equal(t, 1, s.Attempts)
-	require.Contains(t, *s.Error, `unknown kind "no_such_kind"`)
-	require.Zero(t, b.rec.startsOf(unknown))
-
-	// The worker kept serving through all of it.
-	ok := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('record') RETURNING id")
-	b.watch.Status(t, ok, "done", waitFor)
 }
 
 // An executor's panic fails that job alone; a payload timeout bounds it.
