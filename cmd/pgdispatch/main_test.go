@@ -534,30 +534,6 @@ func TestBenchRuns(t *testing.T) {
 
 // LISTEN_DATABASE_URL gives the listener a connection of its own choosing,
 // for a pool behind a transaction-pooling proxy.
-func TestListenDatabaseURL(t *testing.T) {
-	t.Parallel()
-	schema := pgtest.Schema(t)
-	app := "listener-" + schema
-	listenURL := pgtest.URL()
-	if strings.Contains(listenURL, "?") {
-		listenURL += "&application_name=" + app
-	} else {
-		listenURL += "?application_name=" + app
-	}
-	w := pgtest.Watch(t, schema)
-	p := start(t, dbEnv(schema, "LISTEN_DATABASE_URL="+listenURL, "POLL_INTERVAL=1h"), "run")
-	p.stderr.waitFor(t, `"channel": "`+schema+`"`, 30*time.Second) // the listener is listening
-
-	var listening bool
-	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
-		"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND query ILIKE 'listen%')", app).Scan(&listening))
-	require.True(t, listening, "the listener uses LISTEN_DATABASE_URL")
-	id := insert(t, schema, "INSERT INTO {jobs} (kind) VALUES ('noop') RETURNING id")
-	w.Status(t, id, "done", 30*time.Second)
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, p.wait(t, 30*time.Second))
-}
-
 // RETAIN_DONE=0 deletes each job as soon as it is done.
 func TestRetainDoneZeroDeletesAtOnce(t *testing.T) {
 	t.Parallel()
