@@ -2,9 +2,6 @@ package main
 
 import (
 	"context"
-	"strconv"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,100 +11,7 @@ import (
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgbouncertest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
-	"github.com/pgdispatch/pgdispatch/migrations"
 )
-
-// route is how the commands reach PostgreSQL: DATABASE_URL, straight to it
-// or through a pooler, and LISTEN_DATABASE_URL straight to it, under an
-// application_name of its own so that its session shows.
-type route struct {
-	dbURL  string
-	pooled bool
-}
-
-// The commands as a user runs them, straight to PostgreSQL.
-func TestCommands(t *testing.T) {
-	t.Parallel()
-	testCommands(t, route{dbURL: pgtest.URL()})
-}
-
-// The commands as a user behind a default PgBouncer 1.18 in transaction
-// pooling mode runs them: DATABASE_URL through it, LISTEN_DATABASE_URL
-// straight to PostgreSQL.
-func TestPgBouncerCommands(t *testing.T) {
-	t.Parallel()
-	bouncer := pgbouncertest.Start(t, pgtest.URL())
-	testCommands(t, route{dbURL: bouncer.URL(), pooled: true})
-}
-
-// testCommands runs the commands via: migrate and run --migrate take their
-// session lock over the direct connection; run, enqueue, stats, jobs and
-// triggers work through DATABASE_URL, and the worker listens on
-// LISTEN_DATABASE_URL.
-func testCommands(t *testing.T, via route) {
-	schema := pgtest.EmptySchemaName(t)
-	app := "listener-" + schema
-	e := dbEnv(schema, "DATABASE_URL="+via.dbURL, "LISTEN_DATABASE_URL="+withParam(pgtest.URL(), "application_name="+app),
-		"POLL_INTERVAL=1h", "SYNCHRONOUS_COMMIT=on")
-	run := func(args ...string) string {
-		t.Helper()
-		p := start(t, e, args...)
-		require.Equal(t, 0, p.wait(t, time.Minute), p.stderr.String())
-		return p.stdout.String()
-	}
-
-	require.Contains(t, run("migrate"), "is at version "+strconv.Itoa(int(migrations.Latest())))
-	w := pgtest.Watch(t, schema)
-	worker := start(t, e, "run", "--migrate")
-	worker.stderr.waitFor(t, "listening", 30*time.Second)
-	pgtest.WaitSQL(t, 30*time.Second, "the listener on LISTEN_DATABASE_URL",
-		"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE application_name = $1 AND query ILIKE 'listen%')", app)
-
-	id, err := strconv.ParseInt(strings.TrimSpace(run("enqueue", "--kind", "noop", "--payload", `{"n": [1, 2]}`)), 10, 64)
-	require.NoError(t, err)
-	s := w.Status(t, id, "done", 30*time.Second)
-	require.Equal(t, 1, s.Attempts)
-	require.Regexp(t, `(?m)^\s*default\s+noop\s`, run("stats"))
-	require.Regexp(t, `(?m)^status\s+done$`, run("jobs", "show", strconv.FormatInt(id, 10)))
-
-	// A dispatch trigger added via DATABASE_URL, fired by a write the same way.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	table := pgx.Identifier{schema, "orders"}.Sanitize()
-	_, err = pgtest.Pool(t).Exec(ctx, "CREATE TABLE "+table+" (id int PRIMARY KEY)")
-	require.NoError(t, err)
-	require.Contains(t, run("triggers", "add", "--table", table, "--kind", "noop", "--name", "orders_new"), "trigger orders_new added")
-	writer, err := pgx.Connect(ctx, withParam(via.dbURL, "default_query_exec_mode=cache_describe"))
-	require.NoError(t, err)
-	defer func() { require.NoError(t, writer.Close(ctx)) }()
-	var fired int64
-	_, err = writer.Exec(ctx, "INSERT INTO "+table+" VALUES ($1)", 1)
-	require.NoError(t, err)
-	w.Until(t, 30*time.Second, "the trigger's job to be done", func(m map[int64]pgtest.JobState) bool {
-		for jobID, s := range m {
-			if jobID != id && s.Status == "done" {
-				fired = jobID
-				return true
-			}
-		}
-		return false
-	})
-	retry := start(t, e, "jobs", "retry", strconv.FormatInt(fired, 10))
-	require.Equal(t, 1, retry.wait(t, time.Minute), "a retry that changed nothing fails") // and yet it ran:
-	require.Contains(t, retry.stdout.String(), "left as it is: done")
-
-	// bench measures PostgreSQL: it connects past a pooler.
-	b := start(t, e, "bench", "--json", "--scenario", "latency", "--jobs", "5", "--spacing", "1ms")
-	require.Equal(t, 0, b.wait(t, time.Minute), b.stderr.String())
-	if via.pooled {
-		require.Contains(t, b.stderr.String(), "bench connects to LISTEN_DATABASE_URL")
-	}
-	require.Contains(t, b.stdout.String(), "latency_p50_ms")
-
-	require.NoError(t, worker.cmd.Process.Signal(syscall.SIGTERM))
-	require.Equal(t, 0, worker.wait(t, 30*time.Second), worker.stderr.String())
-	require.NotContains(t, worker.stderr.String(), "prepared statement")
-}
 
 // Behind the pooler every call stays bounded without server-side timeouts:
 // a call its context cuts short is cancelled on the server too, through
