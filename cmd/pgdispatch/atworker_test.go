@@ -269,7 +269,8 @@ func TestATWorkerSwitch(t *testing.T) {
 		want[n] = kinds[(n-1000)%len(kinds)]
 	}
 	rabbit := map[int]int{}
-	for deadline := time.Now().Add(60 * time.Second); ; {
+	var progress string
+	wait.On(t, 60*time.Second, "every due row to be delivered", func() (bool, <-chan time.Time) {
 		for _, d := range amqptest.Drain(t, brokerURL, rabbitQueue) {
 			var body struct{ N int }
 			require.NoError(t, json.Unmarshal(d.Body, &body))
@@ -277,15 +278,12 @@ func TestATWorkerSwitch(t *testing.T) {
 		}
 		var left int
 		require.NoError(t, db.QueryRow(ctx, "SELECT count(*) FROM scheduled_tasks WHERE status IN ('pending', 'processing') AND execute_at < now() + interval '1 minute'").Scan(&left))
-		if left == 0 && len(rabbit) == countKind(want, "rabbitmq") && len(mail.Messages()) == countKind(want, "email") {
-			break
+		if p := fmt.Sprintf("%d rows due, %d messages, %d mails", left, len(rabbit), len(mail.Messages())); p != progress {
+			progress = p
+			t.Log(p)
 		}
-		require.True(t, time.Now().Before(deadline), "not all delivered: %d rows due, %d messages, %d mails", left, len(rabbit), len(mail.Messages()))
-		select {
-		case <-mail.Received:
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return left == 0 && len(rabbit) == countKind(want, "rabbitmq") && len(mail.Messages()) == countKind(want, "email"), time.After(50 * time.Millisecond)
+	})
 	mails := map[int]int{}
 	for _, m := range mail.Messages() {
 		n, err := strconv.Atoi(strings.TrimPrefix(m.Header.Get("Subject"), "task "))
