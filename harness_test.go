@@ -18,6 +18,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 )
 
@@ -72,20 +73,11 @@ func (s *claimerStates) waitAsleep(t *testing.T, queue string) {
 // wait waits until the claimer of queue is in state want.
 func (s *claimerStates) wait(t *testing.T, queue, want string) {
 	t.Helper()
-	deadline := time.After(waitFor)
-	for {
+	wait.On(t, waitFor, fmt.Sprintf("the claimer of queue %q to be %s", queue, want), func() (bool, <-chan struct{}) {
 		s.mu.Lock()
-		state, changed := s.state[queue], s.changed
-		s.mu.Unlock()
-		if state == want {
-			return
-		}
-		select {
-		case <-changed:
-		case <-deadline:
-			t.Fatalf("the claimer of queue %q did not reach %q; it is %q", queue, want, state)
-		}
-	}
+		defer s.mu.Unlock()
+		return s.state[queue] == want, s.changed
+	})
 }
 
 // states are the claimer states of the workers start ran, by worker.

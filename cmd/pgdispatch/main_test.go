@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 var binary string
@@ -72,20 +73,16 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 // waitFor waits until the output contains substr.
 func (s *syncBuffer) waitFor(t *testing.T, substr string, timeout time.Duration) {
 	t.Helper()
-	deadline := time.After(timeout)
-	for {
+	defer func() {
+		if t.Failed() {
+			t.Logf("the output so far:\n%s", s.String())
+		}
+	}()
+	wait.On(t, timeout, fmt.Sprintf("the output to show %q", substr), func() (bool, <-chan struct{}) {
 		s.mu.Lock()
-		found, written := strings.Contains(s.b.String(), substr), s.written
-		s.mu.Unlock()
-		if found {
-			return
-		}
-		select {
-		case <-written:
-		case <-deadline:
-			t.Fatalf("output did not show %q within %s:\n%s", substr, timeout, s.String())
-		}
-	}
+		defer s.mu.Unlock()
+		return strings.Contains(s.b.String(), substr), s.written
+	})
 }
 
 func (s *syncBuffer) String() string {
