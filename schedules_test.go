@@ -17,6 +17,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/stmtcount"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // scheduled is a job a schedule created: its slot (run_at) and when its
@@ -108,6 +109,15 @@ func TestScheduleThreeWorkersOneJobPerSlot(t *testing.T) {
 	}
 	b.declare(t, "'tick', NULL, 'record', every => '1 second'")
 	b.waitScheduled(t, "tick", slots, 40*time.Second)
+	// Stopped once the workers have counted the jobs they created: a stop
+	// that cuts a pass's commit short drops that pass's count.
+	wait.For(t, waitFor, "the workers to count the jobs they created", func() bool {
+		var created int64
+		for _, w := range workers {
+			created += w.Scheduler().Stats().Created
+		}
+		return created >= int64(slots)
+	})
 	for _, stop := range stops {
 		stop()
 	}
