@@ -411,7 +411,7 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 	until := lockedUntil()
 
 	var renewed time.Time
-	wait.For(t, 20*time.Second, "no heartbeat renewed the lease", func() bool {
+	wait.For(t, 20*time.Second, "a heartbeat to renew the lease", func() bool {
 		renewed = lockedUntil()
 		return renewed.After(until)
 	})

@@ -108,7 +108,7 @@ func TestSlotOutlivesAHolderThatDiesOrFreezes(t *testing.T) {
 				releaseHolder() // what is left of the holder finds its connection gone
 			}
 			// Frozen, the holder stays stopped until the slot has its job.
-			wait.For(t, 30*time.Second, "the slot never got its job", func() bool {
+			wait.For(t, 30*time.Second, "the slot to get its job", func() bool {
 				n, err := count(shared, "SELECT count(*) FROM "+e.jobs)
 				return err == nil && n > 0
 			})

@@ -120,7 +120,7 @@ func TestRunSkipsDeadConnections(t *testing.T) {
 		stop()
 		require.NoError(t, <-done)
 	}()
-	wait.For(t, 30*time.Second, "the expired lease is rescued without waiting for the next Interval", func() bool { return s.Stats().Rescued == 1 })
+	wait.For(t, 30*time.Second, "the expired lease to be rescued before the next Interval", func() bool { return s.Stats().Rescued == 1 })
 }
 
 // An attempt lost with its worker leaves its entry in errors, as a failed

@@ -83,7 +83,7 @@ func TestSleepConnectionOpensAtStart(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(runCtx) }()
-	wait.For(t, 30*time.Second, "connected while nobody asked for the key", func() bool { return sessions() == 1 })
+	wait.For(t, 30*time.Second, "the sleep connection, opened while nobody asked for the key", func() bool { return sessions() == 1 })
 	require.False(t, s.Holding())
 
 	stop()
