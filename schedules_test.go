@@ -260,8 +260,8 @@ func TestScheduleChangedFromSQL(t *testing.T) {
 // slot. Both workers run side by side over the same window, with the
 // defaults of POLL_INTERVAL, SWEEP_INTERVAL and the scheduler's fallback.
 func TestScheduleIdleCost(t *testing.T) {
-	timing.Require(t)
 	t.Parallel()
+	timing.Require(t)
 	type idle struct {
 		w       *pgdispatch.Worker
 		counter *stmtcount.Counter

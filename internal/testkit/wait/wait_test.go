@@ -41,6 +41,7 @@ func run(t *testing.T, f func(tb testing.TB)) string {
 }
 
 func TestOnLooksAgainAtEachEvent(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int32
 	changed := make(chan struct{}, 3)
 	go func() {
@@ -58,6 +59,7 @@ func TestOnLooksAgainAtEachEvent(t *testing.T) {
 }
 
 func TestForFailsAfterItsTimeout(t *testing.T) {
+	t.Parallel()
 	var calls atomic.Int32
 	msg := run(t, func(tb testing.TB) {
 		For(tb, 50*time.Millisecond, "what never holds", func() bool { calls.Add(1); return false })
