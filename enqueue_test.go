@@ -172,3 +172,44 @@ func TestEnqueueCheckedRevealsNothingOfAnotherWritersJob(t *testing.T) {
 	require.NotContains(t, notices[0], "payload")
 	require.NotContains(t, notices[0], "run_at")
 }
+
+// Acceptance 6: one dedup_key makes one job, from SQL and from Go.
+func TestDedupKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	fn := pgx.Identifier{b.schema, "enqueue"}.Sanitize()
+
+	first := b.insert(t, "SELECT "+fn+"('record', '{\"a\": 1}', dedup_key => 'order-1')")
+	again := b.insert(t, "SELECT "+fn+"('record', '{\"a\": 2}', dedup_key => 'order-1')")
+	require.Equal(t, first, again)
+
+	tag, err := pool.Exec(ctx, "INSERT INTO "+b.jobs+" (kind, dedup_key) VALUES ('record', 'order-1') "+
+		"ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING")
+	require.NoError(t, err)
+	require.Zero(t, tag.RowsAffected())
+
+	s := pgdispatch.Schema(b.schema)
+	goID, err := s.Enqueue(ctx, pool, pgdispatch.Job{Kind: "record", DedupKey: "order-2", Payload: map[string]int{"a": 3}})
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	goAgain, err := s.Enqueue(ctx, tx, pgdispatch.Job{Kind: "record", DedupKey: "order-2"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, goID, goAgain)
+
+	var count int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+b.jobs).Scan(&count))
+	require.Equal(t, 2, count)
+
+	// Inside a transaction that rolls back, the job goes with it.
+	tx, err = pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = s.Enqueue(ctx, tx, pgdispatch.Job{Kind: "record", DedupKey: "order-3"})
+	require.NoError(t, err)
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+b.jobs).Scan(&count))
+	require.Equal(t, 2, count)
+}

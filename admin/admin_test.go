@@ -15,6 +15,8 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -134,15 +136,10 @@ func TestListAndGet(t *testing.T) {
 // ends.
 func worker(t *testing.T, schema string, reg *executors.Registry) *pgdispatch.Worker {
 	t.Helper()
-	w, err := pgdispatch.NewWorker(pgdispatch.Config{
+	w, _ := workertest.Run(context.Background(), t, pgdispatch.Config{
 		Pool: pgtest.Pool(t), Schema: schema, WorkerID: "admin-test", Registry: reg,
 		Options: claimer.Options{PollInterval: time.Hour}, Logger: zaptest.NewLogger(t),
 	})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
 	return w
 }
 
@@ -162,7 +159,7 @@ func TestRetryDeadWhileWorkerRuns(t *testing.T) {
 	n, err := a.RetryDead(context.Background(), "default", "ok")
 	require.NoError(t, err)
 	require.Equal(t, int64(1250), n, "more than one batch")
-	require.Eventually(t, func() bool { return w.Claimer("default").Stats().Completed == 1250 }, time.Minute, 10*time.Millisecond)
+	wait.For(t, time.Minute, "w.Claimer(\"default\").Stats().Completed == 1250", func() bool { return w.Claimer("default").Stats().Completed == 1250 })
 
 	stats, counted, err := a.Stats(context.Background(), 0)
 	require.NoError(t, err)
@@ -204,7 +201,7 @@ func TestRetryAndCancelByID(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []admin.Change{{ID: running, Status: "running", Changed: true}, {ID: 424242}}, changes)
 	close(release)
-	require.Eventually(t, func() bool { return w.Claimer("default").Running() == 0 }, time.Minute, 10*time.Millisecond)
+	wait.For(t, time.Minute, "w.Claimer(\"default\").Running() == 0", func() bool { return w.Claimer("default").Running() == 0 })
 
 	// A scheduled job cancelled never runs; a done one cannot be cancelled.
 	exec(`INSERT INTO {jobs} (kind, run_at) VALUES ('ok', now() + interval '1 hour')`)
@@ -224,11 +221,11 @@ func TestRetryAndCancelByID(t *testing.T) {
 		{ID: scheduledID, Status: "cancelled", Changed: true},
 		{ID: doneID, Status: "done"},
 	}, changes)
-	require.Eventually(t, func() bool {
+	wait.For(t, time.Minute, "both jobs to be done", func() bool {
 		j1, err1 := a.Get(ctx, scheduledID)
 		j2, err2 := a.Get(ctx, running)
 		return err1 == nil && err2 == nil && j1.Status == "done" && j2.Status == "done"
-	}, time.Minute, 10*time.Millisecond)
+	})
 	j, err := a.Get(ctx, running)
 	require.NoError(t, err)
 	require.Equal(t, int32(2), j.Attempts)

@@ -20,6 +20,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 )
 
@@ -264,11 +265,11 @@ func TestRetryDeadMatchingDeliversWhileWorkerRuns(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(matching), n, "more than one batch")
 
-	require.Eventually(t, func() bool {
+	wait.For(t, 2*time.Minute, "the retried jobs to be done", func() bool {
 		var done int
 		err := pgtest.Pool(t).QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status = 'done'").Scan(&done)
 		return err == nil && done == matching
-	}, 2*time.Minute, 20*time.Millisecond)
+	})
 	var wrong []int64
 	rows, _ := pgtest.Pool(t).Query(ctx, "SELECT id FROM "+jobs+" WHERE status = 'done' AND (finished_at IS NULL OR attempts <> 2)")
 	wrong, err = pgx.CollectRows(rows, pgx.RowTo[int64])

@@ -17,14 +17,10 @@ import (
 
 // waitBlocked waits until a session whose query contains marker waits on a
 // lock.
-func waitBlocked(ctx context.Context, t *testing.T, marker string) {
+func waitBlocked(t *testing.T, marker string) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		var n int
-		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0 AND pid <> pg_backend_pid()`, marker).Scan(&n)
-		return err == nil && n > 0
-	}, 20*time.Second, 10*time.Millisecond)
+	pgtest.WaitSQL(t, 20*time.Second, "a session of "+marker+" to wait on a lock", `SELECT EXISTS (SELECT FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND strpos(query, $1) > 0 AND pid <> pg_backend_pid())`, marker)
 }
 
 // An AT Worker's cleaner reading a row as processing (its job running)
@@ -61,7 +57,7 @@ func TestReviewCleanerRacingAFinishingJob(t *testing.T) {
 			WHERE status = 'processing' AND updated_at < NOW() - INTERVAL '5 minutes'`)
 		cleaned <- err
 	}()
-	waitBlocked(ctx, t, marker)
+	waitBlocked(t, marker)
 	require.NoError(t, finish.Commit(ctx))
 	require.NoError(t, <-cleaned)
 
@@ -112,12 +108,8 @@ func TestReviewWaitRacingAClaim(t *testing.T) {
 		waited <- result{w, err}
 	}()
 	// Wait's cancel waits for the claim, and the claim takes the job.
-	require.Eventually(t, func() bool {
-		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE wait_event_type = 'Lock' AND strpos(query, 'handed back') > 0 AND strpos(query, $1) > 0`, pgd).Scan(&n)
-		return err == nil && n > 0
-	}, 20*time.Second, 10*time.Millisecond)
+	pgtest.WaitSQL(t, 20*time.Second, "Wait's cancel to wait on the claim", `SELECT EXISTS (SELECT FROM pg_stat_activity
+		WHERE wait_event_type = 'Lock' AND strpos(query, 'handed back') > 0 AND strpos(query, $1) > 0)`, pgd)
 	_, err = claim.Exec(ctx, `UPDATE `+jobs+` SET status = 'running', attempts = 2, locked_by = 'w2', locked_until = now() + interval '1 minute'`)
 	require.NoError(t, err)
 	require.NoError(t, claim.Commit(ctx))
@@ -174,11 +166,8 @@ func TestReviewConcurrentSwitches(t *testing.T) {
 			done <- result{p, err}
 		}()
 	}
-	require.Eventually(t, func() bool {
-		var n int
-		err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE relation = to_regclass($1) AND NOT granted`, table).Scan(&n)
-		return err == nil && n >= 2
-	}, 20*time.Second, 10*time.Millisecond)
+	pgtest.WaitSQL(t, 20*time.Second, "both switches to wait on the table's lock",
+		`SELECT count(*) >= 2 FROM pg_locks WHERE relation = to_regclass($1) AND NOT granted`, table)
 	require.NoError(t, hold.Commit(ctx))
 	a, b := <-done, <-done
 	require.NoError(t, a.err)

@@ -20,6 +20,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // newTestClaimer is a claimer of the default queue of a schema of the test's
@@ -410,10 +411,10 @@ func TestHeartbeatSkipsDeadConnections(t *testing.T) {
 	until := lockedUntil()
 
 	var renewed time.Time
-	require.Eventually(t, func() bool {
+	wait.For(t, 20*time.Second, "a heartbeat to renew the lease", func() bool {
 		renewed = lockedUntil()
 		return renewed.After(until)
-	}, 20*time.Second, 20*time.Millisecond, "no heartbeat renewed the lease")
+	})
 	require.True(t, renewed.Add(-lease).Before(until),
 		"the lease lapsed at %s, before the heartbeat renewed it at %s", until, renewed.Add(-lease))
 	failed := logs.FilterMessage("heartbeat failed").All()
@@ -446,10 +447,10 @@ func TestPayloadTimeoutIsCapped(t *testing.T) {
 		status  string
 		lastErr *string
 	)
-	require.Eventually(t, func() bool {
+	wait.For(t, 20*time.Second, "the job to be dead", func() bool {
 		require.NoError(t, pool.QueryRow(ctx, "SELECT status, last_error FROM "+jobs+" WHERE id = $1", id).Scan(&status, &lastErr))
 		return status == "dead"
-	}, 20*time.Second, 10*time.Millisecond)
+	})
 	require.NoError(t, stop())
 	require.Contains(t, *lastErr, "MAX_JOB_TIMEOUT")
 	require.Empty(t, ran, "the executor never ran")
@@ -553,18 +554,9 @@ func TestShutdownDuringAClaimKeepsItsJobs(t *testing.T) {
 	var id int64
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "INSERT INTO "+jobs+" (kind, max_attempts) VALUES ('noop', 1) RETURNING id").Scan(&id))
 	c.Wake()
-	for { // until the claim has committed on the server
-		var status string
-		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
-		if status == "running" {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the claim never committed")
-		case <-time.After(time.Millisecond):
-		}
-	}
+	// The claim has committed on the server: read on a pool of its own, as
+	// the claimer's replies are held back.
+	pgtest.WaitSQL(t, 20*time.Second, "the claim to commit", "SELECT status = 'running' FROM "+jobs+" WHERE id = $1", id)
 	require.NoError(t, stop())
 	select {
 	case got := <-ran:
@@ -608,13 +600,7 @@ func TestLostClaimKeepsItsOutcomeApart(t *testing.T) {
 	require.Equal(t, run1.attempt, run2.attempt)
 
 	run1.finish <- nil
-	for c.Stats().Completed < 1 { // run 1's outcome is written, or refused
-		select {
-		case <-ctx.Done():
-			t.Fatal("run 1's outcome was never written")
-		case <-time.After(time.Millisecond):
-		}
-	}
+	wait.For(t, 20*time.Second, "run 1's outcome to be written, or refused", func() bool { return c.Stats().Completed >= 1 })
 	var status string
 	require.NoError(t, pool.QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
 	require.Equal(t, "running", status, "the row while run 2 runs")

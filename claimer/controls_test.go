@@ -2,6 +2,7 @@ package claimer
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -14,23 +15,17 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // waitStatus polls the row of job id until it reads want.
 func waitStatus(ctx context.Context, t *testing.T, c *Claimer, jobs string, id int64, want string) {
 	t.Helper()
-	var status string
-	for {
+	wait.For(t, 20*time.Second, fmt.Sprintf("job %d to be %s", id, want), func() bool {
+		var status string
 		require.NoError(t, c.cfg.Pool.QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
-		if status == want {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("job %d stayed %s, never %s", id, status, want)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+		return status == want
+	})
 }
 
 // A result that PostgreSQL's jsonb cannot hold (a string with NUL, a lone
@@ -236,18 +231,9 @@ func TestCancelHeardBeforeTheClaimsRunsAreKnown(t *testing.T) {
 	var id int64
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "INSERT INTO "+jobs+" (kind) VALUES ('noop') RETURNING id").Scan(&id))
 	c.Wake()
-	for { // until the claim has committed on the server
-		var status string
-		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
-		if status == "running" {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("the claim never committed")
-		case <-time.After(time.Millisecond):
-		}
-	}
+	// The claim has committed on the server: read on a pool of its own, as
+	// the claimer's replies are held back.
+	pgtest.WaitSQL(t, 20*time.Second, "the claim to commit", "SELECT status = 'running' FROM "+jobs+" WHERE id = $1", id)
 	_, err = pgtest.Pool(t).Exec(ctx, "SELECT * FROM "+pgx.Identifier{schema}.Sanitize()+".cancel($1)", id)
 	require.NoError(t, err)
 	require.Zero(t, c.Cancel([]int64{id}), "the scenario: the notice comes before the claim's reply")

@@ -24,6 +24,8 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 	"github.com/pgdispatch/pgdispatch/metrics"
 )
 
@@ -126,7 +128,7 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code, "not ready before the listener connects")
 	require.Contains(t, body, "listener is not connected")
 
-	ctx, cancel := context.WithCancel(testhook.With(context.Background(), &testhook.Hooks{
+	workertest.Serve(testhook.With(context.Background(), &testhook.Hooks{
 		ClaimerState: func(_, _, to string) {
 			if to == "asleep" {
 				select {
@@ -135,10 +137,7 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 				}
 			}
 		},
-	}))
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	}), t, w, "metrics")
 	select {
 	case <-listening:
 	case <-time.After(30 * time.Second):
@@ -163,17 +162,17 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	require.NoError(t, writer.Close(context.Background()))
 	// Every attempt is counted once it is written: 3 ok, flaky twice,
 	// refused once, the unknown kind once.
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "w.Claimer(\"default\").Stats().Completed == 7", func() bool {
 		return w.Claimer("default").Stats().Completed == 7
-	}, 30*time.Second, 5*time.Millisecond)
+	})
 
 	// The statistics system counts the six inserts once the writer's backend
 	// has reported them; the scrape samples after that.
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "the statistics system to count the six inserts", func() bool {
 		var n int64
 		err := pool.QueryRow(context.Background(), "SELECT pg_stat_get_tuples_inserted($1::regclass)", jobs).Scan(&n)
 		return err == nil && n == 6
-	}, 30*time.Second, 10*time.Millisecond)
+	})
 
 	f := scrape(t, srv)
 	q := map[string]string{"queue": "default"}
@@ -206,7 +205,7 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	require.NoError(t, err)
 	_, err = w.Sweeper().Sweep(context.Background())
 	require.NoError(t, err)
-	require.Eventually(t, func() bool { return w.Claimer("default").Stats().Completed == 8 }, 30*time.Second, 5*time.Millisecond)
+	wait.For(t, 30*time.Second, "w.Claimer(\"default\").Stats().Completed == 8", func() bool { return w.Claimer("default").Stats().Completed == 8 })
 	f = scrape(t, srv)
 	requireValue(t, 1.0, value(t, f, "pgdispatch_jobs_rescued_total", map[string]string{"result": "pending"}))
 	requireValue(t, 4.0, value(t, f, "pgdispatch_jobs_completed_total", map[string]string{"queue": "default", "kind": "ok", "outcome": "done"}))
@@ -333,10 +332,7 @@ func TestScheduleMetrics(t *testing.T) {
 	m.Attach(w)
 	srv := httptest.NewServer(m.Handler())
 	defer srv.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	defer func() { cancel(); require.NoError(t, <-done) }()
+	workertest.Serve(context.Background(), t, w, "metrics")
 
 	fn := `"` + schema + `".schedule`
 	_, err = pool.Exec(context.Background(), "SELECT "+fn+"('tick', NULL, 'noop', every => '1 second'), "+
@@ -355,10 +351,10 @@ func TestScheduleMetrics(t *testing.T) {
 	_, err = tx.Exec(context.Background(), `UPDATE "`+schema+`".schedules SET next_run_at = $1 WHERE name = 'held'`, slot)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(context.Background()))
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "s.Created >= 1 && s.Failed >= 1 && s.Taken >= 1", func() bool {
 		s := w.Scheduler().Stats()
 		return s.Created >= 1 && s.Failed >= 1 && s.Taken >= 1
-	}, 30*time.Second, 10*time.Millisecond)
+	})
 
 	f := scrape(t, srv)
 	tick, never := map[string]string{"schedule": "tick"}, map[string]string{"schedule": "never"}

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
 	"github.com/pgdispatch/pgdispatch/migrations"
 	"github.com/pgdispatch/pgdispatch/schedule"
 )
@@ -94,10 +95,14 @@ func TestMigrateFailsFastOnHeldLock(t *testing.T) {
 	_, err = tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{schema, "schema_version"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE")
 	require.NoError(t, err)
 
+	// The migration's pool waits on a lock until its context ends: a lock
+	// timeout is the migration's own.
+	migrateCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	start := time.Now()
-	_, _, err = migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema, LockTimeout: 200 * time.Millisecond})
+	_, _, err = migrations.Migrate(migrateCtx, pgtest.LockWaitingPool(t), migrations.Config{Schema: schema, LockTimeout: 200 * time.Millisecond})
 	require.Error(t, err)
-	require.Less(t, time.Since(start), 5*time.Second)
+	timing.Below(t, "the migration's failure", time.Since(start), 5*time.Second)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "55P03", pgErr.Code)
@@ -106,8 +111,7 @@ func TestMigrateFailsFastOnHeldLock(t *testing.T) {
 
 func TestTableConstraints(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	schema := pgtest.Schema(t)
+	tx, schema := pgtest.Tx(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	for _, tc := range []struct{ sql, constraint string }{
 		{"INSERT INTO " + jobs + " (kind, max_attempts) VALUES ('noop', -1)", "jobs_max_attempts_check"},
@@ -115,7 +119,7 @@ func TestTableConstraints(t *testing.T) {
 		{"INSERT INTO " + jobs + " (kind, status) VALUES ('noop', 'finished')", "jobs_status_check"},
 		{"INSERT INTO " + jobs + " (kind, queue) VALUES ('noop', '')", "jobs_queue_check"},
 	} {
-		_, err := pgtest.Pool(t).Exec(ctx, tc.sql)
+		err := pgtest.Try(t, tx, tc.sql)
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr, tc.sql)
 		require.Equal(t, tc.constraint, pgErr.ConstraintName)
@@ -281,8 +285,7 @@ func pgErrorOf(t *testing.T, err error, msgAndArgs ...any) *pgconn.PgError {
 // each value a claim, the sweeper or an admin command cannot handle.
 func TestLimitsRefuseHostileRows(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	schema := pgtest.Schema(t)
+	tx, schema := pgtest.Tx(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	for _, tc := range []struct {
 		columns, values, constraint string
@@ -304,7 +307,7 @@ func TestLimitsRefuseHostileRows(t *testing.T) {
 		{"kind, payload", "'noop', jsonb_build_object('a', repeat('a', 1048576))", "jobs_payload_size_check"},
 	} {
 		sql := "INSERT INTO " + jobs + " (" + tc.columns + ") VALUES (" + tc.values + ")"
-		_, err := pgtest.Pool(t).Exec(ctx, sql)
+		err := pgtest.Try(t, tx, sql)
 		pgErr := pgErrorOf(t, err, sql)
 		require.Equal(t, "23514", pgErr.Code, sql) // check_violation
 		require.Equal(t, tc.constraint, pgErr.ConstraintName, sql)
@@ -317,12 +320,11 @@ func TestLimitsRefuseHostileRows(t *testing.T) {
 func TestLimitsAreTheConstants(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	schema := pgtest.Schema(t)
+	tx, schema := pgtest.Tx(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
-	pool := pgtest.Pool(t)
 	// The size of {"a": ""}, so that {"a": repeat('x', n)} is n bytes more.
 	var overhead int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT pg_column_size('{"a": ""}'::jsonb)`).Scan(&overhead))
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_column_size('{"a": ""}'::jsonb)`).Scan(&overhead))
 	payload := func(size int) string { return `{"a": "` + strings.Repeat("x", size-overhead) + `"}` }
 	wide := func(n int) string { return strings.Repeat("é😀", n/2) } // 2 and 4 bytes a character
 
@@ -340,14 +342,12 @@ func TestLimitsAreTheConstants(t *testing.T) {
 		{"payload", payload(migrations.PayloadLimit), payload(migrations.PayloadLimit + 1), "jobs_payload_size_check"},
 	} {
 		sql := "INSERT INTO " + jobs + " (kind, " + tc.column + ") VALUES ('noop', $1)"
-		_, err := pool.Exec(ctx, sql, tc.at)
-		require.NoError(t, err, "%s at its limit", tc.column)
-		_, err = pool.Exec(ctx, sql, tc.past)
+		require.NoError(t, pgtest.Try(t, tx, sql, tc.at), "%s at its limit", tc.column)
+		err := pgtest.Try(t, tx, sql, tc.past)
 		require.Equal(t, tc.constraint, pgErrorOf(t, err, tc.column).ConstraintName)
 	}
-	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) VALUES ($1)", wide(migrations.NameLimit))
-	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) VALUES ($1)", wide(migrations.NameLimit)+"k")
+	require.NoError(t, pgtest.Try(t, tx, "INSERT INTO "+jobs+" (kind) VALUES ($1)", wide(migrations.NameLimit)))
+	err := pgtest.Try(t, tx, "INSERT INTO "+jobs+" (kind) VALUES ($1)", wide(migrations.NameLimit)+"k")
 	require.Equal(t, "jobs_kind_check", pgErrorOf(t, err).ConstraintName)
 }
 
@@ -360,38 +360,37 @@ func TestPayloadLimitSeesCompressedValues(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	schema := pgtest.Schema(t)
+	tx, schema := pgtest.Tx(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
-	conn := pgtest.Conn(t)
 
 	// Built by the INSERT, uncompressed: the CHECK refuses it.
-	_, err := conn.Exec(ctx, "INSERT INTO "+jobs+" (kind, payload) VALUES ('noop', jsonb_build_object('a', repeat('a', 40000000)))")
+	err := pgtest.Try(t, tx, "INSERT INTO "+jobs+" (kind, payload) VALUES ('noop', jsonb_build_object('a', repeat('a', 40000000)))")
 	require.Equal(t, "jobs_payload_size_check", pgErrorOf(t, err).ConstraintName)
 
-	_, err = conn.Exec(ctx, `CREATE TEMP TABLE src (name text, p jsonb);
+	_, err = tx.Exec(ctx, `CREATE TEMP TABLE src (name text, p jsonb);
 		INSERT INTO src VALUES ('huge', jsonb_build_object('a', repeat('a', 40000000))),
 		                       ('fine', jsonb_build_object('a', repeat('b', 800000)))`)
 	require.NoError(t, err)
 	var stored, raw int
-	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_column_size(p), octet_length(p::text) FROM src WHERE name = 'huge'").Scan(&stored, &raw))
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_column_size(p), octet_length(p::text) FROM src WHERE name = 'huge'").Scan(&stored, &raw))
 	require.Less(t, stored, migrations.PayloadLimit, "stored compressed")
 	require.Greater(t, raw, 40000000)
 
-	_, err = conn.Exec(ctx, "INSERT INTO "+jobs+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'huge'")
+	err = pgtest.Try(t, tx, "INSERT INTO "+jobs+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'huge'")
 	pgErr := pgErrorOf(t, err)
 	require.Equal(t, "23514", pgErr.Code)
 	require.Equal(t, "jobs_payload_size_check", pgErr.ConstraintName)
 	require.Contains(t, pgErr.Detail, "40000017 bytes decompressed")
 
 	var id int64
-	require.NoError(t, conn.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'fine' RETURNING id").Scan(&id))
-	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_column_size(payload) FROM "+jobs+" WHERE id = $1", id).Scan(&stored))
+	require.NoError(t, tx.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'fine' RETURNING id").Scan(&id))
+	require.NoError(t, tx.QueryRow(ctx, "SELECT pg_column_size(payload) FROM "+jobs+" WHERE id = $1", id).Scan(&stored))
 	require.Less(t, stored, 100000, "the payload is stored compressed")
 	for _, sql := range []string{
 		"UPDATE " + jobs + " SET status = 'running', attempts = attempts + 1 WHERE id = $1",
 		"UPDATE " + jobs + " SET status = 'pending', payload = payload WHERE id = $1",
 	} {
-		tag, err := conn.Exec(ctx, sql, id)
+		tag, err := tx.Exec(ctx, sql, id)
 		require.NoError(t, err, sql)
 		require.Equal(t, int64(1), tag.RowsAffected())
 	}
@@ -537,10 +536,9 @@ func TestSchedulePayloadLimitSeesCompressedValues(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	schema := pgtest.Schema(t)
+	tx, schema := pgtest.Tx(t)
 	schedules := pgx.Identifier{schema, "schedules"}.Sanitize()
-	conn := pgtest.Conn(t)
-	_, err := conn.Exec(ctx, `CREATE TEMP TABLE src (name text, p jsonb);
+	_, err := tx.Exec(ctx, `CREATE TEMP TABLE src (name text, p jsonb);
 		INSERT INTO src VALUES ('huge', jsonb_build_object('a', repeat('a', 40000000))),
 		                       ('fine', jsonb_build_object('a', repeat('b', 800000)))`)
 	require.NoError(t, err)
@@ -550,17 +548,17 @@ func TestSchedulePayloadLimitSeesCompressedValues(t *testing.T) {
 		"UPDATE " + schedules + " SET payload = (SELECT p FROM src WHERE name = 'huge') WHERE name = 'fine'",
 	} {
 		if strings.HasPrefix(sql, "UPDATE") {
-			_, err = conn.Exec(ctx, "SELECT "+pgx.Identifier{schema, "schedule"}.Sanitize()+"('fine', '@daily', 'noop', (SELECT p FROM src WHERE name = 'fine'))")
+			_, err = tx.Exec(ctx, "SELECT "+pgx.Identifier{schema, "schedule"}.Sanitize()+"('fine', '@daily', 'noop', (SELECT p FROM src WHERE name = 'fine'))")
 			require.NoError(t, err, "a compressed payload under the limit")
 		}
-		_, err = conn.Exec(ctx, sql)
+		err = pgtest.Try(t, tx, sql)
 		pgErr := pgErrorOf(t, err, sql)
 		require.Equal(t, "23514", pgErr.Code, sql)
 		require.Equal(t, "schedules_payload_size_check", pgErr.ConstraintName, sql)
 		require.Contains(t, pgErr.Detail, "40000017 bytes decompressed", sql)
 	}
 	// The jobs table's check names its own constraint still.
-	_, err = conn.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "jobs"}.Sanitize()+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'huge'")
+	err = pgtest.Try(t, tx, "INSERT INTO "+pgx.Identifier{schema, "jobs"}.Sanitize()+" (kind, payload) SELECT 'noop', p FROM src WHERE name = 'huge'")
 	require.Equal(t, "jobs_payload_size_check", pgErrorOf(t, err).ConstraintName)
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
 )
 
 // Writers set cron schedules' next_run_at far into the past under
@@ -31,9 +32,9 @@ func TestFarBehindSchedulesFireWithinTheTimeout(t *testing.T) {
 	for {
 		start := time.Now()
 		res, err := s.Pass(context.Background())
-		t.Logf("pass took %s: %+v", time.Since(start), res)
+		t.Logf("%+v", res)
 		require.NoError(t, err)
-		require.Less(t, time.Since(start), 5*time.Second)
+		timing.Below(t, "the pass", time.Since(start), 5*time.Second)
 		created += res.Created
 		passes++
 		if res.Wait > 0 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgbouncertest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/schedule"
 )
 
@@ -97,7 +98,7 @@ func TestSlotOutlivesAHolderThatDiesOrFreezes(t *testing.T) {
 			go func() { runDone <- healthy.Run(runCtx) }()
 			// The healthy worker has looked (a read, then a pass that
 			// found the row locked) while the holder held it.
-			require.Eventually(t, func() bool { return healthy.Stats().Passes >= 2 }, 30*time.Second, 10*time.Millisecond)
+			wait.For(t, 30*time.Second, "healthy.Stats().Passes >= 2", func() bool { return healthy.Stats().Passes >= 2 })
 			require.Zero(t, healthy.Stats().Created)
 
 			if c.kill {
@@ -107,10 +108,10 @@ func TestSlotOutlivesAHolderThatDiesOrFreezes(t *testing.T) {
 				releaseHolder() // what is left of the holder finds its connection gone
 			}
 			// Frozen, the holder stays stopped until the slot has its job.
-			require.Eventually(t, func() bool {
+			wait.For(t, 30*time.Second, "the slot to get its job", func() bool {
 				n, err := count(shared, "SELECT count(*) FROM "+e.jobs)
 				return err == nil && n > 0
-			}, 30*time.Second, 20*time.Millisecond, "the slot never got its job")
+			})
 			t.Logf("the slot's job was created %s after the holder locked it", time.Since(heldAt).Round(time.Millisecond))
 			releaseHolder()
 			err = <-passErr
@@ -125,8 +126,8 @@ func TestSlotOutlivesAHolderThatDiesOrFreezes(t *testing.T) {
 	}
 }
 
-// count runs a query of one integer, with no test helper: it runs in
-// require.Eventually's goroutine.
+// count runs a query of one integer and returns its error: a query that
+// fails is tried again.
 func count(pool *pgxpool.Pool, sql string) (int64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/sweeper"
 )
 
@@ -120,8 +121,7 @@ func TestRunSkipsDeadConnections(t *testing.T) {
 		stop()
 		require.NoError(t, <-done)
 	}()
-	require.Eventually(t, func() bool { return s.Stats().Rescued == 1 }, 30*time.Second, 10*time.Millisecond,
-		"the expired lease is rescued without waiting for the next Interval")
+	wait.For(t, 30*time.Second, "the expired lease to be rescued before the next Interval", func() bool { return s.Stats().Rescued == 1 })
 }
 
 // An attempt lost with its worker leaves its entry in errors, as a failed

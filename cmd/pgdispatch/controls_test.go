@@ -86,13 +86,10 @@ func TestPauseRefusesAnUnknownQueue(t *testing.T) {
 	require.Equal(t, "queue reports: paused\n", a.run(t, "queues", "pause", "reports"))
 
 	// A queue a worker serves is known while the worker sleeps on it.
-	w := start(t, dbEnv(schema, "QUEUES=idle", "POLL_INTERVAL=1h"), "run")
-	require.Eventually(t, func() bool {
-		var n int
-		err := pgtest.Pool(t).QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
-			AND classid = ($1::int8 & 4294967295)::oid AND objid = (hashtext('idle')::int8 & 4294967295)::oid`,
-			migrations.SleepKey(schema)).Scan(&n)
-		return err == nil && n > 0
-	}, 30*time.Second, 20*time.Millisecond, "the worker sleeps on its queue: %s", w.stderr.String())
+	start(t, dbEnv(schema, "QUEUES=idle", "POLL_INTERVAL=1h"), "run") // its stderr is logged should the test fail
+	pgtest.WaitSQL(t, 30*time.Second, "the worker to sleep on its queue", `SELECT EXISTS (SELECT FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 2
+		  AND classid = ($1::int8 & 4294967295)::oid AND objid = (hashtext('idle')::int8 & 4294967295)::oid)`,
+		migrations.SleepKey(schema))
 	require.Equal(t, "queue idle: paused\n", a.run(t, "queues", "pause", "idle"))
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // The schedules commands as an operator uses them: a declaration refused
@@ -47,13 +48,10 @@ func TestSchedulesCommands(t *testing.T) {
 	// (or its first pass) wakes it.
 	w := start(t, e, "run", "--poll-interval", "1h")
 	w.stderr.waitFor(t, "scheduler started", 30*time.Second)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait.For(t, 30*time.Second, "the next runs in schedules list", func() bool {
 		out, _ = run(0, "schedules", "list")
-		if !strings.Contains(out, "a worker computes it") || time.Now().After(deadline) {
-			break
-		}
-	}
+		return !strings.Contains(out, "a worker computes it")
+	})
 	require.NotContains(t, out, "secret", "payloads are masked")
 	require.Regexp(t, `(?m)^nightly +0 2 \* \* \* +Europe/Berlin +reports +default +skip +enabled +\d{4}-\d\d-\d\dT0[01]:00:00Z +- +0 +0 +0 +0 +\{"url":"https://user:xxxxx@example\.com/"\}$`, out)
 	require.Regexp(t, `(?m)^tick +every 1h0m0s +UTC +noop +default +all \(100\) +enabled +\d{4}-\d\d-\d\dT\d\d:00:00Z +- +0 +0 +0 +0 +\{\}$`, out)

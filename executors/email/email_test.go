@@ -15,6 +15,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/smtptest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 )
 
@@ -161,7 +162,7 @@ func TestMaxConnections(t *testing.T) {
 	}
 	// One more with almost no time, once every session is taken and the
 	// other jobs queue for one.
-	require.Eventually(t, func() bool { return s.MostAtOnce() == 3 }, waitFor, time.Millisecond)
+	wait.For(t, waitFor, "s.MostAtOnce() == 3", func() bool { return s.MostAtOnce() == 3 })
 	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	err = exec.Execute(short, job(99))

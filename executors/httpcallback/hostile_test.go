@@ -23,6 +23,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // Receivers that behave as an attacker's would. Each job ends with a clear
@@ -258,7 +259,7 @@ func TestBusyHostDoesNotBlockOthers(t *testing.T) {
 		t.Fatal("no pgdispatch_http_jobs_waiting_for_connection")
 		return 0
 	}
-	require.Eventually(t, func() bool { return waiting() == hungJobs-1 }, waitFor, time.Millisecond)
+	wait.For(t, waitFor, "waiting() == hungJobs-1", func() bool { return waiting() == hungJobs-1 })
 
 	other := b.enqueue(t, map[string]any{"url": fine.URL, "data": 1}, 1)
 	b.watch.Status(t, other, "done", waitFor)
@@ -284,7 +285,7 @@ pgdispatch_http_hosts_saturated 1
 	for _, id := range ids {
 		b.watch.Status(t, id, "done", waitFor)
 	}
-	require.Eventually(t, func() bool { return waiting() == 0 }, waitFor, time.Millisecond)
+	wait.For(t, waitFor, "waiting() == 0", func() bool { return waiting() == 0 })
 }
 
 // A job that finds no connection to its host before its timeout fails with

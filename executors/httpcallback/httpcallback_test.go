@@ -22,6 +22,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 )
 
@@ -397,7 +398,7 @@ func TestConnectionsPerHostAreCapped(t *testing.T) {
 	// Only perHost of them reach the server; the rest wait for a connection.
 	// (At least perHost, so that a broken cap fails here at once rather than
 	// after waitFor; the counts below are exact.)
-	require.Eventually(t, func() bool { return inflight.Load() >= perHost }, waitFor, time.Millisecond)
+	wait.For(t, waitFor, "inflight.Load() >= perHost", func() bool { return inflight.Load() >= perHost })
 	require.Equal(t, int64(perHost), conns.Load(), "connections opened while %d jobs ran", jobs)
 	require.Equal(t, int64(perHost), inflight.Load(), "requests in flight while %d jobs ran", jobs)
 	releaseAll()

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -82,11 +83,10 @@ func TestSleepConnectionOpensAtStart(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); s.Run(runCtx) }()
-	require.Eventually(t, func() bool { return sessions() == 1 }, 30*time.Second, 10*time.Millisecond,
-		"connected while nobody asked for the key")
+	wait.For(t, 30*time.Second, "the sleep connection, opened while nobody asked for the key", func() bool { return sessions() == 1 })
 	require.False(t, s.Holding())
 
 	stop()
 	<-done
-	require.Eventually(t, func() bool { return sessions() == 0 }, 30*time.Second, 10*time.Millisecond)
+	wait.For(t, 30*time.Second, "sessions() == 0", func() bool { return sessions() == 0 })
 }

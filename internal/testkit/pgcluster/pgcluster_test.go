@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // helperEnv makes the test binary, run again, start a cluster, print its
@@ -67,10 +68,10 @@ func TestKilledOwnersClusterIsReaped(t *testing.T) {
 	_ = cmd.Wait()
 
 	// The reaper outlives the helper and is nobody's child here: poll.
-	require.Eventually(t, func() bool {
+	wait.For(t, 30*time.Second, fmt.Sprintf("directory %s to be removed", dir), func() bool {
 		_, statErr := os.Stat(dir)
 		return errors.Is(statErr, os.ErrNotExist)
-	}, 30*time.Second, 50*time.Millisecond, "directory %s left behind", dir)
+	})
 	conn, err = pgx.Connect(ctx, url)
 	if err == nil {
 		_ = conn.Close(ctx)
@@ -112,11 +113,11 @@ func TestStandbyPromotedAfterCrash(t *testing.T) {
 	require.NoError(t, err)
 	_, err = conn.Exec(ctx, "SELECT pg_reload_conf()")
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
+	wait.For(t, time.Minute, "the standby to become synchronous", func() bool {
 		var sync bool
 		err := conn.QueryRow(ctx, "SELECT count(*) = 1 FROM pg_stat_replication WHERE sync_state = 'sync'").Scan(&sync)
 		return err == nil && sync
-	}, time.Minute, 20*time.Millisecond, "the standby never became synchronous")
+	})
 	_, err = conn.Exec(ctx, "CREATE TABLE t AS SELECT 42 AS v")
 	require.NoError(t, err)
 	require.NoError(t, conn.Close(ctx))

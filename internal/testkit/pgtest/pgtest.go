@@ -29,6 +29,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 const localURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -174,6 +175,27 @@ func ddlPool(t testing.TB) *pgxpool.Pool {
 	return ddlConns
 }
 
+// LockWaitingPool is a pool of the test's own, closed when the test ends,
+// whose sessions wait for a lock as long as their context allows (no
+// lock_timeout, unlike Pool's): a lock timeout its test meets is the one
+// the code under test set.
+func LockWaitingPool(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cfg.MaxConns = 4
+	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "0"
+	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "60s"
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
 // UnpingedPool is a pool of maxConns connections named app (returned) in
 // pg_stat_activity, closed when the test ends, that hands out its idle
 // connections without a ping, as cmd/pgdispatch's does for those idle for
@@ -224,6 +246,22 @@ func TerminateApp(ctx context.Context, t testing.TB, app string) int {
 		t.Fatalf("pgtest: terminate %s: %v", app, err)
 	}
 	return killed
+}
+
+// WaitSQL waits until query, a statement that returns one boolean, returns
+// true on the shared pool, failing the test after timeout or at the
+// statement's first error.
+func WaitSQL(t testing.TB, timeout time.Duration, what, query string, args ...any) {
+	t.Helper()
+	wait.For(t, timeout, what, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var ok bool
+		if err := Pool(t).QueryRow(ctx, query, args...).Scan(&ok); err != nil {
+			t.Fatalf("pgtest: waiting for %s: %v", what, err)
+		}
+		return ok
+	})
 }
 
 // Conn opens a connection of the test's own, outside the pool, and closes

@@ -162,3 +162,29 @@ func exists(t *testing.T, schema string) bool {
 		"SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema).Scan(&found))
 	return found
 }
+
+// What a test wrote and changed in its Tx is gone when it ends: the schema
+// goes to the next test as it was, though the test changed its definition.
+// A statement Try runs that fails leaves the transaction usable.
+func TestTxRollsBack(t *testing.T) {
+	var first string
+	t.Run("use", func(t *testing.T) {
+		var tx pgx.Tx
+		tx, first = Tx(t)
+		ctx := context.Background()
+		require.NoError(t, Try(t, tx, "INSERT INTO "+jobs(first)+" (kind) VALUES ('noop')"))
+		require.Error(t, Try(t, tx, "INSERT INTO "+jobs(first)+" (kind) VALUES ('')"), "the kind's check")
+		_, err := tx.Exec(ctx, "ALTER TABLE "+jobs(first)+" ADD CONSTRAINT test_no_x CHECK (kind <> 'x')")
+		require.NoError(t, err)
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM "+jobs(first)).Scan(&n))
+		require.Equal(t, 1, n, "the transaction goes on after the failed statement")
+	})
+	t.Run("reuse", func(t *testing.T) {
+		schema := Schema(t)
+		require.Equal(t, first, schema, "the schema is reused: its definition is the migrations'")
+		var n int
+		require.NoError(t, Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM "+jobs(schema)).Scan(&n))
+		require.Zero(t, n)
+	})
+}

@@ -3,11 +3,14 @@ package pgtest
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // JobState is a job's row as a Watcher last saw it.
@@ -116,32 +119,17 @@ func quoteLiteral(s string) string {
 // after timeout. It returns the states that satisfied cond.
 func (w *Watcher) Until(t testing.TB, timeout time.Duration, what string, cond func(map[int64]JobState) bool) map[int64]JobState {
 	t.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	for {
+	var snapshot map[int64]JobState
+	wait.On(t, timeout, what, func() (bool, <-chan struct{}) {
 		w.mu.Lock()
-		ok := cond(w.states)
-		changed := w.changed
-		var snapshot map[int64]JobState
-		if ok {
-			snapshot = make(map[int64]JobState, len(w.states))
-			for k, v := range w.states {
-				snapshot[k] = v
-			}
+		defer w.mu.Unlock()
+		if !cond(w.states) {
+			return false, w.changed
 		}
-		w.mu.Unlock()
-		if ok {
-			return snapshot
-		}
-		select {
-		case <-changed:
-		case <-deadline.C:
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			t.Fatalf("pgtest: timed out after %s waiting for %s; %d jobs seen", timeout, what, len(w.states))
-			return nil
-		}
-	}
+		snapshot = maps.Clone(w.states)
+		return true, nil
+	})
+	return snapshot
 }
 
 // Status waits until job id reaches status and returns its state.

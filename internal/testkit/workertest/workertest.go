@@ -5,6 +5,7 @@ package workertest
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,20 +26,46 @@ func Start(t *testing.T, id string, registry *executors.Registry) string {
 	cfg := pgdispatch.Config{Pool: pgtest.Pool(t), Schema: schema, WorkerID: id, Registry: registry, Logger: zaptest.NewLogger(t)}
 	cfg.PollInterval = time.Hour
 	cfg.RetryBackoff = func(int) time.Duration { return 100 * time.Millisecond }
+	Run(context.Background(), t, cfg)
+	return schema
+}
+
+// Run runs a worker of cfg under ctx (which may carry test hooks) until the
+// test ends, and returns it with a graceful stop the test may call sooner.
+// The stop fails the test if the worker ends with an error, or is not done
+// within a minute.
+func Run(ctx context.Context, t testing.TB, cfg pgdispatch.Config) (w *pgdispatch.Worker, stop func()) {
+	t.Helper()
 	w, err := pgdispatch.NewWorker(cfg)
 	if err != nil {
 		t.Fatalf("workertest: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	return w, Serve(ctx, t, w, cfg.WorkerID)
+}
+
+// Serve is Run for a worker made already, as a test that attaches to it
+// before it runs makes it; id names it in failures.
+func Serve(ctx context.Context, t testing.TB, w *pgdispatch.Worker, id string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("workertest: worker stopped with %v", err)
-		}
-	})
-	return schema
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("workertest: worker %s stopped with %v", id, err)
+				}
+			case <-time.After(time.Minute):
+				t.Errorf("workertest: worker %s did not stop within a minute", id)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // Enqueue inserts a job with plain SQL, as any writer would, and returns its id.
