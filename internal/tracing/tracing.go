@@ -8,9 +8,11 @@ package tracing
 
 import (
 	"context"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 )
@@ -44,56 +46,44 @@ func Parent(traceparent, tracestate string) trace.SpanContext {
 	if len(tracestate) > MaxTraceState {
 		tracestate = ""
 	}
-	return trace.SpanContextFromContext(propagator.Extract(context.Background(), carrier{
-		get: func(key string) string {
-			switch key {
-			case "traceparent":
-				return traceparent
-			case "tracestate":
-				return tracestate
-			}
-			return ""
-		},
-	}))
+	return trace.SpanContextFromContext(propagator.Extract(context.Background(), carrier{traceparent, tracestate}))
 }
 
-// Inject sets, through set, the traceparent and tracestate headers of the
-// span ctx carries, and reports whether it did: not when ctx carries no
-// valid span context.
-func Inject(ctx context.Context, set func(key, value string)) bool {
+// Inject sets, in c, the traceparent and tracestate headers of the span
+// ctx carries, and reports whether it did: not when ctx carries no valid
+// span context. Carriers of pointer shape (propagation.HeaderCarrier, a
+// map, a struct of one pointer) cost no allocation when it does not.
+func Inject(ctx context.Context, c propagation.TextMapCarrier) bool {
 	if !trace.SpanContextFromContext(ctx).IsValid() {
 		return false
 	}
-	propagator.Inject(ctx, carrier{set: set})
+	propagator.Inject(ctx, c)
 	return true
 }
 
 // Headers are the traceparent and tracestate of the span ctx carries, for
 // a writer to store with its job; both are empty when ctx carries none.
 func Headers(ctx context.Context) (traceparent, tracestate string) {
-	Inject(ctx, func(key, value string) {
-		switch key {
-		case "traceparent":
-			traceparent = value
-		case "tracestate":
-			tracestate = value
-		}
-	})
+	c := propagation.MapCarrier{}
+	if Inject(ctx, c) {
+		traceparent, tracestate = c["traceparent"], c["tracestate"]
+	}
 	return traceparent, tracestate
 }
 
-// StartClient starts a client span named name, a child of the span ctx
-// carries, from that span's provider. When ctx carries no recording span
-// (tracing is off, or the attempt was not sampled) it starts nothing and
-// returns ctx and a nil span, so that it costs nothing; End and Fail take
-// the nil span.
-func StartClient(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+// StartClient starts a span of kind (client or producer) named name, with
+// the attributes attrs returns, a child of the span ctx carries, from that
+// span's provider. When ctx carries no recording span (tracing is off, or
+// the attempt was not sampled) it starts nothing, does not call attrs, and
+// returns ctx and a nil span, so that it costs nothing; End takes the nil
+// span.
+func StartClient(ctx context.Context, kind trace.SpanKind, name string, attrs func() []attribute.KeyValue) (context.Context, trace.Span) {
 	parent := trace.SpanFromContext(ctx)
 	if !parent.IsRecording() {
 		return ctx, nil
 	}
 	return parent.TracerProvider().Tracer(Scope, trace.WithSchemaURL(SchemaURL)).
-		Start(ctx, name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+		Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(attrs()...))
 }
 
 // End ends span, one of StartClient's, with err as its error when err is
@@ -112,7 +102,11 @@ func End(span trace.Span, err error) {
 // (masked), cut to maxStatus bytes.
 func Fail(span trace.Span, msg string) {
 	if len(msg) > maxStatus {
-		msg = msg[:maxStatus] + "…"
+		n := maxStatus
+		for n > 0 && !utf8.RuneStart(msg[n]) {
+			n--
+		}
+		msg = msg[:n] + "…"
 	}
 	span.SetStatus(codes.Error, msg)
 }
