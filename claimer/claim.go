@@ -99,6 +99,9 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 		err = fmt.Errorf("claim jobs: %w", closeErr)
 	}
 	if err != nil {
+		if c.trace != nil {
+			c.trace.Forget(runs)
+		}
 		return machine.Result{Limit: limit, Err: err}
 	}
 	r.Claimed = len(runs)
@@ -148,7 +151,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		nextIn               pgtype.Float8
 		stranded, paused     pgtype.Bool
 		payload              []byte
-		traceParent          pgtype.Text // NULL unless the writer set one: no allocation
+		traceParent          pgtype.Text // read only with tracing on: NULL costs nothing
 		traceState           pgtype.Text
 	)
 	for rows.Next() {
@@ -169,8 +172,10 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		claimed = append(claimed, &runstate.Run{ClaimedAt: claimedAt.Time, Job: &executors.Job{
 			ID: id.Int64, Queue: c.cfg.Queue, Kind: kind.String, Payload: payload, Priority: priority.Int16,
 			Attempt: int(attempt.Int32), MaxAttempts: int(maxAttempts.Int32), RunAt: runAt.Time, CreatedAt: createdAt.Time,
-			TraceParent: traceParent.String, TraceState: traceState.String,
 		}})
+		if c.trace != nil && traceParent.Valid {
+			c.trace.Writer(claimed[len(claimed)-1], traceParent.String, traceState.String)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)

@@ -32,11 +32,6 @@ type Job struct {
 	// Timeout bounds this attempt; the context passed to Execute already
 	// carries it as a deadline.
 	Timeout time.Duration
-	// TraceParent and TraceState are the W3C Trace Context its writer
-	// stored with it, as stored (possibly malformed); empty for none. With
-	// tracing on, the context passed to Execute carries the attempt's own
-	// span, which executors send on (package tracing).
-	TraceParent, TraceState string
 }
 
 // Executor runs jobs of one kind. Execute must honour ctx: its deadline is the

@@ -55,6 +55,25 @@ type Tracer struct {
 	tracer trace.Tracer
 	queue  string
 	spans  sync.Map // *runstate.Run → trace.Span, from the claim to the outcome written
+	// writers are the trace contexts the writers stored with the jobs of
+	// the claim being read: *runstate.Run → stored.
+	writers sync.Map
+}
+
+// stored is a job's traceparent and tracestate, as stored.
+type stored struct{ traceparent, tracestate string }
+
+// Writer records the traceparent and tracestate stored with r's job, read
+// by its claim.
+func (t *Tracer) Writer(r *runstate.Run, traceparent, tracestate string) {
+	t.writers.Store(r, stored{traceparent, tracestate})
+}
+
+// Forget forgets the writers of runs, whose claim failed.
+func (t *Tracer) Forget(runs []*runstate.Run) {
+	for _, r := range runs {
+		t.writers.Delete(r)
+	}
 }
 
 // New returns the Tracer of queue, or nil when tp is nil: tracing is off.
@@ -77,8 +96,9 @@ func (t *Tracer) claimed(r *runstate.Run, batch, limit int, sent, read time.Time
 	job := r.Job
 	ctx := context.Background()
 	writer := "none"
-	if job.TraceParent != "" {
-		if parent := tracing.Parent(job.TraceParent, job.TraceState); parent.IsValid() {
+	if w, ok := t.writers.LoadAndDelete(r); ok {
+		w := w.(stored)
+		if parent := tracing.Parent(w.traceparent, w.tracestate); parent.IsValid() {
 			ctx, writer = trace.ContextWithRemoteSpanContext(ctx, parent), "parent"
 		} else {
 			writer = "malformed"
