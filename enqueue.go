@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -39,9 +40,10 @@ type Job struct {
 	MaxAttempts int
 	// TraceParent and TraceState are the W3C Trace Context of the writer's
 	// span: a worker with tracing on traces the job's attempts as its
-	// children (docs/operations.md, "Tracing"). TraceContext fills them from
-	// a context. A worker ignores a malformed TraceParent; the table refuses
-	// one longer than 128 bytes, and a TraceState longer than 512.
+	// children (docs/operations.md, "Tracing"). Default: those of the span
+	// the context passed to Enqueue carries (OpenTelemetry), if any. A
+	// worker ignores a malformed TraceParent; the table refuses one longer
+	// than 128 bytes, and a TraceState longer than 512.
 	TraceParent, TraceState string
 }
 
@@ -108,6 +110,9 @@ func (s Schema) call(ctx context.Context, db DB, fn string, job Job, dest ...any
 	payload, err := encodePayload(job.Payload)
 	if err != nil {
 		return fmt.Errorf("enqueue: payload: %w", err)
+	}
+	if job.TraceParent == "" {
+		job.TraceParent, job.TraceState = tracing.Headers(ctx)
 	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -22,6 +23,7 @@ import (
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/otlptest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 )
 
 // traced is a test's tracing: a real OTLP/HTTP receiver, the provider
@@ -223,4 +225,30 @@ func TestTraceOfAJobWithoutWriterStartsANewOne(t *testing.T) {
 		Kind: "http_callback", TraceParent: strings.Repeat("a", 129),
 	})
 	require.ErrorContains(t, err, "jobs_traceparent_length")
+}
+
+// Enqueue stores the trace context of the span its context carries, unless
+// the job names one.
+func TestEnqueueStoresTheTraceContextOfItsContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sc := tracing.Parent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "rojo=1")
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	stored := func(job pgdispatch.Job) (tp, ts *string) {
+		id, err := pgdispatch.Schema(b.schema).Enqueue(ctx, pgtest.Pool(t), job)
+		require.NoError(t, err)
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT traceparent, tracestate FROM "+b.jobs+" WHERE id = $1", id).Scan(&tp, &ts))
+		return tp, ts
+	}
+	tp, ts := stored(pgdispatch.Job{Kind: "record"})
+	require.NotNil(t, tp)
+	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", *tp)
+	assert.Equal(t, "rojo=1", *ts)
+	tp, ts = stored(pgdispatch.Job{Kind: "record", TraceParent: "00-11111111111111111111111111111111-2222222222222222-00"})
+	assert.Equal(t, "00-11111111111111111111111111111111-2222222222222222-00", *tp)
+	assert.Nil(t, ts)
+	id, err := pgdispatch.Schema(b.schema).EnqueueChecked(context.Background(), pgtest.Pool(t), pgdispatch.Job{Kind: "record"})
+	require.NoError(t, err)
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT traceparent FROM "+b.jobs+" WHERE id = $1", id.ID).Scan(&tp))
+	assert.Nil(t, tp, "no span, no trace context")
 }

@@ -54,8 +54,8 @@ CREATE TABLE jobs (
     CONSTRAINT jobs_queue_check CHECK (((char_length(queue) >= 1) AND (char_length(queue) <= 128))),
     CONSTRAINT jobs_run_at_check CHECK (((run_at >= '0001-01-01 00:00:00+00'::timestamp with time zone) AND (run_at < '9999-01-01 00:00:00+00'::timestamp with time zone))),
     CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'dead'::text, 'cancelled'::text]))),
-    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 128)) NOT VALID,
-    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 512)) NOT VALID
+    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 128)),
+    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 512))
 );
 
 CREATE TABLE queues (

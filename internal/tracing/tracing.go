@@ -64,6 +64,9 @@ func Inject(ctx context.Context, c propagation.TextMapCarrier) bool {
 // Headers are the traceparent and tracestate of the span ctx carries, for
 // a writer to store with its job; both are empty when ctx carries none.
 func Headers(ctx context.Context) (traceparent, tracestate string) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return "", ""
+	}
 	c := propagation.MapCarrier{}
 	if Inject(ctx, c) {
 		traceparent, tracestate = c["traceparent"], c["tracestate"]

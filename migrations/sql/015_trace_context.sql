@@ -9,12 +9,12 @@
 -- and starts a new trace. Their length is bounded, so that no writer
 -- stores more than a header's worth in every claimed row: 128 bytes for
 -- traceparent (version 00 is 55), 512 for tracestate (what W3C asks a
--- vendor to propagate at least). The constraints are NOT VALID: the
--- columns are new, NULL in every row, and nothing needs to be scanned.
-ALTER TABLE {{.schema}}.jobs ADD COLUMN IF NOT EXISTS traceparent text;
-ALTER TABLE {{.schema}}.jobs ADD COLUMN IF NOT EXISTS tracestate text;
-ALTER TABLE {{.schema}}.jobs ADD CONSTRAINT jobs_traceparent_length CHECK (octet_length(traceparent) <= 128) NOT VALID;
-ALTER TABLE {{.schema}}.jobs ADD CONSTRAINT jobs_tracestate_length CHECK (octet_length(tracestate) <= 512) NOT VALID;
+-- vendor to propagate at least). A column added with its constraint,
+-- NULL in every row, is checked by a scan of the table, without a rewrite.
+ALTER TABLE {{.schema}}.jobs
+    ADD COLUMN IF NOT EXISTS traceparent text CONSTRAINT jobs_traceparent_length CHECK (octet_length(traceparent) <= 128);
+ALTER TABLE {{.schema}}.jobs
+    ADD COLUMN IF NOT EXISTS tracestate text CONSTRAINT jobs_tracestate_length CHECK (octet_length(tracestate) <= 512);
 
 COMMENT ON COLUMN {{.schema}}.jobs.traceparent IS
     'the writer''s W3C traceparent (00-<trace id>-<span id>-<flags>): the job''s attempts are traced as its children; NULL or malformed: a trace of their own';
@@ -36,7 +36,7 @@ DROP FUNCTION IF EXISTS {{.schema}}.enqueue(text, jsonb, text, timestamptz, smal
 DROP FUNCTION IF EXISTS {{.schema}}.enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer);
 
 -- enqueue_checked is migration 013's, with the trace context.
-CREATE FUNCTION {{.schema}}.enqueue_checked(
+CREATE OR REPLACE FUNCTION {{.schema}}.enqueue_checked(
     kind         text,
     payload      jsonb       DEFAULT '{}',
     queue        text        DEFAULT 'default',
@@ -117,7 +117,7 @@ END
 $$;
 
 -- enqueue is migration 008's, with the trace context.
-CREATE FUNCTION {{.schema}}.enqueue(
+CREATE OR REPLACE FUNCTION {{.schema}}.enqueue(
     kind         text,
     payload      jsonb       DEFAULT '{}',
     queue        text        DEFAULT 'default',
