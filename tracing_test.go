@@ -2,8 +2,10 @@ package pgdispatch_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -178,6 +180,8 @@ func TestTraceOfARetriedWebhookContinuesTheWriters(t *testing.T) {
 		t.Logf("attempt %d: %s from due to written, wait %s", n, a.End.Sub(a.Start), kids["wait"].End.Sub(kids["wait"].Start))
 	}
 
+	t.Logf("the trace, as docs/operations.md renders it:\n%s", render(attempts, children))
+
 	// The receiver's trace continues the job's: its parent is the request's span.
 	reqs := tr.requests("/fail2")
 	require.Len(t, reqs, 3)
@@ -251,4 +255,37 @@ func TestEnqueueStoresTheTraceContextOfItsContext(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT traceparent FROM "+b.jobs+" WHERE id = $1", id.ID).Scan(&tp))
 	assert.Nil(t, tp, "no span, no trace context")
+}
+
+// render draws attempts and their children as a text tree, each span with
+// its start from the first attempt's and its duration.
+func render(attempts []otlptest.Span, children map[string][]otlptest.Span) string {
+	var b strings.Builder
+	t0 := attempts[0].Start
+	line := func(prefix string, s otlptest.Span, attrs ...string) {
+		fmt.Fprintf(&b, "%-34s %9.1f ms  %8.1f ms ", prefix+s.Name, float64(s.Start.Sub(t0).Microseconds())/1000,
+			float64(s.End.Sub(s.Start).Microseconds())/1000)
+		for _, k := range attrs {
+			if v, ok := s.Attrs[k]; ok {
+				fmt.Fprintf(&b, " %s=%v", k, v)
+			}
+		}
+		if s.Error {
+			fmt.Fprintf(&b, " ERROR %q", s.Message)
+		}
+		b.WriteString("\n")
+	}
+	for _, a := range attempts {
+		line("", a, "pgdispatch.job.attempt", "pgdispatch.job.outcome")
+		kids := children[a.SpanID]
+		slices.SortFunc(kids, func(x, y otlptest.Span) int { return x.Start.Compare(y.Start) })
+		for j, k := range kids {
+			p := "├─ "
+			if j == len(kids)-1 {
+				p = "└─ "
+			}
+			line(p, k, "messaging.batch.message_count", "http.response.status_code")
+		}
+	}
+	return b.String()
 }

@@ -6,7 +6,7 @@
 // the spans of its parts:
 //
 //	process <queue>    the attempt: kind, attempt number, outcome, error
-//	├─ wait            from the job's due time to its claim
+//	├─ wait            from the job's due time to its claim's sending
 //	├─ claim           the claim statement that took it, and its batch size
 //	├─ (the executor's client spans: POST, publish, send)
 //	└─ complete        the statement that wrote its outcome
@@ -132,16 +132,12 @@ func (t *Tracer) claimed(r *runstate.Run, batch, limit int, sent, read time.Time
 		t.spans.Store(r, span)
 		return
 	}
-	claimedAt := r.ClaimedAt
-	if claimedAt.Before(due) {
-		claimedAt = due
-	}
 	_, wait := t.tracer.Start(ctx, "wait", trace.WithTimestamp(due), trace.WithAttributes(
 		KeyCreatedAt.String(job.CreatedAt.UTC().Format(time.RFC3339Nano)),
 		KeyRunAt.String(job.RunAt.UTC().Format(time.RFC3339Nano)),
 		KeyClaimedAt.String(r.ClaimedAt.UTC().Format(time.RFC3339Nano)),
 	))
-	wait.End(trace.WithTimestamp(claimedAt))
+	wait.End(trace.WithTimestamp(sent))
 	_, claim := t.tracer.Start(ctx, "claim "+t.queue, trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithTimestamp(sent), trace.WithAttributes(
 			semconv.MessagingSystemKey.String(tracing.System),
