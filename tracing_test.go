@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -288,4 +289,38 @@ func render(attempts []otlptest.Span, children map[string][]otlptest.Span) strin
 		}
 	}
 	return b.String()
+}
+
+// A job cancelled while it runs ends its attempt's span, cancelled, with
+// no outcome written.
+func TestTraceOfACancelledJob(t *testing.T) {
+	t.Parallel()
+	tr, cfg := setupTraced(t)
+	start(t, cfg)
+	id := tr.insert(t, "INSERT INTO "+tr.jobs+" (kind, payload) VALUES ('record', '{\"block\": true}') RETURNING id")
+	tr.rec.waitStart(t, id, waitFor)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := pgtest.Pool(t).Exec(ctx, "SELECT * FROM "+pgx.Identifier{tr.schema, "cancel"}.Sanitize()+"($1)", id)
+	require.NoError(t, err)
+	spans := tr.otlp.Wait(t, waitFor, func(spans []otlptest.Span) bool {
+		for _, s := range spans {
+			if s.Name == "process default" && s.Attrs["messaging.message.id"] == strconv.FormatInt(id, 10) {
+				return true
+			}
+		}
+		return false
+	})
+	var a otlptest.Span
+	for _, s := range spans {
+		if s.Name == "process default" {
+			a = s
+		}
+	}
+	assert.Equal(t, "cancelled", a.Attrs["pgdispatch.job.outcome"])
+	assert.True(t, a.Error)
+	assert.Equal(t, "none", a.Attrs["pgdispatch.trace.writer"])
+	for _, s := range spans {
+		assert.NotEqual(t, "complete default", s.Name, "a cancelled run writes no outcome")
+	}
 }

@@ -140,7 +140,7 @@ func (a *Attempts) report(r *runstate.Run, e Ending) bool {
 		return false
 	}
 	if a.cfg.Trace != nil {
-		a.cfg.Trace.Reported(o, d.LastError)
+		a.cfg.Trace.Reported(o)
 	}
 	a.log(r, o, d)
 	if a.cfg.Observer != nil {

@@ -172,32 +172,38 @@ func (t *Tracer) TraceID(r *runstate.Run) string {
 	return s.(trace.Span).SpanContext().TraceID().String()
 }
 
-// Reported records o, the outcome of an attempt, with lastError, the error
-// as last_error holds it (nil for none). An outcome that is not written
-// (the run was stopped) ends the attempt's span at once; the others end
-// it once written (Written).
-func (t *Tracer) Reported(o runstate.Outcome, lastError *string) {
-	s, ok := t.spans.Load(o.Run)
+// Reported hears of o, the outcome of an attempt as its run's Tracker
+// recorded it. An outcome that is not written (Dropped: the run was
+// stopped) ends the attempt's span; the others end it once written
+// (Written), which may come first: the completer may write an outcome
+// before its attempt's goroutine gets here.
+func (t *Tracer) Reported(o runstate.Outcome) {
+	if o.Verdict != runstate.Dropped {
+		return
+	}
+	s, ok := t.spans.LoadAndDelete(o.Run)
 	if !ok {
 		return
 	}
 	span := s.(trace.Span)
+	setOutcome(span, o)
+	span.End()
+}
+
+// setOutcome sets o's attributes, and its error, on its attempt's span.
+func setOutcome(span trace.Span, o runstate.Outcome) {
 	span.SetAttributes(KeyOutcome.String(outcomes[o.Verdict]))
 	switch o.Verdict {
 	case runstate.Retry, runstate.Snoozed:
 		span.SetAttributes(KeyRetryIn.Int64(o.Delay.Milliseconds()))
 	}
-	if lastError != nil && (o.Verdict == runstate.Retry || o.Verdict == runstate.Dead) {
+	switch {
+	case (o.Verdict == runstate.Retry || o.Verdict == runstate.Dead) && o.Err != nil:
 		span.SetAttributes(semconv.ErrorTypeKey.String(errorType(o.Verdict)))
-		tracing.Fail(span, *lastError)
-	}
-	if o.Verdict == runstate.Dropped {
-		if o.Cause != nil {
-			span.SetAttributes(semconv.ErrorTypeKey.String("cancelled"))
-			tracing.Fail(span, o.Cause.Error())
-		}
-		t.spans.Delete(o.Run)
-		span.End()
+		tracing.Fail(span, *o.Err)
+	case o.Verdict == runstate.Dropped && o.Cause != nil:
+		span.SetAttributes(semconv.ErrorTypeKey.String("cancelled"))
+		tracing.Fail(span, o.Cause.Error())
 	}
 }
 
@@ -220,6 +226,7 @@ func (t *Tracer) Written(batch []runstate.Outcome, start, end time.Time) {
 		}
 		span := s.(trace.Span)
 		if span.IsRecording() {
+			setOutcome(span, o)
 			ctx := trace.ContextWithSpan(context.Background(), span)
 			_, w := t.tracer.Start(ctx, "complete "+t.queue, trace.WithSpanKind(trace.SpanKindClient),
 				trace.WithTimestamp(start), trace.WithAttributes(
