@@ -151,13 +151,19 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		nextIn               pgtype.Float8
 		stranded, paused     pgtype.Bool
 		payload              []byte
-		traceParent          pgtype.Text // read only with tracing on: NULL costs nothing
+		traceParent          pgtype.Text
 		traceState           pgtype.Text
 	)
+	// The writer's trace context is read only with tracing on: a nil
+	// destination skips its column.
+	var traceDest [2]any
+	if c.trace != nil {
+		traceDest = [2]any{&traceParent, &traceState}
+	}
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
-			&claimedAt, &nextIn, &stranded, &paused, &traceParent, &traceState); err != nil {
+			&claimedAt, &nextIn, &stranded, &paused, traceDest[0], traceDest[1]); err != nil {
 			return nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn.Valid {
