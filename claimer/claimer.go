@@ -14,6 +14,7 @@
 //	internal/completer         the outcomes, written in batches in id order
 //	internal/lease             the heartbeat, every Lease/3 and on a cancel notice
 //	internal/sleepkey          the sleep key, on a connection of its own
+//	internal/jobtrace          the attempts' spans, when tracing is on
 //
 // A worker that dies stops renewing, and any worker's sweeper gives its jobs
 // back once their leases expire.
