@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -37,6 +38,13 @@ type Job struct {
 	// MaxAttempts defaults to the worker's MAX_ATTEMPTS; at most
 	// migrations.AttemptsLimit.
 	MaxAttempts int
+	// TraceParent and TraceState are the W3C Trace Context of the writer's
+	// span: a worker with tracing on traces the job's attempts as its
+	// children (docs/operations.md, "Tracing"). Default: those of the span
+	// the context passed to Enqueue carries (OpenTelemetry), if any. A
+	// worker ignores a malformed TraceParent; the table refuses one longer
+	// than 128 bytes, and a TraceState longer than 512.
+	TraceParent, TraceState string
 }
 
 // Enqueue inserts job into the default schema and returns its id, or the id
@@ -100,15 +108,20 @@ func (s Schema) call(ctx context.Context, db DB, fn string, job Job, dest ...any
 	if err != nil {
 		return fmt.Errorf("enqueue: payload: %w", err)
 	}
+	if job.TraceParent == "" {
+		job.TraceParent, job.TraceState = tracing.Headers(ctx)
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultStatementTimeout)
 		defer cancel()
 	}
 	sql := "SELECT * FROM " + pgx.Identifier{string(s), fn}.Sanitize() +
-		"(kind => $1, payload => $2, queue => $3, run_at => $4, priority => $5, dedup_key => $6, max_attempts => $7)"
+		"(kind => $1, payload => $2, queue => $3, run_at => $4, priority => $5, dedup_key => $6, max_attempts => $7, " +
+		"traceparent => $8, tracestate => $9)"
 	err = db.QueryRow(ctx, sql, job.Kind, payload, nilIfZero(job.Queue), nilIfZero(job.RunAt),
-		job.Priority, nilIfZero(job.DedupKey), nilIfZero(int32(job.MaxAttempts))).Scan(dest...) //nolint:gosec // checked above
+		job.Priority, nilIfZero(job.DedupKey), nilIfZero(int32(job.MaxAttempts)), //nolint:gosec // checked above
+		nilIfZero(job.TraceParent), nilIfZero(job.TraceState)).Scan(dest...)
 	if err != nil {
 		return fmt.Errorf("enqueue %s job: %w", job.Kind, err)
 	}

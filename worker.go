@@ -25,6 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
@@ -121,6 +122,13 @@ type Config struct {
 	// Observer, when set, is told of every job's start and outcome, for
 	// metrics (see package metrics). Its methods must not block.
 	Observer claimer.Observer
+	// TracerProvider, when set, traces every attempt with OpenTelemetry:
+	// a span per attempt, a child of the writer's span when the job
+	// carries its traceparent, with the spans of its wait, claim and
+	// outcome write, and its context sent on to the receivers (see
+	// "Tracing" in docs/operations.md). Default: nil, no tracing, at no
+	// cost per job. pgdispatch run builds one from the OTEL_* environment.
+	TracerProvider trace.TracerProvider
 	// Logger receives all logs. Default: no logging.
 	Logger *zap.Logger
 
@@ -193,7 +201,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 		c, err := claimer.New(claimer.Config{
 			Pool: cfg.Pool, Schema: cfg.Schema, SleepConnConfig: cfg.ListenConnConfig, Queue: q.Name,
 			WorkerID: cfg.WorkerID, Registry: cfg.Registry, Options: opts, DeleteDone: deleteDone,
-			StatementTimeout: cfg.StatementTimeout, Observer: cfg.Observer, Logger: logger,
+			StatementTimeout: cfg.StatementTimeout, Observer: cfg.Observer, TracerProvider: cfg.TracerProvider, Logger: logger,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("pgdispatch: queue %q: %w", q.Name, err)

@@ -59,7 +59,8 @@ WITH p AS (
         SELECT ctid FROM (
             SELECT ctid, sum(size) OVER (ORDER BY priority, run_at, id) - size AS before FROM c
         ) s WHERE before < $6))
-    RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at
+    RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at, j.updated_at,
+              j.traceparent, j.tracestate
 ), k AS (
     SELECT count(*) AS claimed FROM u
 ), n AS (
@@ -76,7 +77,7 @@ WITH p AS (
     FROM k, p
 )
 SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at,
-       u.updated_at, n.next_in, n.stranded, n.paused
+       u.updated_at, n.next_in, n.stranded, n.paused, u.traceparent, u.tracestate
 FROM n LEFT JOIN u ON true`
 
 // claim takes up to limit due jobs, leases them, and starts them on jobs.
@@ -86,6 +87,10 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 	defer cancel()
 	c.claims.Add(1)
 	notices := c.runs.Notices()
+	var sent time.Time
+	if c.trace != nil {
+		sent = time.Now()
+	}
 	results := pinned.Send(ctx, c.cfg.Pool, pinned.ClaimPlanSQL, c.claimSQL,
 		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes)
 	runs, err := c.readClaim(results, &r)
@@ -94,11 +99,17 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 		err = fmt.Errorf("claim jobs: %w", closeErr)
 	}
 	if err != nil {
+		if c.trace != nil {
+			c.trace.Forget(runs)
+		}
 		return machine.Result{Limit: limit, Err: err}
 	}
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {
 		return r
+	}
+	if c.trace != nil {
+		c.trace.Claimed(runs, limit, sent, time.Now())
 	}
 	c.runs.Add(runs)
 	// A cancel notice heard since the claim was sent may name one of its
@@ -140,11 +151,19 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		nextIn               pgtype.Float8
 		stranded, paused     pgtype.Bool
 		payload              []byte
+		traceParent          pgtype.Text
+		traceState           pgtype.Text
 	)
+	// The writer's trace context is read only with tracing on: a nil
+	// destination skips its column.
+	var traceDest [2]any
+	if c.trace != nil {
+		traceDest = [2]any{&traceParent, &traceState}
+	}
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
-			&claimedAt, &nextIn, &stranded, &paused); err != nil {
+			&claimedAt, &nextIn, &stranded, &paused, traceDest[0], traceDest[1]); err != nil {
 			return nil, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn.Valid {
@@ -160,6 +179,9 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 			ID: id.Int64, Queue: c.cfg.Queue, Kind: kind.String, Payload: payload, Priority: priority.Int16,
 			Attempt: int(attempt.Int32), MaxAttempts: int(maxAttempts.Int32), RunAt: runAt.Time, CreatedAt: createdAt.Time,
 		}})
+		if c.trace != nil && traceParent.Valid {
+			c.trace.Writer(claimed[len(claimed)-1], traceParent.String, traceState.String)
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim jobs: %w", err)

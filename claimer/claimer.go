@@ -14,6 +14,7 @@
 //	internal/completer         the outcomes, written in batches in id order
 //	internal/lease             the heartbeat, every Lease/3 and on a cancel notice
 //	internal/sleepkey          the sleep key, on a connection of its own
+//	internal/jobtrace          the attempts' spans, when tracing is on
 //
 // A worker that dies stops renewing, and any worker's sweeper gives its jobs
 // back once their leases expire.
@@ -86,6 +87,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/attempt"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/completer"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/jobtrace"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/lease"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
@@ -157,6 +159,7 @@ type Claimer struct {
 	completer *completer.Completer
 	heartbeat *lease.Heartbeat
 	sleep     *sleepkey.Lock
+	trace     *jobtrace.Tracer // nil when tracing is off
 
 	notified chan struct{} // notifications, and Wake; capacity 1
 
@@ -173,6 +176,7 @@ func New(cfg Config) (*Claimer, error) {
 	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("claimer").With(zap.String("queue", cfg.Queue))
 	poolSize := int(cfg.Pool.Config().MaxConns)
 	runs := runstate.New(cfg.Concurrency, maxUnwritten)
+	tracer := jobtrace.New(cfg.TracerProvider, cfg.Queue)
 	var obs attempt.Observer
 	if cfg.Observer != nil {
 		obs = verdictObserver{cfg.Observer}
@@ -182,11 +186,12 @@ func New(cfg Config) (*Claimer, error) {
 		attempts: attempt.New(attempt.Config{
 			Runs: runs, Registry: cfg.Registry, MaxJobTimeout: cfg.MaxJobTimeout, WorkerID: cfg.WorkerID,
 			Policy:   attempt.Policy{JobTimeout: cfg.JobTimeout, Backoff: cfg.RetryBackoff},
-			Observer: obs, Logger: logger,
+			Observer: obs, Trace: tracer, Logger: logger,
 		}),
 		completer: completer.New(completer.Config{
 			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,
 			DeleteDone: cfg.DeleteDone, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+			Written: written(tracer),
 		}),
 		heartbeat: lease.New(lease.Config{
 			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,
@@ -194,6 +199,7 @@ func New(cfg Config) (*Claimer, error) {
 		}),
 		sleep:    sleepkey.New(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		notified: make(chan struct{}, 1),
+		trace:    tracer,
 	}, nil
 }
 
@@ -283,6 +289,14 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners) bool {
 	}
 	c.attempts.AbandonAll()
 	return false
+}
+
+// written is the completer's hook for tr, nil when tracing is off.
+func written(tr *jobtrace.Tracer) func([]runstate.Outcome, time.Time, time.Time) {
+	if tr == nil {
+		return nil
+	}
+	return tr.Written
 }
 
 // heartbeatHook is the test hook of ctx for heartbeats, if any.

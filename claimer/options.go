@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
@@ -60,6 +61,9 @@ type Config struct {
 	// Observer, when set, is told of each job's start and outcome, for
 	// metrics. Its methods must not block.
 	Observer Observer
+	// TracerProvider, when set, traces each attempt (package
+	// claimer/internal/jobtrace). Default: no tracing, at no cost.
+	TracerProvider trace.TracerProvider
 	// Logger receives the claimer's logs. Default: no logging.
 	Logger *zap.Logger
 }

@@ -54,10 +54,10 @@ GRANT USAGE ON SCHEMA :"schema" TO :"writer", :"worker", :"operator";
 
 -- writer
 GRANT EXECUTE ON FUNCTION
-    :"schema".enqueue(text, jsonb, text, timestamptz, smallint, text, integer),
-    :"schema".enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer)
+    :"schema".enqueue(text, jsonb, text, timestamptz, smallint, text, integer, text, text),
+    :"schema".enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer, text, text)
     TO :"writer";
-GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts) ON :"schema".jobs TO :"writer";
+GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts, traceparent, tracestate) ON :"schema".jobs TO :"writer";
 
 -- worker
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";

@@ -43,6 +43,8 @@ CREATE TABLE jobs (
     errors jsonb,
     result jsonb,
     created_by oid DEFAULT (to_regrole(quote_ident((SESSION_USER)::text)))::oid,
+    traceparent text,
+    tracestate text,
     CONSTRAINT jobs_attempts_check CHECK (((attempts >= 0) AND (attempts <= 1000000))),
     CONSTRAINT jobs_dedup_key_check CHECK ((char_length(dedup_key) <= 512)),
     CONSTRAINT jobs_kind_check CHECK (((char_length(kind) >= 1) AND (char_length(kind) <= 128))),
@@ -51,7 +53,9 @@ CREATE TABLE jobs (
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
     CONSTRAINT jobs_queue_check CHECK (((char_length(queue) >= 1) AND (char_length(queue) <= 128))),
     CONSTRAINT jobs_run_at_check CHECK (((run_at >= '0001-01-01 00:00:00+00'::timestamp with time zone) AND (run_at < '9999-01-01 00:00:00+00'::timestamp with time zone))),
-    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'dead'::text, 'cancelled'::text])))
+    CONSTRAINT jobs_status_check CHECK ((status = ANY (ARRAY['pending'::text, 'running'::text, 'done'::text, 'dead'::text, 'cancelled'::text]))),
+    CONSTRAINT jobs_traceparent_length CHECK ((octet_length(traceparent) <= 128)),
+    CONSTRAINT jobs_tracestate_length CHECK ((octet_length(tracestate) <= 512))
 );
 
 CREATE TABLE queues (
@@ -416,7 +420,7 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION pgdispatch.enqueue(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer)
+CREATE OR REPLACE FUNCTION pgdispatch.enqueue(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text)
  RETURNS bigint
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -427,22 +431,24 @@ AS $function$
 DECLARE
     job_id bigint;
 BEGIN
-    INSERT INTO pgdispatch.jobs AS j (kind, payload, queue, run_at, priority, dedup_key, max_attempts)
+    INSERT INTO pgdispatch.jobs AS j (kind, payload, queue, run_at, priority, dedup_key, max_attempts,
+                                       traceparent, tracestate)
     VALUES (enqueue.kind, coalesce(enqueue.payload, '{}'), coalesce(enqueue.queue, 'default'),
             coalesce(enqueue.run_at, now()), coalesce(enqueue.priority, 0), enqueue.dedup_key,
-            enqueue.max_attempts)
+            enqueue.max_attempts, enqueue.traceparent, enqueue.tracestate)
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.id INTO job_id;
     IF job_id IS NULL THEN
         SELECT e.id INTO job_id
         FROM pgdispatch.enqueue_checked(enqueue.kind, enqueue.payload, enqueue.queue, enqueue.run_at,
-                                         enqueue.priority, enqueue.dedup_key, enqueue.max_attempts) e;
+                                         enqueue.priority, enqueue.dedup_key, enqueue.max_attempts,
+                                         enqueue.traceparent, enqueue.tracestate) e;
     END IF;
     RETURN job_id;
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION pgdispatch.enqueue_checked(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, OUT id bigint, OUT created boolean, OUT conflict boolean)
+CREATE OR REPLACE FUNCTION pgdispatch.enqueue_checked(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text, OUT id bigint, OUT created boolean, OUT conflict boolean)
  RETURNS record
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -460,9 +466,11 @@ DECLARE
     differs       text;
 BEGIN
     LOOP
-        INSERT INTO pgdispatch.jobs AS j (kind, payload, queue, run_at, priority, dedup_key, max_attempts)
+        INSERT INTO pgdispatch.jobs AS j (kind, payload, queue, run_at, priority, dedup_key, max_attempts,
+                                           traceparent, tracestate)
         VALUES (enqueue_checked.kind, want_payload, want_queue, want_run_at, want_priority,
-                enqueue_checked.dedup_key, enqueue_checked.max_attempts)
+                enqueue_checked.dedup_key, enqueue_checked.max_attempts,
+                enqueue_checked.traceparent, enqueue_checked.tracestate)
         ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING j.id INTO id;
         IF id IS NOT NULL THEN

@@ -99,7 +99,7 @@ func TestReference(t *testing.T) {
 	t.Run("mentions", func(t *testing.T) {
 		t.Parallel()
 		variables := map[string]bool{}
-		for _, v := range otherVariables {
+		for _, v := range append(otherVariables, otelVariables...) {
 			variables[v] = true
 		}
 		envName := regexp.MustCompile(`\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b`)

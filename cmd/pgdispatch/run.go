@@ -160,6 +160,19 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 		m = metrics.New(c.pool, registry)
 		cfg.Observer = m
 	}
+	if cfg.WorkerID == "" { // named here, for the traces' service.instance.id
+		if cfg.WorkerID, err = pgdispatch.DefaultWorkerID(); err != nil {
+			return err
+		}
+	}
+	tp, err := tracerProvider(ctx, cfg.WorkerID, c.logger)
+	if err != nil {
+		return err
+	}
+	if tp != nil {
+		cfg.TracerProvider = tp
+		defer shutdownTracing(ctx, tp, c.logger)
+	}
 	w, err := pgdispatch.NewWorker(cfg)
 	if err != nil {
 		return err

@@ -43,9 +43,13 @@ import (
 	"time"
 
 	gomail "github.com/wneessen/go-mail"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/redact"
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 )
 
 // Kind is the job kind this executor runs.
@@ -364,7 +368,7 @@ func MessageID(jobID int64, from string) string {
 }
 
 // Execute implements executors.Executor.
-func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
+func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) {
 	p, err := parse(job.Payload, e.cfg.From, policy{senders: &e.senders, maxRecipients: e.cfg.MaxRecipients})
 	if err != nil {
 		return err
@@ -373,6 +377,10 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	if err := build(m, p, job.ID); err != nil {
 		return executors.Permanent(err)
 	}
+	ctx, span := tracing.StartClient(ctx, trace.SpanKindClient, "smtp send", e.spanAttributes)
+	defer func() { tracing.End(span, err) }()
+	// The attempt's trace context, as Traceparent and Tracestate headers.
+	tracing.Inject(ctx, msgCarrier{m})
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, e.cfg.Timeout)
@@ -403,6 +411,27 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 }
 
 const maxReply = 256
+
+// spanAttributes are the attributes of a message's client span.
+func (e *Executor) spanAttributes() []attribute.KeyValue {
+	return []attribute.KeyValue{semconv.ServerAddress(e.cfg.Host), semconv.ServerPort(e.cfg.Port)}
+}
+
+// msgCarrier sets the trace context in a message's headers.
+type msgCarrier struct{ m *gomail.Msg }
+
+func (c msgCarrier) Get(key string) string {
+	if v := c.m.GetGenHeader(gomail.Header(textproto.CanonicalMIMEHeaderKey(key))); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+func (c msgCarrier) Set(key, value string) {
+	c.m.SetGenHeader(gomail.Header(textproto.CanonicalMIMEHeaderKey(key)), value)
+}
+
+func (msgCarrier) Keys() []string { return []string{"Traceparent", "Tracestate"} }
 
 // reply is the result an attempt records.
 type reply struct {

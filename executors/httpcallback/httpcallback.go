@@ -47,10 +47,15 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	mask "github.com/pgdispatch/pgdispatch/internal/redact"
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 )
 
 // Kind is the job kind this executor runs.
@@ -264,7 +269,7 @@ func Validate(payload json.RawMessage) error {
 }
 
 // Execute implements executors.Executor.
-func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
+func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) {
 	r, err := parse(job.Payload)
 	if err != nil {
 		return err
@@ -283,6 +288,9 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	defer cancelReq()
 	var sent sendClock
 	reqCtx = httptrace.WithClientTrace(reqCtx, &httptrace.ClientTrace{WroteHeaders: sent.start})
+	reqCtx, span := tracing.StartClient(reqCtx, trace.SpanKindClient, r.method,
+		func() []attribute.KeyValue { return spanAttributes(r.method, r.url) })
+	defer func() { tracing.End(span, err) }()
 	req, err := http.NewRequestWithContext(reqCtx, r.method, r.url.String(), bytes.NewReader(r.body))
 	if err != nil {
 		return executors.Permanent(fmt.Errorf("build request: %w", err))
@@ -304,6 +312,9 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		req.Header.Set("Webhook-Timestamp", ts)
 		req.Header.Set("Webhook-Signature", "v1,"+e.sign(key, ts, r.body))
 	}
+	// The attempt's trace context, over any the payload's headers set; the
+	// signature covers the body, not the headers.
+	tracing.Inject(reqCtx, propagation.HeaderCarrier(req.Header))
 
 	resp, err := e.client.Do(req)
 	took, wasSent := sent.since()
@@ -324,6 +335,9 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		return maskReply(fmt.Errorf("%s: %w", target, unwrapURLError(err)), known)
 	}
 	defer func() { _ = resp.Body.Close() }()
+	if span != nil {
+		span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode))
+	}
 	stop := time.AfterFunc(bodyWait, cancelReq)
 	defer stop.Stop()
 	// One read of the body's first bytes serves last_error and the result.
@@ -338,6 +352,18 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		return nil
 	}
 	return classify(target, resp, snippet, known)
+}
+
+// spanAttributes are the attributes of a request's client span: the
+// method and the origin. The path and query are left out: a webhook's URL
+// often holds its secret there (a Slack or Discord hook's path is one).
+func spanAttributes(method string, u *url.URL) []attribute.KeyValue {
+	host, port, _ := net.SplitHostPort(origin(u))
+	p, _ := strconv.Atoi(port)
+	return []attribute.KeyValue{
+		semconv.HTTPRequestMethodKey.String(method), semconv.URLScheme(u.Scheme),
+		semconv.ServerAddress(host), semconv.ServerPort(p),
+	}
 }
 
 // result is what an attempt records. Status and Body are left out when

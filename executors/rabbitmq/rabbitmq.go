@@ -40,10 +40,14 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/redact"
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 )
 
 // Kind is the job kind this executor runs.
@@ -257,9 +261,40 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 	if err != nil {
 		return err
 	}
+	ctx, span := tracing.StartClient(ctx, trace.SpanKindProducer, "send "+m.exchange, m.spanAttributes)
+	// The attempt's trace context, over any the payload's headers set.
+	tracing.Inject(ctx, tableCarrier(m.publishing.Headers))
 	err = e.publish(ctx, ch, m)
+	tracing.End(span, err)
 	e.release(ch, err == nil || isBrokerAnswer(err))
 	return err
+}
+
+// tableCarrier sets the trace context in a message's headers.
+type tableCarrier amqp.Table
+
+func (t tableCarrier) Get(key string) string {
+	s, _ := t[key].(string)
+	return s
+}
+
+func (t tableCarrier) Set(key, value string) { t[key] = value }
+
+func (t tableCarrier) Keys() []string {
+	keys := make([]string, 0, len(t))
+	for k := range t {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// spanAttributes are the attributes of the span of m's publishing.
+func (m *message) spanAttributes() []attribute.KeyValue {
+	return []attribute.KeyValue{
+		semconv.MessagingSystemRabbitMQ, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
+		semconv.MessagingDestinationName(m.exchange), semconv.MessagingRabbitMQDestinationRoutingKey(m.key),
+		semconv.MessagingMessageID(m.publishing.MessageId),
+	}
 }
 
 // brokerAnswer is a failure the broker told us about on a healthy channel:

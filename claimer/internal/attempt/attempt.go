@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/jobtrace"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 )
@@ -28,7 +29,8 @@ type Observer interface {
 	JobFinished(job *executors.Job, verdict runstate.Verdict, took time.Duration)
 }
 
-// Config configures Attempts. Every field is required but Observer.
+// Config configures Attempts. Every field is required but Observer and
+// Trace.
 type Config struct {
 	Runs          *runstate.Tracker
 	Registry      *executors.Registry
@@ -36,6 +38,7 @@ type Config struct {
 	MaxJobTimeout time.Duration // the longest payload "timeout"
 	WorkerID      string
 	Observer      Observer
+	Trace         *jobtrace.Tracer // nil when tracing is off
 	Logger        *zap.Logger
 }
 
@@ -84,13 +87,17 @@ func (a *Attempts) try(workCtx context.Context, r *runstate.Run) Ending {
 	// One context per run, the fewest layers: each costs the busiest
 	// workers' CPU (allocations, and the parent's lock).
 	start := time.Now()
-	ctx, cancel := context.WithDeadline(r.Recorded.Context(workCtx), start.Add(timeout))
+	base := r.Recorded.Context(workCtx)
+	if a.cfg.Trace != nil {
+		base = a.cfg.Trace.Context(base, r)
+	}
+	ctx, cancel := context.WithDeadline(base, start.Add(timeout))
 	defer cancel()
 	if a.cfg.Runs.Start(r, cancel) {
 		ending.Stopped = true
 		return ending
 	}
-	log := jobLog{a.cfg.Logger, job}
+	log := a.jobLog(r)
 	log.Debug("job started")
 	if a.cfg.Observer != nil {
 		a.cfg.Observer.JobStarted(job)
@@ -132,7 +139,10 @@ func (a *Attempts) report(r *runstate.Run, e Ending) bool {
 	if !ok {
 		return false
 	}
-	a.log(r.Job, o, d)
+	if a.cfg.Trace != nil {
+		a.cfg.Trace.Reported(o)
+	}
+	a.log(r, o, d)
 	if a.cfg.Observer != nil {
 		a.cfg.Observer.JobFinished(r.Job, o.Verdict, e.Ran)
 	}
@@ -140,8 +150,8 @@ func (a *Attempts) report(r *runstate.Run, e Ending) bool {
 }
 
 // log logs an attempt's outcome o, as d decided it.
-func (a *Attempts) log(job *executors.Job, o runstate.Outcome, d Decision) {
-	log := jobLog{a.cfg.Logger, job}
+func (a *Attempts) log(r *runstate.Run, o runstate.Outcome, d Decision) {
+	job, log := r.Job, a.jobLog(r)
 	switch o.Verdict {
 	case runstate.Done:
 		log.Debug("job done")
@@ -204,12 +214,26 @@ func safeExecute(ctx context.Context, exec executors.Executor, job *executors.Jo
 // jobLog is the logger of one job's life. Its fields are added lazily:
 // zap's With costs an allocation per job, which a busy worker notices.
 type jobLog struct {
-	l   *zap.Logger
-	job *executors.Job
+	l       *zap.Logger
+	job     *executors.Job
+	traceID string // the attempt's trace, when tracing is on
+}
+
+// jobLog is the logger of r's attempt.
+func (a *Attempts) jobLog(r *runstate.Run) jobLog {
+	l := jobLog{l: a.cfg.Logger, job: r.Job}
+	if a.cfg.Trace != nil {
+		l.traceID = a.cfg.Trace.TraceID(r)
+	}
+	return l
 }
 
 func (j jobLog) fields(extra []zap.Field) []zap.Field {
-	return append([]zap.Field{zap.Int64("job_id", j.job.ID), zap.String("kind", j.job.Kind), zap.Int("attempt", j.job.Attempt)}, extra...)
+	f := append([]zap.Field{zap.Int64("job_id", j.job.ID), zap.String("kind", j.job.Kind), zap.Int("attempt", j.job.Attempt)}, extra...)
+	if j.traceID != "" {
+		f = append(f, zap.String("trace_id", j.traceID))
+	}
+	return f
 }
 
 func (j jobLog) Debug(msg string, f ...zap.Field) {

@@ -67,7 +67,8 @@ const (
 	finalFlushTimeout = 15 * time.Second
 )
 
-// Config configures a Completer. Every field is required but DeleteDone.
+// Config configures a Completer. Every field is required but DeleteDone
+// and Written.
 type Config struct {
 	Pool             *pgxpool.Pool
 	PoolSize         int // the pool's MaxConns
@@ -77,6 +78,9 @@ type Config struct {
 	DeleteDone       bool // delete done jobs rather than keep them
 	StatementTimeout time.Duration
 	Logger           *zap.Logger
+	// Written, when set, hears of each batch written, and when its write
+	// began and ended (for tracing).
+	Written func(batch []runstate.Outcome, start, end time.Time)
 }
 
 // Completer writes the outcomes the Tracker holds.
@@ -128,8 +132,12 @@ func (c *Completer) writeAll(ctx context.Context) {
 		if len(batch) == 0 {
 			return
 		}
+		start := time.Now()
 		err := c.write(context.WithoutCancel(ctx), batch)
 		if err == nil {
+			if c.cfg.Written != nil {
+				c.cfg.Written(batch, start, time.Now())
+			}
 			backoff = retry.New(c.cfg.PoolSize)
 			c.cfg.Runs.Written(len(batch))
 			c.completed.Add(int64(len(batch)))
