@@ -103,6 +103,7 @@ func TestDefaultWorkerIDIsUnique(t *testing.T) {
 	}
 	require.Len(t, ids, 2, "two workers of one process have IDs of their own")
 }
+
 // NewWorker refuses a queue the jobs table could not hold, or listed
 // twice, and says which.
 func TestNewWorkerChecksQueues(t *testing.T) {
