@@ -52,7 +52,7 @@ var settingGroups = map[string][]setting{
 var (
 	// Variables read by the tests, and a part of a variable name the
 	// redactor matches.
-	otherVariables = []string{"TEST_DATABASE_URL", "RABBITMQ_TEST_URL", "E2E_DURATION", "API_KEY"}
+	otherVariables = []string{"TEST_DATABASE_URL", "RABBITMQ_TEST_URL", "E2E_DURATION", "PGDISPATCH_TIMING", "API_KEY"}
 	// Flags of other programs.
 	otherFlags = []string{"help", "build", "scale", "disable-triggers"}
 )
