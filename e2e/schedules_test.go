@@ -20,7 +20,7 @@ import (
 // session, after its idle timeout (frozen) or at once (killed).
 func TestScheduleHolderFreezesOrDies(t *testing.T) {
 	skipShort(t)
-	s := newScenario(t, "schedhold", map[string]string{"LOG_LEVEL": "debug"})
+	s := newScenario(t, "schedhold", nil)
 	s.dumpLogsOnFailure()
 	// Each worker's sessions carry its id, so that the test knows whose
 	// session holds the row.
