@@ -83,16 +83,27 @@ FROM n LEFT JOIN u ON true`
 // claim takes up to limit due jobs, leases them, and starts them on jobs.
 func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.Result {
 	r := machine.Result{Limit: limit}
+	if len(c.lost) > 0 && c.giveBack(ctx) {
+		c.lost = c.lost[:0]
+	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
+	conn, err := c.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return machine.Result{Limit: limit, Err: fmt.Errorf("claim jobs: %w", err)}
+	}
+	defer conn.Release()
 	notices := c.runs.Notices()
 	var sent time.Time
 	if c.trace != nil {
 		sent = time.Now()
 	}
-	results := pinned.Send(ctx, c.cfg.Pool, pinned.ClaimPlanSQL, c.claimSQL,
+	results := pinned.Send(ctx, conn, pinned.ClaimPlanSQL, c.claimSQL,
 		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes)
+	if c.claimSent != nil {
+		c.claimSent(c.cfg.Queue)
+	}
 	runs, err := c.readClaim(results, &r)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
@@ -101,6 +112,12 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 	if err != nil {
 		if c.trace != nil {
 			c.trace.Forget(runs)
+		}
+		// The server may have committed it: its jobs would stay running,
+		// unrun, until their leases lapse. The next claim gives them back,
+		// once the claim's session has ended its statement.
+		if replyLost(err) {
+			c.lostClaim(int32(conn.Conn().PgConn().PID()))
 		}
 		return machine.Result{Limit: limit, Err: err}
 	}

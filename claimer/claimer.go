@@ -9,6 +9,7 @@
 //
 //	loop.go, internal/machine  the claim loop and its states (below)
 //	claim.go                   the claim statement
+//	giveback.go                the jobs of a claim whose reply was lost, given back
 //	runners.go                 the goroutines the jobs run on
 //	internal/attempt           one attempt: the executor, the outcome's decision, the watchdog
 //	internal/completer         the outcomes, written in batches in id order
@@ -17,7 +18,10 @@
 //	internal/jobtrace          the attempts' spans, when tracing is on
 //
 // A worker that dies stops renewing, and any worker's sweeper gives its jobs
-// back once their leases expire.
+// back once their leases expire. A claim whose reply is lost (its
+// connection failed after it was sent) may have committed: before its next
+// claim, the claimer gives back the jobs it left running under this worker
+// with no run, their attempts uncounted, since no executor started on them.
 //
 // # The claim loop
 //
@@ -149,10 +153,11 @@ type Stats struct {
 
 // Claimer claims and runs the jobs of one queue. Create it with New.
 type Claimer struct {
-	cfg      Config
-	logger   *zap.Logger
-	claimSQL string
-	poolSize int // the pool's MaxConns, read once: Pool.Config copies the whole config
+	cfg         Config
+	logger      *zap.Logger
+	claimSQL    string
+	giveBackSQL string
+	poolSize    int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	runs      *runstate.Tracker
 	attempts  *attempt.Attempts
@@ -162,6 +167,9 @@ type Claimer struct {
 	trace     *jobtrace.Tracer // nil when tracing is off
 
 	notified chan struct{} // notifications, and Wake; capacity 1
+
+	claimSent func(queue string) // the test hook, set by the claim loop
+	lost      []int32            // the sessions of claims whose replies were lost, their jobs not given back yet
 
 	claims, claimed, ticks, tickHits, sleeps atomic.Int64
 	paused                                   atomic.Bool
@@ -182,7 +190,8 @@ func New(cfg Config) (*Claimer, error) {
 		obs = verdictObserver{cfg.Observer}
 	}
 	return &Claimer{
-		cfg: cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema), poolSize: poolSize, runs: runs,
+		cfg: cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
+		giveBackSQL: pinned.WithSchema(giveBackSQL, cfg.Schema), poolSize: poolSize, runs: runs,
 		attempts: attempt.New(attempt.Config{
 			Runs: runs, Registry: cfg.Registry, MaxJobTimeout: cfg.MaxJobTimeout, WorkerID: cfg.WorkerID,
 			Policy:   attempt.Policy{JobTimeout: cfg.JobTimeout, Backoff: cfg.RetryBackoff},
@@ -249,6 +258,9 @@ func (c *Claimer) Run(ctx context.Context) error {
 
 	jobs := newRunners(func(r *runstate.Run) { c.attempts.Run(workCtx, r) })
 	c.claimLoop(ctx, jobs)
+	if len(c.lost) > 0 { // a last try, as the loop would have made before its next claim
+		c.giveBack(context.WithoutCancel(ctx))
+	}
 	stopSleep()
 	<-sleepDone
 

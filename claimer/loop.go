@@ -18,6 +18,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 	c.logger.Info("claimer started", zap.Int("concurrency", c.cfg.Concurrency),
 		zap.Duration("poll_interval", c.cfg.PollInterval))
 	hooks := testhook.From(ctx)
+	c.claimSent = hooks.ClaimSent
 	tick := time.NewTicker(c.cfg.PollInterval)
 	defer tick.Stop()
 	m := machine.New()

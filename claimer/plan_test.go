@@ -73,6 +73,7 @@ func checkPlans(t *testing.T, setup []string) {
 	statements := map[string]struct{ sql, types, args string }{
 		"claim":       {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
 		"heartbeat":   {lease.SQL, "bigint[], timestamptz[], text, float8", idArray + ", array_fill(now(), ARRAY[1000]), 'w', 30"},
+		"give_back":   {giveBackSQL, "text, text, float8, bigint[], int4[]", "'default', 'w', 30, " + idArray + ", '{1}'"},
 		"delete_done": {completer.DeleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
 		"complete": {
 			completer.CompleteSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text[], text[], text",
@@ -102,6 +103,10 @@ func checkPlans(t *testing.T, setup []string) {
 		switch name {
 		case "claim":
 			require.Contains(t, plan, "Tid Scan on jobs", "claim plan:\n%s", plan)
+		case "give_back":
+			// The running rows by their lease, then each by its key.
+			require.Contains(t, plan, "jobs_lease_idx", "give_back plan:\n%s", plan)
+			require.Regexp(t, "Index Scan (using|on) jobs_pkey", plan, "give_back plan:\n%s", plan)
 		default:
 			// Driven by the arrays, which are in id order: the rows are
 			// locked in id order.

@@ -246,6 +246,10 @@ func TestBadInput(t *testing.T) {
 		{name: "kind of 129 characters", kind: strings.Repeat("k", 129), payload: `{}`, want: "reject", wantErr: "jobs_kind_check"},
 		{name: "empty queue", kind: "noop", payload: `{}`, cols: map[string]string{"queue": ""}, want: "reject", wantErr: "jobs_queue_check"},
 		{name: "queue of 9000 characters", kind: "noop", payload: `{}`, cols: map[string]string{"queue": strings.Repeat("q", 9000)}, want: "reject", wantErr: "jobs_queue_check"},
+		// A schedule's slot key: a writer that could take one ahead of its
+		// slot would run its own payload in the schedule's place.
+		{name: "dedup_key of a schedule's slot", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "data": {"k": "slot-taken"}}`, ok),
+			cols: map[string]string{"dedup_key": "schedule:e2e-nightly:2030-01-01T00:00:00Z"}, want: "reject", wantErr: `dedup_key "schedule:e2e-nightly:2030-01-01T00:00:00Z" is reserved for the schedules' jobs`},
 		{name: "dedup_key of 600 characters", kind: "noop", payload: `{}`, cols: map[string]string{"dedup_key": strings.Repeat("d", 600)}, want: "reject", wantErr: "jobs_dedup_key_check"},
 		{name: "attempts 2^31-1", kind: "noop", payload: `{}`, cols: map[string]string{"attempts": "2147483647"}, want: "reject", wantErr: "jobs_attempts_check"},
 		{name: "attempts at the limit", kind: "http_callback", payload: `{"url": "http://127.0.0.1:1/closed"}`, cols: map[string]string{"attempts": limit, "max_attempts": limit}, want: "dead", wantErr: "refused", attempts: migrations.AttemptsLimit},
@@ -285,6 +289,17 @@ func TestBadInput(t *testing.T) {
 		ids[c.name] = id
 	}
 	good()
+	// A schedule's payload is measured as a job's, decompressed: its
+	// payload becomes its jobs'.
+	func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := s.pool.Exec(ctx, "SELECT "+s.ident()+".schedule('e2e-huge', '0 3 * * *', 'noop', $1::text::jsonb)", big)
+		var pgErr *pgconn.PgError
+		if assert.ErrorAs(t, err, &pgErr, "a schedule of a 40 MB payload") {
+			assert.Contains(t, pgErr.Error(), "schedules_payload_size_check", "a schedule of a 40 MB payload: a clear message")
+		}
+	}()
 	s.drain(60 * time.Second)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -3,8 +3,9 @@
 // SMTP receivers the tests control, and breaks things the way production
 // does: workers killed, connections cut, the server restarted, a primary
 // crashed and its synchronous standby promoted (on a pair of clusters of its
-// own), the broker's connections closed, receivers failing and hanging, and
-// garbage rows.
+// own), the broker's connections closed, receivers failing and hanging, a
+// schedule's holder frozen or killed in the middle of its pass, and garbage
+// rows.
 //
 // Each scenario records every delivery on the receiving side, keyed by the
 // producer's own key, and checks both directions at the end: every committed

@@ -157,7 +157,7 @@ func New(cfg Config) (*Scheduler, error) {
 		"{fire}", pgx.Identifier{cfg.Schema, "fire_schedule_slots"}.Sanitize())
 	queries := map[string]string{}
 	for name, q := range map[string]string{
-		"now": nowSQL, "quiet": quietSQL, "lock": lockSQL, "fire": fireSQL, "update": updateSQL, "earliest": earliestSQL, "held": heldSQL,
+		"now": nowSQL, "quiet": quietSQL, "lock": lockSQL, "fire": fireSQL, "update": updateSQL, "wake": wakeSQL,
 	} {
 		queries[name] = r.Replace(q)
 	}
@@ -224,14 +224,15 @@ WHERE s.id = u.id`
 	// the table's triggers.
 	quietSQL = `SELECT set_config('pgdispatch.scheduling', 'on', true)`
 
-	earliestSQL = `
-SELECT min(next_run_at) FROM {schedules}
-WHERE enabled AND error IS NULL AND next_run_at > coalesce($1::timestamptz, now())`
-
-	// heldSQL reads whether a schedule is due. After a pass has fired
-	// those it could lock, another worker holds the rest.
-	heldSQL = `
-SELECT EXISTS (SELECT FROM {schedules}
+	// wakeSQL reads the earliest next slot and whether a schedule is due.
+	// After a pass has fired those it could lock, another worker holds the
+	// rest. One statement, so one snapshot: read by two, a peer's commit
+	// between them could show no future slot and no due schedule, and the
+	// scheduler slept for the whole fallback.
+	wakeSQL = `
+SELECT (SELECT min(next_run_at) FROM {schedules}
+        WHERE enabled AND error IS NULL AND next_run_at > coalesce($1::timestamptz, now())),
+       EXISTS (SELECT FROM {schedules}
                WHERE enabled AND error IS NULL AND (next_run_at IS NULL OR next_run_at <= coalesce($1::timestamptz, now())))`
 )
 
@@ -331,8 +332,7 @@ func (s *Scheduler) peek(ctx context.Context, clock *time.Time) (res Result, due
 // schedule is due.
 func (s *Scheduler) queueWake(batch *pgx.Batch, clock *time.Time) (earliest **time.Time, held *bool) {
 	earliest, held = new(*time.Time), new(bool)
-	batch.Queue(s.sql["earliest"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(earliest) })
-	batch.Queue(s.sql["held"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(held) })
+	batch.Queue(s.sql["wake"], clock).QueryRow(func(row pgx.Row) error { return row.Scan(earliest, held) })
 	return earliest, held
 }
 

@@ -7,7 +7,8 @@ package testhook
 import "context"
 
 // Hooks are the events a test can watch. Each must return quickly and must
-// not block: it runs on the goroutine that made the event.
+// not block, unless it says otherwise: it runs on the goroutine that made
+// the event.
 type Hooks struct {
 	// ClaimerState is called each time the claimer of queue moves from one
 	// state to another (claimer's state names: "awake", "saturated",
@@ -16,6 +17,9 @@ type Hooks struct {
 	// Heartbeat is called after each heartbeat of the claimer of queue, with
 	// how many leases it renewed.
 	Heartbeat func(queue string, renewed int64)
+	// ClaimSent is called when a claim of the claimer of queue has been
+	// sent, before its reply is read. It may block: the claim waits.
+	ClaimSent func(queue string)
 }
 
 type key struct{}

@@ -29,13 +29,18 @@ const PlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true
 const ClaimPlanSQL = PlanSQL + `,
        set_config('synchronous_commit', 'off', true)`
 
+// Sender sends a batch: a pool, or one of its connections.
+type Sender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
 // Send sends settings (PlanSQL or ClaimPlanSQL) and then sql, in one round
 // trip and one transaction. Read the settings' result first.
-func Send(ctx context.Context, pool *pgxpool.Pool, settings, sql string, args ...any) pgx.BatchResults {
+func Send(ctx context.Context, to Sender, settings, sql string, args ...any) pgx.BatchResults {
 	batch := &pgx.Batch{}
 	batch.Queue(settings)
 	batch.Queue(sql, args...)
-	return pool.SendBatch(ctx, batch)
+	return to.SendBatch(ctx, batch)
 }
 
 // Exec runs sql after PlanSQL, as Send, and returns its tag once the
