@@ -140,6 +140,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /{$}", s.overview)
 	mux.HandleFunc("GET /jobs", s.jobs)
 	mux.HandleFunc("GET /jobs/{id}", s.job)
+	mux.HandleFunc("POST /jobs/{id}/reveal", s.operator(s.reveal))
 	mux.HandleFunc("GET /schedules", s.schedules)
 	mux.HandleFunc("GET /events", s.events)
 	mux.HandleFunc("GET /bulk", s.bulkConfirm)
