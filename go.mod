@@ -30,6 +30,7 @@ require (
 	go.uber.org/zap v1.28.0
 	golang.org/x/sync v0.25.0
 	golang.org/x/sys v0.48.0
+	golang.org/x/time v0.16.0
 	google.golang.org/protobuf v1.36.12
 )
 

@@ -32,6 +32,9 @@ type JobFilter struct {
 	Kind     string
 	// ID selects one job.
 	ID int64
+	// MaxID, when not 0, selects jobs with ids up to it: those that
+	// existed when a count was shown.
+	MaxID int64
 	// ErrorText selects jobs whose last_error holds it, without regard to
 	// case.
 	ErrorText string
@@ -129,6 +132,9 @@ func (f JobFilter) where() (string, []any, error) {
 	if f.ID != 0 {
 		add("id = $?", f.ID)
 	}
+	if f.MaxID != 0 {
+		add("id <= $?", f.MaxID)
+	}
 	if f.ErrorText != "" {
 		add(`last_error ILIKE $? ESCAPE '\'`, "%"+likeEscaper.Replace(f.ErrorText)+"%")
 	}
@@ -192,17 +198,8 @@ func (f JobFilter) page() (string, []any, error) {
 		return "", nil, fmt.Errorf("unknown sort %q: want one of %s", f.Sort, strings.Join(Sorts, ", "))
 	}
 	// The statuses the sort lists, each a branch of its own.
-	var branches []string
-	switch sort {
-	case "run_at":
-		branches = []string{"pending"}
-	case "finished_at":
-		branches = []string{"done", "dead", "cancelled"}
-	}
+	branches := f.listed()
 	if branches != nil {
-		if len(f.Statuses) > 0 {
-			branches = slices.DeleteFunc(branches, func(s string) bool { return !slices.Contains(f.Statuses, s) })
-		}
 		f.Statuses = nil
 	}
 	where, args, err := f.where()
@@ -289,27 +286,66 @@ func (f JobFilter) pendingByRunAt(where, order, limit string) string {
 	) p ORDER BY ` + order + limit
 }
 
-// Count counts the jobs f selects (its order and cursor aside).
-func (a *Admin) Count(ctx context.Context, f JobFilter) (int64, error) {
+// listed is the statuses f's sort lists, within f.Statuses if it names
+// any: pending jobs by run_at, finished ones by finished_at; nil for a sort
+// by id, which lists every status.
+func (f JobFilter) listed() []string {
+	var listed []string
+	switch f.Sort {
+	case "run_at":
+		listed = []string{"pending"}
+	case "finished_at":
+		listed = []string{"done", "dead", "cancelled"}
+	default:
+		return nil
+	}
+	if len(f.Statuses) > 0 {
+		listed = slices.DeleteFunc(listed, func(s string) bool { return !slices.Contains(f.Statuses, s) })
+	}
+	return listed
+}
+
+// matching is the condition of the jobs f selects as its pages list them:
+// its statuses within those its sort lists, its order and cursor aside.
+func (f JobFilter) matching() (string, []any, error) {
+	if !slices.Contains(Sorts, cmp.Or(f.Sort, "id")) {
+		return "", nil, fmt.Errorf("unknown sort %q: want one of %s", f.Sort, strings.Join(Sorts, ", "))
+	}
 	where, args, err := f.where()
+	if listed := f.listed(); err == nil && listed != nil {
+		if len(listed) == 0 {
+			return "false", nil, nil
+		}
+		f.Statuses = listed
+		where, args, err = f.where()
+	}
+	return where, args, err
+}
+
+// Count counts the jobs f selects, as its pages list them (its statuses
+// within those its sort lists; its cursor aside), and returns the highest
+// id among them (0 for none): the bound of an action on what was counted.
+func (a *Admin) Count(ctx context.Context, f JobFilter) (n, maxID int64, err error) {
+	where, args, err := f.matching()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	var n int64
-	if err := a.pool.QueryRow(ctx, a.sql(`SELECT count(*) FROM {jobs} WHERE `+where), args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count jobs: %w", err)
+	if err := a.pool.QueryRow(ctx, a.sql(`SELECT count(*), coalesce(max(id), 0) FROM {jobs} WHERE `+where), args...).Scan(&n, &maxID); err != nil {
+		return 0, 0, fmt.Errorf("count jobs: %w", err)
 	}
-	return n, nil
+	return n, maxID, nil
 }
 
-// EachMatching calls fn with the ids of the jobs f selects, BatchSize at a
+// EachMatching calls fn with the ids of the jobs f selects, as its pages
+// list them (its statuses within those its sort lists), BatchSize at a
 // time in id order, read page by page through the primary key: for an
 // action on everything a filter selects. f's order and cursor are ignored.
-// Jobs that start to match while it runs may be left out.
+// Jobs that start to match while it runs may be left out; f.MaxID keeps
+// out those made after a count.
 func (a *Admin) EachMatching(ctx context.Context, f JobFilter, fn func(ids []int64) error) error {
-	where, args, err := f.where()
+	where, args, err := f.matching()
 	if err != nil {
 		return err
 	}

@@ -91,9 +91,12 @@ func TestPages(t *testing.T) {
 	// The filters.
 	count := func(f admin.JobFilter) int {
 		got := pages(t, a, f)
-		n, err := a.Count(context.Background(), f)
+		n, maxID, err := a.Count(context.Background(), f)
 		require.NoError(t, err)
 		require.EqualValues(t, len(got), n, "Count agrees with the pages")
+		if len(got) > 0 {
+			require.Equal(t, slices.Max(got), maxID, "the highest id counted")
+		}
 		return len(got)
 	}
 	require.Equal(t, 3, count(admin.JobFilter{Statuses: []string{"dead"}}))
@@ -102,6 +105,10 @@ func TestPages(t *testing.T) {
 	require.Equal(t, 1, count(admin.JobFilter{Queue: "even", Statuses: []string{"dead"}}))
 	require.Equal(t, 0, count(admin.JobFilter{Kind: "other"}))
 	require.Equal(t, 1, count(admin.JobFilter{ID: 7}))
+	require.Equal(t, 7, count(admin.JobFilter{MaxID: 7}))
+	require.Equal(t, 0, count(admin.JobFilter{Statuses: []string{"dead"}, Sort: "run_at"}), "by run_at, pending jobs only")
+	require.Equal(t, 20, count(admin.JobFilter{Sort: "run_at"}))
+	require.Equal(t, 3, count(admin.JobFilter{Statuses: []string{"dead", "pending"}, Sort: "finished_at"}))
 	require.Equal(t, 10, count(admin.JobFilter{ErrorText: "connection 100%_REFUSED"}), "any case, % and _ literal")
 	require.Equal(t, 0, count(admin.JobFilter{ErrorText: "100%%"}))
 	require.Equal(t, 1, count(admin.JobFilter{ErrorText: "#27"}))
@@ -132,7 +139,7 @@ func TestEachMatchingAndDelete(t *testing.T) {
 		FROM generate_series(1, 2500) i`)
 	var got []int64
 	batches := 0
-	require.NoError(t, a.EachMatching(context.Background(), admin.JobFilter{Queue: "q", Sort: "run_at"}, func(batch []int64) error {
+	require.NoError(t, a.EachMatching(context.Background(), admin.JobFilter{Queue: "q"}, func(batch []int64) error {
 		batches++
 		require.LessOrEqual(t, len(batch), admin.BatchSize)
 		got = append(got, batch...)
@@ -141,6 +148,15 @@ func TestEachMatchingAndDelete(t *testing.T) {
 	require.Len(t, got, 2500)
 	require.True(t, slices.IsSorted(got))
 	require.Equal(t, 3, batches)
+	// As the list sorted by run_at shows them: the pending jobs only; and
+	// none above MaxID.
+	got = nil
+	require.NoError(t, a.EachMatching(context.Background(), admin.JobFilter{Queue: "q", Sort: "run_at", MaxID: 1000}, func(batch []int64) error {
+		got = append(got, batch...)
+		return nil
+	}))
+	require.Len(t, got, 900)
+	require.Equal(t, int64(999), got[len(got)-1])
 
 	changes, err := a.Delete(context.Background(), []int64{9, 10, 11, 99999})
 	require.NoError(t, err)

@@ -144,9 +144,43 @@ func plural(n int, word string) string {
 	return word + "s"
 }
 
-// bulkConfirm shows how many jobs the filter selects and asks to confirm
-// the action on all of them.
+// sameOrigin reports whether a GET came from the console's own pages, or
+// was typed or bookmarked (Sec-Fetch-Site same-origin or none; a client
+// that does not send the header is not a browser on another site's page).
+func sameOrigin(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "", "same-origin", "none":
+		return true
+	}
+	return false
+}
+
+// bulkFilter reads the filter of an action on every job it selects: the
+// jobs page's, without its cursor.
+func bulkFilter(q url.Values, u user) (admin.JobFilter, error) {
+	f, err := parseFilter(q, u)
+	f.After, f.Limit = nil, 0
+	return f, err
+}
+
+// bulkView is the confirmation of an action on every job a filter selects.
+type bulkView struct {
+	Action string
+	// Filter is the filter as a query string, Words as a sentence.
+	Filter, Words string
+	// Count and MaxID are the jobs the filter selected when counted and
+	// the highest id among them, which bounds the action.
+	Count, MaxID int64
+	Back         string
+}
+
+// bulkConfirm shows which jobs the filter selects, in words, and how many,
+// and asks to confirm the action on all of them.
 func (s *Server) bulkConfirm(w http.ResponseWriter, r *http.Request) {
+	if !sameOrigin(r) {
+		http.Error(w, "refused: an action on every job a filter selects is confirmed from the console's own jobs page", http.StatusForbidden)
+		return
+	}
 	q := r.URL.Query()
 	name := q.Get("action")
 	if _, ok := jobActions[name]; !ok {
@@ -154,30 +188,22 @@ func (s *Server) bulkConfirm(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := page{Title: "Confirm: " + name, Nav: "jobs"}
-	filter := url.Values{}
-	for k, vs := range q {
-		if k != "action" && k != "after" && k != "msg" && k != "sig" {
-			filter[k] = vs
-		}
-	}
-	f, err := parseFilter(filter)
-	var n int64
+	filter := without(q, map[string]bool{"action": true, "msg": true, "sig": true})
+	v := bulkView{Action: name, Filter: filter.Encode(), Back: "/jobs?" + filter.Encode()}
+	f, err := bulkFilter(filter, userOf(r))
 	if err != nil {
 		p.Error = err.Error()
-	} else if n, err = s.admin.Count(r.Context(), f); err != nil {
+	} else if v.Count, v.MaxID, err = s.admin.Count(r.Context(), f); err != nil {
 		p.Error = s.dbError("count the jobs", err)
 	}
-	p.Data = struct {
-		Action string
-		Filter string
-		Count  int64
-		Back   string
-	}{name, filter.Encode(), n, "/jobs?" + filter.Encode()}
+	v.Words = describe(f)
+	p.Data = v
 	s.render(w, r, "bulk", "layout.html", p)
 }
 
-// bulkAction applies an action to every job the filter selects, in
-// batches in id order.
+// bulkAction applies an action to every job the filter selects, up to the
+// highest id counted, in batches in id order. When more jobs would change
+// than the confirmation showed, it asks again.
 func (s *Server) bulkAction(w http.ResponseWriter, r *http.Request) {
 	name := r.PostFormValue("action")
 	act, ok := jobActions[name]
@@ -191,38 +217,59 @@ func (s *Server) bulkAction(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "the filter is not a query string", http.StatusBadRequest)
 		return
 	}
-	f, err := parseFilter(filter)
+	shown, err1 := strconv.ParseInt(r.PostFormValue("count"), 10, 64)
+	maxID, err2 := strconv.ParseInt(r.PostFormValue("max"), 10, 64)
+	if err1 != nil || err2 != nil || shown < 0 || maxID < 0 {
+		http.Error(w, "the form lacks the count it confirms: reload the confirmation", http.StatusBadRequest)
+		return
+	}
+	f, err := bulkFilter(filter, userOf(r))
 	if err != nil {
 		s.redirect(w, r, to, err.Error())
 		return
 	}
-	f.After, f.Sort = nil, ""
 	d, err := parseSnooze(r)
 	if err != nil {
 		s.redirect(w, r, to, err.Error())
 		return
 	}
 	changed, left := 0, 0
-	ctx := context.WithoutCancel(r.Context()) // as in jobsAction
-	err = s.admin.EachMatching(ctx, f, func(ids []int64) error {
-		changes, err := act.do(ctx, s.admin, ids, d)
-		for _, c := range changes {
-			if c.Changed {
-				changed++
-			} else {
-				left++
-			}
+	if maxID > 0 { // none counted: nothing to do
+		f.MaxID = maxID
+		again := url.Values{"action": {name}}
+		for k, vs := range filter {
+			again[k] = vs
 		}
-		return err
-	})
-	s.hub.poke()
-	s.log.Info("console action", zap.String("who", userOf(r).Name), zap.String("action", name+" matching"),
-		zap.String("filter", filter.Encode()), zap.Int("changed", changed), zap.Int("left", left), zap.Error(err))
-	msg := summary(act, changed, left)
-	if err != nil {
-		msg += "; then stopped: " + s.dbError(name+" jobs", err)
+		n, _, err := s.admin.Count(r.Context(), f)
+		switch {
+		case err != nil:
+			s.redirect(w, r, to, s.dbError("count the jobs", err))
+			return
+		case n > shown:
+			s.redirect(w, r, "/bulk?"+again.Encode(), fmt.Sprintf("the filter selects %d jobs now, not the %d shown: confirm again", n, shown))
+			return
+		}
+		ctx := context.WithoutCancel(r.Context()) // as in jobsAction
+		err = s.admin.EachMatching(ctx, f, func(ids []int64) error {
+			changes, err := act.do(ctx, s.admin, ids, d)
+			for _, c := range changes {
+				if c.Changed {
+					changed++
+				} else {
+					left++
+				}
+			}
+			return err
+		})
+		s.hub.poke()
+		s.log.Info("console action", zap.String("who", userOf(r).Name), zap.String("action", name+" matching"),
+			zap.String("filter", filter.Encode()), zap.Int64("max_id", maxID), zap.Int("changed", changed), zap.Int("left", left), zap.Error(err))
+		if err != nil {
+			s.redirect(w, r, to, summary(act, changed, left)+"; then stopped: "+s.dbError(name+" jobs", err))
+			return
+		}
 	}
-	s.redirect(w, r, to, msg)
+	s.redirect(w, r, to, summary(act, changed, left))
 }
 
 // queueAction pauses or resumes a queue.

@@ -6,7 +6,13 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"net"
 	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // A role is what a user may do: a viewer reads, an operator also acts and
@@ -34,11 +40,79 @@ func userOf(r *http.Request) user {
 	return u
 }
 
+// MinTokenLen is the fewest bytes a token may have.
+const MinTokenLen = 16
+
+// Failed sign-ins from one address are limited to failedSignInBurst at
+// once, then one per failedSignInEvery; an address past its limit is
+// refused before its token is compared. Addresses are forgotten when
+// more than maxSignInAddrs have failed.
+const (
+	failedSignInBurst = 10
+	failedSignInEvery = time.Second
+	maxSignInAddrs    = 10000
+)
+
+// signIns limits failed sign-ins per remote address.
+type signIns struct {
+	mu     sync.Mutex
+	failed map[string]*rate.Limiter
+}
+
+func addrOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// wait is how long addr must wait before its next sign-in; 0 when it may
+// try now.
+func (l *signIns) wait(addr string) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lim := l.failed[addr]
+	if lim == nil {
+		return 0
+	}
+	now := time.Now()
+	if lim.TokensAt(now) >= 1 {
+		return 0
+	}
+	return time.Duration((1 - lim.TokensAt(now)) * float64(failedSignInEvery))
+}
+
+// fail counts a failed sign-in from addr.
+func (l *signIns) fail(addr string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lim := l.failed[addr]
+	if lim == nil {
+		if len(l.failed) >= maxSignInAddrs {
+			clear(l.failed)
+		}
+		if l.failed == nil {
+			l.failed = map[string]*rate.Limiter{}
+		}
+		lim = rate.NewLimiter(rate.Every(failedSignInEvery), failedSignInBurst)
+		l.failed[addr] = lim
+	}
+	lim.Allow()
+}
+
 // authenticate lets through requests with basic auth whose password is one
 // of the tokens and whose user name is not empty: the name is who the
-// actions are logged as.
+// actions are logged as. An address whose sign-ins failed too often is
+// refused for a while.
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addr := addrOf(r)
+		if d := s.signIns.wait(addr); d > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
+			http.Error(w, "too many failed sign-ins from this address: try again later", http.StatusTooManyRequests)
+			return
+		}
 		name, password, ok := r.BasicAuth()
 		var u user
 		switch {
@@ -49,6 +123,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			u = user{Name: name, role: viewer}
 		}
 		if u.role == 0 {
+			if ok {
+				s.signIns.fail(addr)
+			}
 			w.Header().Set("WWW-Authenticate", `Basic realm="pgdispatch console: your name, and the token", charset="UTF-8"`)
 			http.Error(w, "sign in with your name and the console's token", http.StatusUnauthorized)
 			return

@@ -341,3 +341,26 @@ func TestBrowser(t *testing.T) {
 	require.Contains(t, br.eval(t, `document.querySelector('#queues').textContent`), "<img src=x onerror=alert(2)>")
 	br.noIncidents(t)
 }
+
+// A queue named after a property of Object.prototype, made after the
+// overview was loaded, leaves the overview live: the row shows, and the
+// queues that sort after it keep following the table.
+func TestBrowserQueueNamedLikeAProperty(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.exec(t, `INSERT INTO {jobs} (queue, kind) VALUES ('mail', 'email')`)
+	br := newBrowser(t, "ann", operatorToken)
+	cell := func(queue string) string {
+		return `document.querySelector('#queues tr[data-queue="` + queue + `"] [data-f="pending"]')`
+	}
+	br.do(t, "open the overview", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
+	br.waitFor(t, "live", `document.querySelector('#live.on') !== null`)
+	// a writer's jobs
+	b.exec(t, `INSERT INTO {jobs} (queue, kind) VALUES ('__proto__', 'x'), ('constructor', 'x'), ('hasOwnProperty', 'x')`)
+	br.waitFor(t, "the new queues' rows", cell("__proto__")+` !== null && `+cell("constructor")+` !== null && `+cell("hasOwnProperty")+` !== null`)
+	b.exec(t, `INSERT INTO {jobs} (queue, kind) SELECT 'mail', 'email' FROM generate_series(1, 5)`)
+	br.waitFor(t, "mail follows the table", cell("mail")+`.textContent === "6"`)
+	require.Equal(t, "1", br.eval(t, cell("__proto__")+`.textContent`))
+	require.Equal(t, "live on", br.eval(t, `document.getElementById('live').className`))
+	br.noIncidents(t)
+}

@@ -64,7 +64,8 @@ type Config struct {
 	// Timeout bounds each database call. Default: admin's.
 	Timeout time.Duration
 	// OperatorToken and ViewerToken are the passwords of the two roles: an
-	// operator may act, a viewer only read. At least one is required.
+	// operator may act, a viewer only read. At least one is required, and
+	// each set has MinTokenLen bytes or more.
 	OperatorToken, ViewerToken string
 	// PollInterval is how often the live state is read while a browser is
 	// connected, when no notification comes first. Default: 1s.
@@ -86,6 +87,10 @@ func (c *Config) validate() error {
 		return errors.New("console: an operator or a viewer token is required")
 	case c.OperatorToken != "" && c.OperatorToken == c.ViewerToken:
 		return errors.New("console: the operator's and the viewer's tokens must differ")
+	case c.OperatorToken != "" && len(c.OperatorToken) < MinTokenLen:
+		return fmt.Errorf("console: the operator's token is %d bytes: use %d or more (a random one: openssl rand -hex 16)", len(c.OperatorToken), MinTokenLen)
+	case c.ViewerToken != "" && len(c.ViewerToken) < MinTokenLen:
+		return fmt.Errorf("console: the viewer's token is %d bytes: use %d or more (a random one: openssl rand -hex 16)", len(c.ViewerToken), MinTokenLen)
 	}
 	return nil
 }
@@ -97,6 +102,7 @@ type Server struct {
 	log     *zap.Logger
 	pages   map[string]*template.Template
 	csrfKey []byte
+	signIns signIns
 	hub     *hub
 	handler http.Handler
 	// base is the context the live updates run under: Serve's.
@@ -140,6 +146,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /{$}", s.overview)
 	mux.HandleFunc("GET /jobs", s.jobs)
 	mux.HandleFunc("GET /jobs/{id}", s.job)
+	mux.HandleFunc("POST /jobs/{id}/reveal", s.operator(s.reveal))
 	mux.HandleFunc("GET /schedules", s.schedules)
 	mux.HandleFunc("GET /events", s.events)
 	mux.HandleFunc("GET /bulk", s.bulkConfirm)
@@ -173,6 +180,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	err := srv.Shutdown(sctx) // the event streams end with ctx
+	if err != nil {
+		_ = srv.Close() // a connection not yet idle is closed
+	}
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) {
 		err = cmp.Or(err, serr)
 	}

@@ -2,6 +2,7 @@ package console
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"io"
 	"net"
@@ -9,6 +10,9 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,6 +41,8 @@ type bundle struct {
 	count  *stmtcount.Counter
 	// pool is the test's own, for seeding and checking rows.
 	pool *pgxpool.Pool
+	// stop stops the console and returns what Serve returned.
+	stop func() error
 }
 
 func setup(t *testing.T, cfg Config, opts ...func(*pgxpool.Config)) *bundle {
@@ -70,10 +76,11 @@ func setup(t *testing.T, cfg Config, opts ...func(*pgxpool.Config)) *bundle {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- b.srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
+	b.stop = sync.OnceValue(func() error {
 		cancel()
-		require.NoError(t, <-done)
+		return <-done
 	})
+	t.Cleanup(func() { require.NoError(t, b.stop()) })
 	return b
 }
 
@@ -195,23 +202,30 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // the first event's data and the stream's close.
 func (b *bundle) openEvents(t *testing.T) (string, func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, "GET", b.url+"events", nil)
-	require.NoError(t, err)
-	req.SetBasicAuth("vic", viewerToken)
-	resp, err := http.DefaultClient.Do(req) //nolint:bodyclose // closed by the func returned
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	r := bufio.NewReader(resp.Body)
+	code, r, leave := b.stream(t, "vic", viewerToken)
+	require.Equal(t, http.StatusOK, code)
 	for {
 		line, err := r.ReadString('\n')
 		require.NoError(t, err)
 		if data, ok := strings.CutPrefix(line, "data: "); ok {
-			return data, func() {
-				cancel()
-				_ = resp.Body.Close()
-			}
+			return data, leave
 		}
+	}
+}
+
+// stream opens the live updates as name, and returns the status, the
+// stream and its close.
+func (b *bundle) stream(t *testing.T, name, token string) (int, *bufio.Reader, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "GET", b.url+"events", nil)
+	require.NoError(t, err)
+	req.SetBasicAuth(name, token)
+	resp, err := http.DefaultClient.Do(req) //nolint:bodyclose // closed by the func returned
+	require.NoError(t, err)
+	return resp.StatusCode, bufio.NewReader(resp.Body), func() {
+		cancel()
+		_ = resp.Body.Close()
 	}
 }
 
@@ -274,4 +288,173 @@ func TestSecurityHeaders(t *testing.T) {
 		require.Contains(t, csp, "frame-ancestors 'none'", path)
 		require.Equal(t, "nosniff", resp.Header.Get("X-Content-Type-Options"), path)
 	}
+}
+
+// A token shorter than MinTokenLen is refused at start, with a message
+// that says so.
+func TestShortTokenRefused(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t)
+	lc, err := pgx.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	base := Config{Pool: pool, Schema: "s", ListenConfig: lc}
+	for _, c := range []struct {
+		operator, viewer, want string
+	}{
+		{"pw1", "", "console: the operator's token is 3 bytes: use 16 or more"},
+		{operatorToken, "yy", "console: the viewer's token is 2 bytes: use 16 or more"},
+		{"", "fifteen-bytes-x", "console: the viewer's token is 15 bytes: use 16 or more"},
+	} {
+		cfg := base
+		cfg.OperatorToken, cfg.ViewerToken = c.operator, c.viewer
+		_, err := New(cfg)
+		require.ErrorContains(t, err, c.want)
+		require.NotContains(t, err.Error(), cmp.Or(c.viewer, c.operator), "the token is not in the message")
+	}
+	cfg := base
+	cfg.ViewerToken = "sixteen-bytes-xy"
+	_, err = New(cfg)
+	require.NoError(t, err)
+}
+
+// Failed sign-ins from an address are limited: past a burst, the address
+// is refused for a while, before its token is compared (the right one
+// too), and told when to try again.
+func TestFailedSignInsLimited(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	for i := range failedSignInBurst {
+		code, _ := b.request(t, "GET", "/", "mallory", "guess-"+strconv.Itoa(i), nil, nil)
+		require.Equal(t, http.StatusUnauthorized, code, "guess %d", i)
+	}
+	code, body := b.request(t, "GET", "/", "mallory", "guess-again", nil, nil)
+	require.Equal(t, http.StatusTooManyRequests, code, body)
+	require.Contains(t, body, "too many failed sign-ins")
+	code, _ = b.request(t, "GET", "/", "ann", operatorToken, nil, nil)
+	require.Equal(t, http.StatusTooManyRequests, code, "the right token from the address, while it is refused")
+	code, _ = b.request(t, "GET", "/", "", "", nil, nil)
+	require.Equal(t, http.StatusTooManyRequests, code)
+}
+
+// The event streams are limited: so many per user and in all (the next
+// is refused with 429), a heartbeat on a quiet stream, and so many queues
+// in the state (the rest counted).
+func TestEventStreamLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	h := b.srv.hub
+	h.mu.Lock()
+	h.maxStreams, h.maxPerUser, h.heartbeat, h.maxQueues = 3, 2, 50*time.Millisecond, 2
+	h.mu.Unlock()
+	b.exec(t, `INSERT INTO {jobs} (queue, kind) VALUES ('a', 'k'), ('b', 'k'), ('c', 'k')`)
+
+	data, leave := b.openEvents(t)
+	defer leave()
+	require.Contains(t, data, `"queue":"b"`)
+	require.NotContains(t, data, `"queue":"c"`)
+	require.Contains(t, data, `"more_queues":1`)
+	code, r, leave2 := b.stream(t, "vic", viewerToken)
+	defer leave2()
+	require.Equal(t, http.StatusOK, code)
+	code, _, leave3 := b.stream(t, "vic", viewerToken)
+	leave3()
+	require.Equal(t, http.StatusTooManyRequests, code, "a third stream of vic's")
+	code, _, leave4 := b.stream(t, "ann", operatorToken)
+	defer leave4()
+	require.Equal(t, http.StatusOK, code, "ann's first")
+	code, _, leave5 := b.stream(t, "bob", operatorToken)
+	leave5()
+	require.Equal(t, http.StatusTooManyRequests, code, "a fourth in all")
+
+	for {
+		line, err := r.ReadString('\n')
+		require.NoError(t, err)
+		if line == ": heartbeat\n" {
+			break
+		}
+	}
+}
+
+// A browser that stops reading loses its stream at the write deadline,
+// and holds up no shutdown.
+func TestEventsSlowReader(t *testing.T) {
+	t.Parallel()
+	stopped := make(chan struct{}, 10)
+	b := setup(t, Config{PollInterval: 50 * time.Millisecond})
+	h := b.srv.hub
+	var written, completed atomic.Int64 // bytes each stream was sent, with the write in progress, and without
+	h.mu.Lock()
+	h.writeTimeout, h.maxQueues = time.Second, 5000
+	h.onStop = func() { stopped <- struct{}{} }
+	h.onWrite = func(n int, done bool) {
+		if done {
+			completed.Store(int64(n))
+		} else {
+			written.Store(int64(n))
+		}
+	}
+	h.mu.Unlock()
+	// 5000 queues with long names: a state of about 1.6 MB.
+	b.exec(t, `INSERT INTO {jobs} (queue, kind) SELECT repeat('q', 120) || g, 'k' FROM generate_series(1, 5000) g`)
+
+	// A reader that reads nothing, with a small receive buffer.
+	slowReader := func() net.Conn {
+		d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+			return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		}}
+		conn, err := d.Dial("tcp", strings.TrimPrefix(strings.TrimSuffix(b.url, "/"), "http://"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		req, err := http.NewRequest("GET", b.url+"events", nil)
+		require.NoError(t, err)
+		req.SetBasicAuth("vic", viewerToken)
+		require.NoError(t, req.Write(conn))
+		return conn
+	}
+	// Each job changes the state, which the stream is sent until the
+	// socket's buffers are full.
+	feed := func(until <-chan struct{}) {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		guard := time.After(60 * time.Second)
+		for {
+			select {
+			case <-until:
+				return
+			case <-guard:
+				t.Fatalf("a guard: the stream was not stuck or did not end (%d bytes written)", written.Load())
+			case <-tick.C:
+				b.exec(t, `INSERT INTO {jobs} (queue, kind) VALUES ('q1', 'k')`)
+			}
+		}
+	}
+
+	slowReader()
+	start := time.Now()
+	feed(stopped)
+	t.Logf("the stream ended at its write deadline, the live updates stopped, %s after it opened; %d bytes sent to it",
+		time.Since(start).Round(time.Millisecond), written.Load())
+
+	// Again, with a write deadline longer than the shutdown's: the console
+	// stops with the stream stuck in a write as the first one was (sent
+	// about as many bytes, a write in progress).
+	stuckAt := written.Load()
+	h.mu.Lock()
+	h.writeTimeout = time.Minute
+	h.mu.Unlock()
+	written.Store(0)
+	completed.Store(0)
+	slowReader()
+	stuck := make(chan struct{})
+	go func() {
+		defer close(stuck)
+		for end := time.Now().Add(60 * time.Second); (written.Load() < stuckAt*3/4 || completed.Load() == written.Load()) && time.Now().Before(end); {
+			<-time.After(10 * time.Millisecond) // polls the counter
+		}
+	}()
+	feed(stuck)
+	start = time.Now()
+	require.NoError(t, b.stop(), "the console shuts down with a stream stuck in a write")
+	require.Less(t, completed.Load(), written.Load(), "the stream was stuck in a write when the console stopped")
+	t.Logf("shutdown with a stream stuck in a write took %s", time.Since(start).Round(time.Millisecond))
 }

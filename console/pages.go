@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/hmac"
 	"encoding/json"
 	"errors"
@@ -320,15 +321,18 @@ func (v jobsView) sort() string {
 // HasStatus reports whether the filter selects status.
 func (v jobsView) HasStatus(status string) bool { return slices.Contains(v.Filter.Statuses, status) }
 
-// Encoded is the filter as a query string, for the bulk action's link.
-func (v jobsView) Encoded() string {
+// BulkLink is the whole URL of the confirmation of action on every job
+// the filter selects: the filter, and the sort, which bounds the statuses
+// the list shows.
+func (v jobsView) BulkLink(action string) string {
 	q := url.Values{}
 	for k, vs := range v.Query {
-		if k != "after" && k != "msg" && k != "sig" && k != "fragment" && k != "sort" && k != "asc" {
+		if filterKeys[k] && k != "after" && k != "limit" && k != "asc" {
 			q[k] = vs
 		}
 	}
-	return q.Encode()
+	q.Set("action", action)
+	return "/bulk?" + q.Encode()
 }
 
 const timeForm = "2006-01-02T15:04"
@@ -350,8 +354,32 @@ func parseTime(s string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("time %q: want 2026-01-02T15:04 (UTC) or RFC 3339", s)
 }
 
-// parseFilter reads the jobs page's filter from q.
-func parseFilter(q url.Values) (admin.JobFilter, error) {
+// filterKeys are the keys of the jobs page's filter, its order and its
+// cursor; pageKeys those of the page itself.
+var (
+	filterKeys = map[string]bool{"status": true, "queue": true, "kind": true, "id": true, "error": true, "tf": true,
+		"since": true, "until": true, "sort": true, "asc": true, "after": true, "limit": true}
+	pageKeys = map[string]bool{"msg": true, "sig": true, "fragment": true}
+)
+
+// errorFilterForOperators is what a viewer is told who filters on
+// last_error: the filter searches the stored text, secrets included, which
+// a viewer is shown masked.
+var errorFilterForOperators = errors.New(`the "error has" filter is for operators: it searches the errors as stored, ` +
+	"secrets included, which a viewer sees masked")
+
+// parseFilter reads the jobs page's filter from q, which holds nothing
+// else; the text in last_error is for operators only.
+func parseFilter(q url.Values, u user) (admin.JobFilter, error) {
+	var errs []error
+	for k := range q {
+		if !filterKeys[k] {
+			errs = append(errs, fmt.Errorf("unknown filter %q", k))
+		}
+	}
+	if q.Get("error") != "" && !u.Operator() {
+		errs = append(errs, errorFilterForOperators)
+	}
 	f := admin.JobFilter{
 		Queue:     strings.TrimSpace(q.Get("queue")),
 		Kind:      strings.TrimSpace(q.Get("kind")),
@@ -360,7 +388,6 @@ func parseFilter(q url.Values) (admin.JobFilter, error) {
 		Sort:      q.Get("sort"),
 		Asc:       q.Get("asc") == "1",
 	}
-	var errs []error
 	for _, st := range q["status"] {
 		if st != "" {
 			f.Statuses = append(f.Statuses, st)
@@ -395,7 +422,7 @@ func (s *Server) jobs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	v := jobsView{Query: q, Statuses: admin.Statuses, Sorts: admin.Sorts, Fields: admin.TimeFields, Since: q.Get("since"), Until: q.Get("until")}
 	p := page{Title: "Jobs", Nav: "jobs"}
-	f, err := parseFilter(q)
+	f, err := parseFilter(without(q, pageKeys), userOf(r))
 	v.Filter = f
 	if err != nil {
 		p.Error = err.Error()
@@ -423,13 +450,69 @@ func (s *Server) jobs(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "jobs", block, p)
 }
 
+// without returns q without the keys drop holds.
+func without(q url.Values, drop map[string]bool) url.Values {
+	out := url.Values{}
+	for k, vs := range q {
+		if !drop[k] {
+			out[k] = vs
+		}
+	}
+	return out
+}
+
+// describe says in words which jobs f selects.
+func describe(f admin.JobFilter) string {
+	var parts []string
+	if len(f.Statuses) > 0 {
+		parts = append(parts, "status "+strings.Join(f.Statuses, " or "))
+	}
+	switch f.Sort {
+	case "run_at":
+		parts = append(parts, "pending (the list by run_at)")
+	case "finished_at":
+		parts = append(parts, "finished (the list by finished_at)")
+	}
+	if f.Queue != "" {
+		parts = append(parts, "queue "+strconv.Quote(f.Queue))
+	}
+	if f.Kind != "" {
+		parts = append(parts, "kind "+strconv.Quote(f.Kind))
+	}
+	if f.ID != 0 {
+		parts = append(parts, "id "+strconv.FormatInt(f.ID, 10))
+	}
+	if f.ErrorText != "" {
+		parts = append(parts, "last_error has "+strconv.Quote(f.ErrorText))
+	}
+	if !f.Since.IsZero() || !f.Until.IsZero() {
+		tf := cmp.Or(f.TimeField, "created_at")
+		if !f.Since.IsZero() {
+			parts = append(parts, tf+" from "+f.Since.UTC().Format(time.RFC3339))
+		}
+		if !f.Until.IsZero() {
+			parts = append(parts, tf+" before "+f.Until.UTC().Format(time.RFC3339))
+		}
+	}
+	if len(parts) == 0 {
+		return "every job in the table"
+	}
+	return strings.Join(parts, "; ")
+}
+
 // timelineEntry is a moment of a job's life.
 type timelineEntry struct {
 	At   time.Time
 	What string
 }
 
-func (s *Server) job(w http.ResponseWriter, r *http.Request) {
+func (s *Server) job(w http.ResponseWriter, r *http.Request) { s.showJob(w, r, false) }
+
+// reveal shows a job's page with its secrets, to an operator who asked
+// with a POST from the page (its CSRF token), and logs who did.
+func (s *Server) reveal(w http.ResponseWriter, r *http.Request) { s.showJob(w, r, true) }
+
+func (s *Server) showJob(w http.ResponseWriter, r *http.Request, reveal bool) {
 	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
 	if err != nil || id <= 0 {
 		http.Error(w, "not a job id", http.StatusNotFound)
@@ -447,7 +530,7 @@ func (s *Server) job(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u := userOf(r)
-	reveal := r.URL.Query().Get("reveal") == "1" && u.Operator()
+	reveal = reveal && u.Operator()
 	masked := false
 	if !reveal {
 		masked = j.Mask()

@@ -26,39 +26,46 @@
 
   function cell(tr, f) { return tr.querySelector('[data-f="' + f + '"]'); }
 
+  // A queue's name may be anything a writer chose ("__proto__" too): the
+  // rows are kept in a Map, and a queue that fails leaves the others live.
   function queues(state) {
     var body = document.querySelector("#queues tbody");
     if (!body) { return; }
-    var rows = {};
-    body.querySelectorAll("tr[data-queue]").forEach(function (tr) { rows[tr.dataset.queue] = tr; });
+    var rows = new Map();
+    body.querySelectorAll("tr[data-queue]").forEach(function (tr) { rows.set(tr.dataset.queue, tr); });
     (state.queues || []).forEach(function (q) {
-      var tr = rows[q.queue];
-      if (!tr) {
-        var empty = body.querySelector("tr.empty");
-        if (empty) { empty.remove(); }
-        tr = document.createElement("tr");
-        tr.dataset.queue = q.queue;
-        ["queue", "pending", "due", "running", "lag", "done_last_minute", "dead_last_minute", "chart", "", "", "", "paused"].forEach(function (f, i) {
-          var td = document.createElement("td");
-          if (i > 0 && i < 11 && f !== "chart") { td.className = "n"; }
-          if (f && f !== "queue" && f !== "chart") { td.dataset.f = f; }
-          if (f === "queue") { td.textContent = vis(q.queue); }
-          tr.appendChild(td);
-        });
-        body.appendChild(tr);
-      }
-      text(cell(tr, "pending"), String(q.pending));
-      text(cell(tr, "due"), String(q.due));
-      text(cell(tr, "running"), String(q.running));
-      text(cell(tr, "lag"), secs(q.oldest_due_seconds));
-      text(cell(tr, "done_last_minute"), String(q.done_last_minute));
-      text(cell(tr, "dead_last_minute"), String(q.dead_last_minute));
-      var badge = cell(tr, "paused") && cell(tr, "paused").querySelector(".badge");
-      if (badge) {
-        text(badge, q.paused ? "paused" : "active");
-        badge.className = "badge " + (q.paused ? "paused" : "active");
-      }
+      try { queue(body, rows, q); } catch (e) { /* the next state tries again */ }
     });
+  }
+
+  function queue(body, rows, q) {
+    var tr = rows.get(q.queue);
+    if (!tr) {
+      var empty = body.querySelector("tr.empty");
+      if (empty) { empty.remove(); }
+      tr = document.createElement("tr");
+      tr.dataset.queue = q.queue;
+      ["queue", "pending", "due", "running", "lag", "done_last_minute", "dead_last_minute", "chart", "", "", "", "paused"].forEach(function (f, i) {
+        var td = document.createElement("td");
+        if (i > 0 && i < 11 && f !== "chart") { td.className = "n"; }
+        if (f && f !== "queue" && f !== "chart") { td.dataset.f = f; }
+        if (f === "queue") { td.textContent = vis(q.queue); }
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+      rows.set(q.queue, tr);
+    }
+    text(cell(tr, "pending"), String(q.pending));
+    text(cell(tr, "due"), String(q.due));
+    text(cell(tr, "running"), String(q.running));
+    text(cell(tr, "lag"), secs(q.oldest_due_seconds));
+    text(cell(tr, "done_last_minute"), String(q.done_last_minute));
+    text(cell(tr, "dead_last_minute"), String(q.dead_last_minute));
+    var badge = cell(tr, "paused") && cell(tr, "paused").querySelector(".badge");
+    if (badge) {
+      text(badge, q.paused ? "paused" : "active");
+      badge.className = "badge " + (q.paused ? "paused" : "active");
+    }
   }
 
   function workers(state) {
