@@ -6,48 +6,99 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"html"
 	"io"
 	"net/url"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
 
 // Secrets are values known to be secret, such as a job's credentials, to be
-// masked in what a peer sends back: as written, and base64-encoded at any
-// offset within a longer text, as in an SMTP AUTH PLAIN response
-// (base64 of "\x00user\x00password") or an HTTP Basic credential. Its zero
-// value, or nil, knows no secret.
+// masked in what a peer sends back, in the forms a peer may quote them in:
+//   - as written, and base64-encoded at any offset within a longer text, as
+//     in an SMTP AUTH PLAIN response (base64 of "\x00user\x00password") or
+//     an HTTP Basic credential, in either alphabet;
+//   - JSON-escaped, with and without HTML escaping (& < > as \u0026 \u003c
+//     \u003e), once and twice (a body quoted in a JSON reply), and with '/'
+//     written "\/" as PHP writes it; as Go's strconv.Quote writes it;
+//     URL-encoded, as a query or a path; HTML-escaped;
+//   - for a value of 16 bytes or more, every run of 12 of its bytes, so
+//     that a value wrapped over lines (a page that wraps at 64 columns) is
+//     masked but for at most 11 bytes at either end of each line.
+//
+// Its zero value, or nil, knows no secret.
 type Secrets struct {
 	forms    []string // longest first
 	replacer *strings.Replacer
 }
 
+// minWrapped is the length from which a secret's every window of
+// wrapWindow bytes is masked.
+const minWrapped, wrapWindow = 16, 12
+
 // NewSecrets returns the Secrets of values. Values shorter than 4 bytes are
 // left out, or every short word would be masked.
 func NewSecrets(values ...string) *Secrets {
-	var forms []string
+	var forms, windows []string
 	for _, v := range values {
 		if len(v) < minSecret {
 			continue
 		}
-		forms = append(forms, v)
+		forms = append(forms, quotedForms(v)...)
 		for _, b64 := range base64Cores(v) {
 			if len(b64) >= minSecret {
 				forms = append(forms, b64, strings.NewReplacer("+", "-", "/", "_").Replace(b64))
+			}
+		}
+		if len(v) >= minWrapped {
+			for i := 0; i+wrapWindow <= len(v); i++ {
+				if utf8.RuneStart(v[i]) && (i+wrapWindow == len(v) || utf8.RuneStart(v[i+wrapWindow])) {
+					windows = append(windows, v[i:i+wrapWindow])
+				}
 			}
 		}
 	}
 	if len(forms) == 0 {
 		return &Secrets{}
 	}
-	slices.SortFunc(forms, func(a, b string) int { return cmp.Or(len(b)-len(a), strings.Compare(a, b)) })
-	forms = slices.Compact(forms)
-	pairs := make([]string, 0, 2*len(forms))
-	for _, f := range forms {
+	forms = longestFirst(forms)
+	pairs := make([]string, 0, 2*(len(forms)+len(windows)))
+	for _, f := range append(slices.Clip(forms), longestFirst(windows)...) {
 		pairs = append(pairs, f, Mask)
 	}
 	return &Secrets{forms: forms, replacer: strings.NewReplacer(pairs...)}
+}
+
+func longestFirst(forms []string) []string {
+	slices.SortFunc(forms, func(a, b string) int { return cmp.Or(len(b)-len(a), strings.Compare(a, b)) })
+	return slices.Compact(forms)
+}
+
+// quotedForms are v as written and as the encoders a peer quotes text with
+// write it.
+func quotedForms(v string) []string {
+	forms := []string{v, url.QueryEscape(v), url.PathEscape(v), html.EscapeString(v)}
+	if q := strconv.Quote(v); len(q) >= 2 {
+		forms = append(forms, q[1:len(q)-1])
+	}
+	for _, escapeHTML := range []bool{true, false} {
+		once := jsonEscape(v, escapeHTML)
+		twice := jsonEscape(once, escapeHTML)
+		forms = append(forms, once, twice, strings.ReplaceAll(once, "/", `\/`), strings.ReplaceAll(twice, "/", `\/`))
+	}
+	return forms
+}
+
+// jsonEscape is s as encoding/json writes it within a string's quotes.
+func jsonEscape(s string, escapeHTML bool) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(escapeHTML)
+	_ = enc.Encode(s) // a string always encodes
+	return strings.TrimSuffix(b.String(), "\"\n")[1:]
 }
 
 // base64Cores are the runs of base64 characters that stand for v alone when
@@ -91,9 +142,12 @@ func Reply(text string, known *Secrets) string { return Text(known.Mask(text)) }
 // secret key (as Payload masks them: Authorization, X-Api-Key, Cookie,
 // password and the like, at any depth), with the credentials of an
 // Authorization value ("Bearer t" gives t, "Basic" its decoded password) and
-// the values of a Cookie's pairs; and the password, or the token, in the
-// user info of every URL, and the values of its query parameters whose
-// names are secret keys. A payload that is not JSON has none.
+// the values of a Cookie's pairs; in every other string, what Payload masks
+// in it (a serialised document's secrets, a form's secret values, "Bearer
+// t" under any key); and in every URL the password, or the token, in its
+// user info, every query and fragment value, and the path tokens of a known
+// webhook (see Path), as written and decoded. A payload that is not JSON
+// has none.
 func PayloadSecrets(raw json.RawMessage) []string {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
@@ -128,16 +182,57 @@ func collectSecrets(dec *json.Decoder, secret bool, out *[]string) error {
 		_, err := dec.Token() // the closing delimiter
 		return err
 	case string:
-		if secret {
-			*out = append(*out, valueSecrets(t)...)
-		}
-		*out = append(*out, urlSecrets(t)...)
+		*out = append(*out, stringSecrets(t, secret)...)
 	case json.Number:
 		if secret {
 			*out = append(*out, t.String())
 		}
 	}
 	return nil
+}
+
+// stringSecrets are the secrets of a string of a payload, as Payload masks
+// them: v's own under a secret key, a document's in a string that holds
+// one, the values of a form's secret keys, the credentials Text masks, and
+// the secrets of the URLs in it.
+func stringSecrets(v string, secret bool) []string {
+	var out []string
+	switch {
+	case secret:
+		out = valueSecrets(v)
+	case nestedDocument(v):
+		return PayloadSecrets(json.RawMessage(v))
+	case form(v):
+		pairs, secret := secretPairs(v)
+		for _, i := range secret {
+			_, value, _ := strings.Cut(pairs[i], "=")
+			out = append(out, value)
+			if d, err := url.QueryUnescape(value); err == nil && d != value {
+				out = append(out, d)
+			}
+		}
+	}
+	return append(append(out, textSecrets(v)...), urlSecrets(v)...)
+}
+
+// textSecrets are the values Text masks by what they look like: the
+// credentials after an authentication scheme or an SMTP AUTH command, and
+// the values of key=value pairs and JSON members whose keys are secret.
+func textSecrets(s string) []string {
+	var out []string
+	for _, re := range []*regexp.Regexp{authScheme, smtpAuth} {
+		for _, m := range re.FindAllStringSubmatch(s, -1) {
+			out = append(out, m[1])
+		}
+	}
+	for _, re := range []*regexp.Regexp{jsonMember, keyValue} {
+		for _, m := range re.FindAllStringSubmatch(s, -1) {
+			if secretKey(m[1]) {
+				out = append(out, strings.Trim(m[2], `"'`))
+			}
+		}
+	}
+	return out
 }
 
 // valueSecrets is v, a secret value, and the pieces of it a peer may quote
@@ -159,28 +254,6 @@ func valueSecrets(v string) []string {
 	for pair := range strings.SplitSeq(v, ";") {
 		if _, value, ok := strings.Cut(pair, "="); ok {
 			out = append(out, strings.TrimSpace(value))
-		}
-	}
-	return out
-}
-
-// urlSecrets are the secrets of the URLs in s.
-func urlSecrets(s string) []string {
-	var out []string
-	for _, raw := range urlInText.FindAllString(s, -1) {
-		u, err := url.Parse(raw)
-		if err != nil {
-			continue
-		}
-		if pw, ok := u.User.Password(); ok {
-			out = append(out, pw)
-		} else if u.User != nil {
-			out = append(out, u.User.Username()) // a token
-		}
-		for k, vs := range u.Query() {
-			if secretKey(k) {
-				out = append(out, vs...)
-			}
 		}
 	}
 	return out
