@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -31,45 +32,54 @@ import (
 //
 // Its zero value, or nil, knows no secret.
 type Secrets struct {
+	values []string
+	once   sync.Once
+	// Built by the first Mask.
 	forms    []string // longest first
 	replacer *strings.Replacer
+	windows  map[string]bool
 }
 
 // minWrapped is the length from which a secret's every window of
-// wrapWindow bytes is masked.
-const minWrapped, wrapWindow = 16, 12
+// wrapWindow bytes is masked, and maxWrapped the length up to which it is.
+const minWrapped, maxWrapped, wrapWindow = 16, 4096, 12
 
 // NewSecrets returns the Secrets of values. Values shorter than 4 bytes are
-// left out, or every short word would be masked.
+// left out, or every short word would be masked. Their forms are worked
+// out when the first text is masked.
 func NewSecrets(values ...string) *Secrets {
-	var forms, windows []string
-	for _, v := range values {
-		if len(v) < minSecret {
-			continue
-		}
+	return &Secrets{values: slices.DeleteFunc(slices.Clone(values), func(v string) bool { return len(v) < minSecret })}
+}
+
+func (s *Secrets) build() {
+	var forms []string
+	for _, v := range s.values {
 		forms = append(forms, quotedForms(v)...)
 		for _, b64 := range base64Cores(v) {
 			if len(b64) >= minSecret {
 				forms = append(forms, b64, strings.NewReplacer("+", "-", "/", "_").Replace(b64))
 			}
 		}
-		if len(v) >= minWrapped {
+		if len(v) >= minWrapped && len(v) <= maxWrapped {
 			for i := 0; i+wrapWindow <= len(v); i++ {
 				if utf8.RuneStart(v[i]) && (i+wrapWindow == len(v) || utf8.RuneStart(v[i+wrapWindow])) {
-					windows = append(windows, v[i:i+wrapWindow])
+					if s.windows == nil {
+						s.windows = make(map[string]bool)
+					}
+					s.windows[v[i:i+wrapWindow]] = true
 				}
 			}
 		}
 	}
 	if len(forms) == 0 {
-		return &Secrets{}
+		return
 	}
-	forms = longestFirst(forms)
-	pairs := make([]string, 0, 2*(len(forms)+len(windows)))
-	for _, f := range append(slices.Clip(forms), longestFirst(windows)...) {
+	s.forms = longestFirst(forms)
+	pairs := make([]string, 0, 2*len(s.forms))
+	for _, f := range s.forms {
 		pairs = append(pairs, f, Mask)
 	}
-	return &Secrets{forms: forms, replacer: strings.NewReplacer(pairs...)}
+	s.replacer = strings.NewReplacer(pairs...)
 }
 
 func longestFirst(forms []string) []string {
@@ -80,20 +90,45 @@ func longestFirst(forms []string) []string {
 // quotedForms are v as written and as the encoders a peer quotes text with
 // write it.
 func quotedForms(v string) []string {
-	forms := []string{v, url.QueryEscape(v), url.PathEscape(v), html.EscapeString(v)}
+	forms := []string{v}
+	add := func(f string) {
+		if !slices.Contains(forms, f) {
+			forms = append(forms, f)
+		}
+	}
+	add(url.QueryEscape(v))
+	add(url.PathEscape(v))
+	add(html.EscapeString(v))
 	if q := strconv.Quote(v); len(q) >= 2 {
-		forms = append(forms, q[1:len(q)-1])
+		add(q[1 : len(q)-1])
 	}
 	for _, escapeHTML := range []bool{true, false} {
 		once := jsonEscape(v, escapeHTML)
 		twice := jsonEscape(once, escapeHTML)
-		forms = append(forms, once, twice, strings.ReplaceAll(once, "/", `\/`), strings.ReplaceAll(twice, "/", `\/`))
+		add(once)
+		add(twice)
+		add(strings.ReplaceAll(once, "/", `\/`))
+		add(strings.ReplaceAll(twice, "/", `\/`))
 	}
 	return forms
 }
 
+// plainASCII tells whether s is printable ASCII with nothing JSON or HTML
+// escapes.
+func plainASCII(s string) bool {
+	for i := range len(s) {
+		if c := s[i]; c < 0x20 || c > 0x7e || strings.IndexByte(`"\<>&`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // jsonEscape is s as encoding/json writes it within a string's quotes.
 func jsonEscape(s string, escapeHTML bool) string {
+	if plainASCII(s) {
+		return s
+	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(escapeHTML)
@@ -119,10 +154,11 @@ func base64Cores(v string) []string {
 // text that ends within a secret, as an excerpt cut short does, has that
 // end masked too when at least 4 bytes of the secret are in it.
 func (s *Secrets) Mask(text string) string {
-	if s == nil || s.replacer == nil {
+	if s == nil || len(s.values) == 0 {
 		return text
 	}
-	text = s.replacer.Replace(text)
+	s.once.Do(s.build)
+	text = maskWindows(s.replacer.Replace(text), s.windows)
 	for _, f := range s.forms {
 		for n := min(len(f)-1, len(text)); n >= minSecret; n-- {
 			if strings.HasSuffix(text, f[:n]) {
@@ -131,6 +167,33 @@ func (s *Secrets) Mask(text string) string {
 		}
 	}
 	return text
+}
+
+// maskWindows masks every run of text that is one of windows, as a
+// secret's bytes wrapped over lines leave it.
+func maskWindows(text string, windows map[string]bool) string {
+	if len(windows) == 0 || len(text) < wrapWindow {
+		return text
+	}
+	var (
+		b    strings.Builder
+		last int
+	)
+	for i := 0; i+wrapWindow <= len(text); {
+		if !windows[text[i:i+wrapWindow]] {
+			i++
+			continue
+		}
+		b.WriteString(text[last:i])
+		b.WriteString(Mask)
+		i += wrapWindow
+		last = i
+	}
+	if last == 0 {
+		return text
+	}
+	b.WriteString(text[last:])
+	return b.String()
 }
 
 // Reply masks the text of a peer's reply, or an excerpt of it: the known
@@ -220,15 +283,19 @@ func stringSecrets(v string, secret bool) []string {
 // the values of key=value pairs and JSON members whose keys are secret.
 func textSecrets(s string) []string {
 	var out []string
-	for _, re := range []*regexp.Regexp{authScheme, smtpAuth} {
-		for _, m := range re.FindAllStringSubmatch(s, -1) {
-			out = append(out, m[1])
+	if strings.ContainsAny(s, " \t\r\n") {
+		for _, re := range []*regexp.Regexp{authScheme, smtpAuth} {
+			for _, m := range re.FindAllStringSubmatch(s, -1) {
+				out = append(out, m[1])
+			}
 		}
 	}
-	for _, re := range []*regexp.Regexp{jsonMember, keyValue} {
-		for _, m := range re.FindAllStringSubmatch(s, -1) {
-			if secretKey(m[1]) {
-				out = append(out, strings.Trim(m[2], `"'`))
+	if strings.ContainsAny(s, "=:") {
+		for _, re := range []*regexp.Regexp{jsonMember, keyValue} {
+			for _, m := range re.FindAllStringSubmatch(s, -1) {
+				if secretKey(m[1]) {
+					out = append(out, strings.Trim(m[2], `"'`))
+				}
 			}
 		}
 	}
