@@ -481,10 +481,9 @@ func sendErrReply(err *gomail.SendError) string {
 }
 
 // replyText makes a server's reply fit a result: masked of the known
-// secrets and of what looks like one (see redact.Reply), printable,
-// bounded.
+// secrets and of what looks like one (see replyLines), printable, bounded.
 func replyText(s string, known *redact.Secrets) string {
-	return strings.TrimSpace(executors.Excerpt(redact.Reply(s, known), maxReply))
+	return strings.TrimSpace(executors.Excerpt(replyLines(s, known), maxReply))
 }
 
 func build(m *gomail.Msg, p *message, jobID int64) error {

@@ -145,7 +145,10 @@ func maskString(s string, secret bool) string {
 	case secret:
 		return Mask
 	case nestedDocument(s):
-		if masked, err := Payload(json.RawMessage(s)); err == nil {
+		// A document with nothing to mask keeps its layout.
+		var compact bytes.Buffer
+		if masked, err := Payload(json.RawMessage(s)); err == nil &&
+			(json.Compact(&compact, []byte(s)) != nil || !bytes.Equal(masked, compact.Bytes())) {
 			return string(masked)
 		}
 	case form(s):

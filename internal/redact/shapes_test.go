@@ -119,3 +119,12 @@ func TestPath(t *testing.T) {
 		require.Equal(t, want, Path(in[0], in[1]), "%q", in)
 	}
 }
+
+// A serialised document with nothing to mask is shown as it was written.
+func TestMaskPayloadKeepsLayout(t *testing.T) {
+	t.Parallel()
+	in := `{"data":"{\n  \"order\": 42\n}"}`
+	got, err := Payload(json.RawMessage(in))
+	require.NoError(t, err)
+	require.Equal(t, in, string(got))
+}
