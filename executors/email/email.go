@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"net/mail"
 	"net/textproto"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -401,6 +402,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	defer func() { <-e.sessions }()
 	err = client.DialAndSendWithContext(ctx, m)
+	err = maskProtoError(err, known)
 	if r, ok := serverReply(m, err, len(p.To)+len(p.Cc)+len(p.Bcc), known); ok {
 		_ = executors.RecordResult(ctx, r)
 	}
@@ -508,10 +510,9 @@ func sendErrReply(err *gomail.SendError) string {
 }
 
 // replyText makes a server's reply fit a result: masked of the known
-// secrets and of what looks like one (see redact.Reply), printable,
-// bounded.
+// secrets and of what looks like one (see replyLines), printable, bounded.
 func replyText(s string, known *redact.Secrets) string {
-	return strings.TrimSpace(executors.Excerpt(redact.Reply(s, known), maxReply))
+	return strings.TrimSpace(executors.Excerpt(replyLines(s, known), maxReply))
 }
 
 func build(m *gomail.Msg, p *message, jobID int64) error {
@@ -577,6 +578,49 @@ func (e *Executor) classify(ctx context.Context, err error, known *redact.Secret
 		return err
 	}
 	return err // connection errors and timeouts retry
+}
+
+// maskProtoError masks the message of a server's reply that err holds
+// (see replyLines), in place and in the text of the errors that wrap it,
+// which go-mail formats as it wraps: textproto.Error writes the message
+// with %q, which escapes a quote or a backslash of a secret and would hide
+// it from a mask of the text.
+func maskProtoError(err error, known *redact.Secrets) error {
+	var protoErr *textproto.Error
+	if !errors.As(err, &protoErr) {
+		return err
+	}
+	quoted := protoErr.Error()
+	protoErr.Msg = replyLines(protoErr.Msg, known)
+	masked := protoErr.Error()
+	return executors.MaskError(err, func(s string) string { return strings.ReplaceAll(s, quoted, masked) })
+}
+
+// enhancedStatus is the RFC 3463 status that begins each line of a reply.
+var enhancedStatus = regexp.MustCompile(`^[245]\.[0-9]{1,3}\.[0-9]{1,3} `)
+
+// replyLines masks the text of a reply (see redact.Reply) line by line,
+// and its lines joined, without the status that begins each: a server that
+// quotes AUTH PLAIN may wrap the credentials over two lines. When the lines
+// joined hold more to mask than each line, the reply is given joined.
+func replyLines(msg string, known *redact.Secrets) string {
+	masked := redact.Reply(msg, known)
+	if !strings.Contains(msg, "\n") {
+		return masked
+	}
+	join := func(s string) string {
+		lines := strings.Split(s, "\n")
+		if status := enhancedStatus.FindString(lines[0]); status != "" {
+			for i := 1; i < len(lines); i++ {
+				lines[i] = strings.TrimPrefix(lines[i], status)
+			}
+		}
+		return strings.Join(lines, "")
+	}
+	if joined := redact.Reply(join(msg), known); joined != join(masked) {
+		return joined
+	}
+	return masked
 }
 
 // maskReply masks an error that may quote the server's reply: of the

@@ -165,6 +165,31 @@ type refusedError struct{ msg string }
 
 func (e *refusedError) Error() string { return e.msg }
 
+// redirectError is a redirect to another host, refused: permanent. It
+// keeps the Location as the receiver sent it, so that the payload's
+// secrets in it are masked as they were sent, before url.URL.String
+// encodes them another way.
+type redirectError struct {
+	from     *url.URL
+	location string // as received
+	to       *url.URL
+}
+
+func (e *redirectError) Error() string { return e.message(nil) }
+
+func (e *redirectError) message(known *mask.Secrets) string {
+	to := e.to
+	if loc := known.Mask(e.location); loc != e.location {
+		if u, err := e.from.Parse(loc); err == nil {
+			to = u
+		} else {
+			to = &url.URL{Scheme: e.to.Scheme, Host: e.to.Host, Path: "/" + mask.Mask}
+		}
+	}
+	return fmt.Sprintf("refused: redirect from %s to another host, %s: only redirects within one host are followed; "+
+		"point the job's url at the new location", printable(e.from.Scheme+"://"+e.from.Host), printable(redact(to)))
+}
+
 // checkRedirect follows a redirect only within one host (see sameHost), so
 // that the payload's headers, its body and the signature never reach a
 // host the job did not name.
@@ -176,8 +201,11 @@ func (e *Executor) checkRedirect(req *http.Request, via []*http.Request) error {
 		return err
 	}
 	if from := via[len(via)-1].URL; !sameHost(from, req.URL) {
-		return &refusedError{fmt.Sprintf("refused: redirect from %s to another host, %s: only redirects within one host are followed; "+
-			"point the job's url at the new location", printable(from.Scheme+"://"+from.Host), printable(redact(req.URL)))}
+		var location string
+		if req.Response != nil {
+			location = req.Response.Header.Get("Location")
+		}
+		return &redirectError{from: from, location: location, to: req.URL}
 	}
 	return nil
 }
@@ -325,8 +353,14 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 		// A refused redirect quotes the receiver's Location, and the
 		// transport a malformed response's first bytes.
 		known := mask.NewSecrets(mask.PayloadSecrets(job.Payload)...)
-		var refused *refusedError
-		if errors.As(err, &refused) {
+		var (
+			refused    *refusedError
+			redirected *redirectError
+		)
+		switch {
+		case errors.As(err, &redirected):
+			return executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, redirected.message(known)), known))
+		case errors.As(err, &refused):
 			return executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, refused.msg), known))
 		}
 		if ctx.Err() != nil {
@@ -486,10 +520,14 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 }
 
 // redact drops the user info and the query, which may carry secrets, from a
-// URL shown in errors.
+// URL shown in errors, and masks the path's segments that may be
+// credentials (see redact.Path).
 func redact(u *url.URL) string {
 	c := *u
 	c.User, c.RawQuery, c.Fragment = nil, "", ""
+	if p := mask.Path(c.Host, c.Path); p != c.Path {
+		c.Path, c.RawPath = p, ""
+	}
 	s := c.String()
 	if !utf8.ValidString(s) {
 		return c.Host

@@ -24,11 +24,13 @@
 //
 // Secrets no one configured, such as those in a job's payload or in a
 // receiver's reply, are masked by what they look like: URLs masks the user
-// info and query values of URLs in text, Payload the values of keys such
-// as Authorization in a JSON document, and Text both of them, and more, in
-// free text that may be cut short. A peer's reply may also quote a job's
-// own secrets in any form: Reply masks them (PayloadSecrets finds them, and
-// Secrets masks them as written and in base64) before Text.
+// info and query values of URLs in text (and a webhook's path tokens; Path
+// those of a path shown in an error), Text those and more in free text that
+// may be cut short, and Payload the values of keys such as Authorization
+// in a JSON document, and its other strings as documents, forms or text.
+// A peer's reply may also quote a job's own secrets in any form: Reply
+// masks them (PayloadSecrets finds them, and Secrets masks them as
+// written, encoded as peers encode text, and in base64) before Text.
 package redact
 
 import (

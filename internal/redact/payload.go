@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"regexp"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -14,75 +14,25 @@ import (
 // Mask is what stands in place of a secret.
 const Mask = "xxxxx"
 
-// urlInText finds URLs in free text: a scheme, "://" and what follows up
-// to a space or a quote.
-var urlInText = regexp.MustCompile("[A-Za-z][A-Za-z0-9+.-]*://[^\\s\"'<>`]+")
-
-// URLs masks the user info and the query and fragment values of every URL
-// in s: https://bob:pw@host/p?token=t becomes
-// https://bob:xxxxx@host/p?token=xxxxx. A user info without a password may
-// be a token, and is masked whole.
-func URLs(s string) string {
-	return urlInText.ReplaceAllStringFunc(s, maskURL)
-}
-
-func maskURL(u string) string {
-	scheme, rest, _ := strings.Cut(u, "://")
-	end := strings.IndexAny(rest, "/?#")
-	if end < 0 {
-		end = len(rest)
-	}
-	authority, tail := rest[:end], rest[end:]
-	if at := strings.LastIndexByte(authority, '@'); at >= 0 {
-		user, _, hasPassword := strings.Cut(authority[:at], ":")
-		if hasPassword {
-			authority = user + ":" + Mask + authority[at:]
-		} else {
-			authority = Mask + authority[at:]
-		}
-	}
-	path, fragment, hasFragment := strings.Cut(tail, "#")
-	path, query, hasQuery := strings.Cut(path, "?")
-	var b strings.Builder
-	b.WriteString(scheme + "://" + authority + path)
-	if hasQuery {
-		b.WriteString("?" + maskPairs(query))
-	}
-	if hasFragment {
-		b.WriteByte('#')
-		if strings.Contains(fragment, "=") {
-			fragment = maskPairs(fragment) // #access_token=…
-		}
-		b.WriteString(fragment)
-	}
-	return b.String()
-}
-
-// maskPairs masks the values of a query: a=1&b becomes a=xxxxx&xxxxx.
-func maskPairs(q string) string {
-	pairs := strings.Split(q, "&")
-	for i, p := range pairs {
-		k, v, ok := strings.Cut(p, "=")
-		switch {
-		case ok && v != "":
-			pairs[i] = k + "=" + Mask
-		case !ok && p != "":
-			pairs[i] = Mask
-		}
-	}
-	return strings.Join(pairs, "&")
-}
-
 // secretKeyParts are what a key's name contains, lower-cased and with
 // everything but letters and digits dropped, when its value is a secret:
 // Authorization, X-Api-Key, password_hash, client_secret, refresh_token,
-// Cookie, X-Hub-Signature and the like. secretKeys are whole names.
+// Cookie, X-Hub-Signature, X-JWT-Assertion and the like; secretKeyEnds are
+// how it ends (x-functions-key, DD-APPLICATION-KEY, X-Session, otp), and
+// secretKeys are whole names (X-Auth, sig). notSecretKeys end as secret
+// names do and are not: a message's routing key, a public key.
 var (
 	secretKeyParts = []string{
 		"authorization", "password", "passwd", "passphrase", "secret", "token", "apikey", "accesskey",
-		"privatekey", "authkey", "subscriptionkey", "cookie", "signature", "credential", "sessionid", "bearer",
+		"privatekey", "authkey", "subscriptionkey", "cookie", "signature", "credential", "sessionid", "bearer", "jwt",
 	}
-	secretKeys = map[string]bool{"auth": true, "pass": true, "pwd": true}
+	secretKeyEnds = []string{"key", "session", "otp"}
+	secretKeys    = map[string]bool{"auth": true, "xauth": true, "pass": true, "pwd": true, "sig": true, "sas": true}
+	notSecretKeys = map[string]bool{
+		"routingkey": true, "idempotencykey": true, "publickey": true, "partitionkey": true, "sortkey": true,
+		"primarykey": true, "foreignkey": true, "cachekey": true, "dedupkey": true, "deduplicationkey": true,
+		"groupkey": true, "objectkey": true, "messagekey": true, "hotkey": true,
+	}
 )
 
 func secretKey(k string) bool {
@@ -96,8 +46,16 @@ func secretKey(k string) bool {
 	if secretKeys[n] {
 		return true
 	}
+	if notSecretKeys[n] {
+		return false
+	}
 	for _, p := range secretKeyParts {
 		if strings.Contains(n, p) {
+			return true
+		}
+	}
+	for _, e := range secretKeyEnds {
+		if strings.HasSuffix(n, e) {
 			return true
 		}
 	}
@@ -105,8 +63,12 @@ func secretKey(k string) bool {
 }
 
 // Payload returns the JSON document raw with every string and number under
-// a secret key (at any depth) replaced by "xxxxx", and the URLs in every
-// other string masked by URLs. Keys keep their order.
+// a secret key (at any depth) replaced by "xxxxx", and every other string
+// masked: one that holds a JSON object or array, such as a request body
+// already serialised, is masked as a document; one that reads as a form
+// (a=1&client_secret=s) has the values of its secret keys masked; and then
+// each is masked by Text (the URLs' secrets, "Bearer t" under any key).
+// Keys keep their order.
 func Payload(raw json.RawMessage) (json.RawMessage, error) {
 	if len(raw) == 0 {
 		return raw, nil
@@ -162,10 +124,7 @@ func maskValue(dec *json.Decoder, out *bytes.Buffer, secret bool) error {
 			out.WriteByte(']')
 		}
 	case string:
-		if secret {
-			t = Mask
-		}
-		writeString(out, URLs(t))
+		writeString(out, maskString(t, secret))
 	case json.Number:
 		if secret {
 			writeString(out, Mask)
@@ -178,6 +137,63 @@ func maskValue(dec *json.Decoder, out *bytes.Buffer, secret bool) error {
 		out.WriteString("null")
 	}
 	return nil
+}
+
+// maskString masks a string of a payload, found under a secret key or not.
+func maskString(s string, secret bool) string {
+	switch {
+	case secret:
+		return Mask
+	case nestedDocument(s):
+		// A document with nothing to mask keeps its layout.
+		var compact bytes.Buffer
+		if masked, err := Payload(json.RawMessage(s)); err == nil &&
+			(json.Compact(&compact, []byte(s)) != nil || !bytes.Equal(masked, compact.Bytes())) {
+			return string(masked)
+		}
+	case form(s):
+		s = maskForm(s)
+	}
+	return Text(s)
+}
+
+// nestedDocument tells whether s is a JSON object or array.
+func nestedDocument(s string) bool {
+	s = strings.TrimSpace(s)
+	return len(s) >= 2 && (s[0] == '{' || s[0] == '[') && json.Valid([]byte(s))
+}
+
+// form tells whether s reads as an application/x-www-form-urlencoded form:
+// one or more key=value pairs, with no space.
+func form(s string) bool {
+	if !strings.Contains(s, "=") || strings.ContainsAny(s, " \t\r\n") {
+		return false
+	}
+	_, err := url.ParseQuery(s)
+	return err == nil
+}
+
+// secretPairs returns the pairs of the form s, and the indexes of those
+// whose key, decoded, is a secret key and whose value is not empty.
+func secretPairs(s string) (pairs []string, secret []int) {
+	pairs = strings.Split(s, "&")
+	for i, pair := range pairs {
+		k, v, _ := strings.Cut(pair, "=")
+		if key, err := url.QueryUnescape(k); err == nil && secretKey(key) && v != "" {
+			secret = append(secret, i)
+		}
+	}
+	return pairs, secret
+}
+
+// maskForm masks the values of the secret keys of the form s.
+func maskForm(s string) string {
+	pairs, secret := secretPairs(s)
+	for _, i := range secret {
+		k, _, _ := strings.Cut(pairs[i], "=")
+		pairs[i] = k + "=" + Mask
+	}
+	return strings.Join(pairs, "&")
 }
 
 func writeString(out *bytes.Buffer, s string) {
