@@ -397,6 +397,8 @@ DECLARE
     job_kind    text  := TG_ARGV[0];
     job_queue   text  := TG_ARGV[1];
     job_payload jsonb := TG_ARGV[2]::jsonb;
+    parent      text  := NULLIF(pg_catalog.current_setting('pgdispatch.traceparent', true), '');
+    state       text  := NULLIF(pg_catalog.current_setting('pgdispatch.tracestate', true), '');
     envelope    jsonb;
     field       text;
 BEGIN
@@ -414,8 +416,14 @@ BEGIN
     IF pg_catalog.jsonb_typeof(job_payload -> field) = 'object' THEN
         envelope := (job_payload -> field) || envelope;
     END IF;
-    INSERT INTO pgdispatch.jobs (kind, queue, payload)
-    VALUES (job_kind, job_queue, pg_catalog.jsonb_set(job_payload, ARRAY[field], envelope));
+    IF pg_catalog.octet_length(parent) > 128 THEN
+        parent := NULL;
+    END IF;
+    IF parent IS NULL OR pg_catalog.octet_length(state) > 512 THEN
+        state := NULL;
+    END IF;
+    INSERT INTO pgdispatch.jobs (kind, queue, payload, traceparent, tracestate)
+    VALUES (job_kind, job_queue, pg_catalog.jsonb_set(job_payload, ARRAY[field], envelope), parent, state);
     RETURN NULL;
 END
 $function$;

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -219,6 +220,40 @@ func TestEnvelopeField(t *testing.T) {
 		require.NoError(t, triggers.Remove(ctx, tx, schema, "orders_"+kind, 0))
 	}
 }
+
+// A dispatch trigger's job carries the trace context the writer's
+// transaction set (SET LOCAL pgdispatch.traceparent and tracestate); a
+// value past the columns' bounds is left out and fails nothing.
+func TestJobTakesTheWritersTraceContext(t *testing.T) {
+	t.Parallel()
+	tx, schema, table := sqlOnly(t, "orders")
+	ctx := context.Background()
+	_, _, err := triggers.Add(ctx, tx, schema, triggers.Spec{Table: table, Kind: "audit", Queue: "q"})
+	require.NoError(t, err)
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for i, tc := range []struct {
+		parent, state         string
+		wantParent, wantState *string
+	}{
+		{"", "", nil, nil},
+		{parent, "vendor=x", ptr(parent), ptr("vendor=x")},
+		{parent, strings.Repeat("s", 513), ptr(parent), nil},
+		{strings.Repeat("p", 129), "vendor=x", nil, nil},
+	} {
+		_, err := tx.Exec(ctx, "SELECT set_config('pgdispatch.traceparent', $1, true), set_config('pgdispatch.tracestate', $2, true)",
+			tc.parent, tc.state)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, 'new', 1)", i)
+		require.NoError(t, err, "a trace context cannot fail the writer's insert")
+		var gotParent, gotState *string
+		require.NoError(t, tx.QueryRow(ctx, "SELECT traceparent, tracestate FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+
+			" WHERE (payload->'event'->'new'->>'id')::int = $1", i).Scan(&gotParent, &gotState))
+		require.Equal(t, tc.wantParent, gotParent, "case %d", i)
+		require.Equal(t, tc.wantState, gotState, "case %d", i)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // Acceptance 5: add while another session holds a lock on the table fails
 // fast with a clear message, and the table's writers go on.

@@ -168,3 +168,48 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- A dispatch trigger's job takes the trace context of the writer's
+-- transaction, set with SET LOCAL pgdispatch.traceparent (and
+-- pgdispatch.tracestate): the application's own tables have no column for
+-- it. A value past the columns' bounds is left out, so that no setting can
+-- fail the application's write; a malformed one is ignored by the workers.
+-- As migration 004's, the function has no SET clause, and names
+-- pg_catalog's functions in full.
+CREATE OR REPLACE FUNCTION {{.schema}}.dispatch_event() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    job_kind    text  := TG_ARGV[0];
+    job_queue   text  := TG_ARGV[1];
+    job_payload jsonb := TG_ARGV[2]::jsonb;
+    parent      text  := NULLIF(pg_catalog.current_setting('pgdispatch.traceparent', true), '');
+    state       text  := NULLIF(pg_catalog.current_setting('pgdispatch.tracestate', true), '');
+    envelope    jsonb;
+    field       text;
+BEGIN
+    envelope := pg_catalog.jsonb_build_object(
+        'event_id', pg_catalog.gen_random_uuid(),
+        'trigger',  TG_NAME,
+        'op',       TG_OP,
+        'schema',   TG_TABLE_SCHEMA,
+        'table',    TG_TABLE_NAME,
+        'at',       pg_catalog.now(),
+        'new',      CASE WHEN TG_OP <> 'DELETE' THEN pg_catalog.to_jsonb(NEW) END,
+        'old',      CASE WHEN TG_OP <> 'INSERT' THEN pg_catalog.to_jsonb(OLD) END);
+    -- http_callback POSTs data, rabbitmq publishes body; other kinds read event.
+    field := CASE job_kind WHEN 'http_callback' THEN 'data' WHEN 'rabbitmq' THEN 'body' ELSE 'event' END;
+    IF pg_catalog.jsonb_typeof(job_payload -> field) = 'object' THEN
+        envelope := (job_payload -> field) || envelope;
+    END IF;
+    IF pg_catalog.octet_length(parent) > 128 THEN
+        parent := NULL;
+    END IF;
+    IF parent IS NULL OR pg_catalog.octet_length(state) > 512 THEN
+        state := NULL;
+    END IF;
+    INSERT INTO {{.schema}}.jobs (kind, queue, payload, traceparent, tracestate)
+    VALUES (job_kind, job_queue, pg_catalog.jsonb_set(job_payload, ARRAY[field], envelope), parent, state);
+    RETURN NULL;
+END
+$$;
