@@ -159,6 +159,7 @@ type Claimer struct {
 	sleep     *sleepkey.Lock
 
 	notified chan struct{} // notifications, and Wake; capacity 1
+	cursor   cursor        // where the next claim starts (cursor.go)
 
 	claims, claimed, ticks, tickHits, sleeps atomic.Int64
 	paused                                   atomic.Bool

@@ -1,0 +1,120 @@
+package claimer
+
+import (
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
+)
+
+// frontDear is what a look from the front takes, twice in a row, for the
+// claimer to stop making one before each sleep: about 80,000 dead index
+// entries in front of the queue's first job, at about 0.3 µs each.
+const frontDear = 25 * time.Millisecond
+
+// frontShare bounds the time a claimer spends on looks from the front of
+// its queue: after one, its claims from the cursor take frontShare times as
+// long as that look took before the next, so that looks from the front take
+// at most about a tenth of its claims' time.
+const frontShare = 10
+
+// cursor is where the claimer's next claim starts in its queue's (priority,
+// run_at, id) order: just after the last job it took.
+//
+// A claim from the front walks the claim index from its start, over the
+// entries of every job claimed or finished since the database's oldest
+// snapshot was taken: while a long transaction holds that snapshot, vacuum
+// removes none of them, and a claim from the front costs more with every job
+// run meanwhile. A claim from the cursor starts after them. It misses only
+// the rows that become due before the cursor: a higher priority than the
+// last job taken, or an earlier run_at (a run_at in the past, a job whose
+// transaction committed long after it began, a lease given back, a row that
+// was locked when the claim passed it). A claim from the front takes those,
+// first, and comes
+//   - when the claimer has no cursor yet;
+//   - after a claim that skipped locked rows (Result.Stranded);
+//   - after the fallback tick;
+//   - at once after a claim from the cursor, woken by a notification, that
+//     found nothing: the row that notified is before the cursor;
+//   - at the look before the claimer sleeps (the sleep key granted): rows
+//     committed before it are visible then, wherever they are; unless the
+//     last two looks from the front each took frontDear or more, for then
+//     the claimer would spend that long before each sleep. A job that lands
+//     behind the cursor while such a claimer sleeps, without a notification
+//     that finds nothing ahead (a writer's transaction that commits after
+//     a later one's), waits for the next of the other looks: the fallback
+//     tick at the latest;
+//   - once the claims from the cursor since the last look from the front
+//     have taken frontShare times as long as it did.
+//
+// Only the claim loop's goroutine uses it.
+type cursor struct {
+	set      bool
+	priority int16
+	runAt    time.Time
+	id       int64
+
+	front     bool          // the next claim starts from the front
+	frontCost time.Duration // what the last claim from the front took
+	since     time.Duration // what the claims from the cursor took since then
+	last      bool          // the last claim started from the front
+	dear      int           // looks from the front in a row that took frontDear or more
+}
+
+// beforeSleep makes the next claim, the claimer's last look before it
+// sleeps, start from the front, unless looks from the front are dear.
+func (k *cursor) beforeSleep() {
+	if k.dear < 2 {
+		k.front = true
+	}
+}
+
+// fromFront says whether the next claim starts from the front.
+func (k *cursor) fromFront() bool {
+	return !k.set || k.front || k.since >= frontShare*k.frontCost
+}
+
+// args are the claim's $7, $8 and $9: the position it starts after.
+func (k *cursor) args(front bool) (int16, pgtype.Timestamptz, int64) {
+	if front {
+		return math.MinInt16, pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, math.MinInt64
+	}
+	return k.priority, pgtype.Timestamptz{Time: k.runAt, Valid: true}, k.id
+}
+
+// claimed moves the cursor after a claim, from the front or not, that took
+// runs (in any order) and took d; stranded: it skipped locked rows.
+func (k *cursor) claimed(front bool, d time.Duration, runs []*runstate.Run, stranded bool) {
+	k.last = front
+	if front {
+		k.front, k.frontCost, k.since = false, d, 0
+		k.dear++
+		if d < frontDear {
+			k.dear = 0
+		}
+	} else {
+		k.since += d
+	}
+	k.front = k.front || stranded
+	// The claim took its rows in order from where it started: the cursor
+	// goes to the last of them, back or forth.
+	for i, r := range runs {
+		j := r.Job
+		if i == 0 || after(j.Priority, j.RunAt, j.ID, k.priority, k.runAt, k.id) {
+			k.set, k.priority, k.runAt, k.id = true, j.Priority, j.RunAt, j.ID
+		}
+	}
+}
+
+// after says whether (p, t, id) comes after (p2, t2, id2) in the claim's order.
+func after(p int16, t time.Time, id int64, p2 int16, t2 time.Time, id2 int64) bool {
+	if p != p2 {
+		return p > p2
+	}
+	if !t.Equal(t2) {
+		return t.After(t2)
+	}
+	return id > id2
+}

@@ -1,0 +1,103 @@
+package claimer
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
+)
+
+// gatedRegistry runs noop jobs one at a time as the test lets them: each
+// start sends the job's id on started and waits for a value on release.
+func gatedRegistry(started chan<- int64, release <-chan struct{}) *executors.Registry {
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		started <- job.ID
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}))
+	return registry
+}
+
+// nextStarted is the id of the next job that starts, within a guard of
+// several seconds.
+func nextStarted(t *testing.T, started <-chan int64, what string) int64 {
+	t.Helper()
+	select {
+	case id := <-started:
+		return id
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s never started", what)
+		return 0
+	}
+}
+
+// A higher-priority job and a job with an earlier run_at, inserted behind
+// the cursor (the last job taken) while the claimer is busy, are claimed
+// before the jobs after the cursor once a claim looks from the front: the
+// first claim after the fallback tick does.
+func TestClaimCursorTakesEarlierJobsFirst(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	started, release := make(chan int64, 8), make(chan struct{})
+	c, pool, jobs := newTestClaimer(ctx, t, Config{
+		Registry: gatedRegistry(started, release),
+		Options:  Options{Concurrency: 1, PollInterval: 50 * time.Millisecond, ShutdownTimeout: time.Second},
+	})
+	ids := insertJobs(ctx, t, pool, jobs, 4)
+	runClaimer(ctx, t, c)
+	require.Equal(t, ids[0], nextStarted(t, started, "the first job"))
+
+	var high, early int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&high))
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, run_at) SELECT 'noop', run_at - interval '1 hour' FROM "+
+		jobs+" WHERE id = $1 RETURNING id", ids[0]).Scan(&early))
+	ticks := c.Stats().Ticks
+	require.Eventually(t, func() bool { return c.Stats().Ticks > ticks }, 10*time.Second, time.Millisecond, "a tick")
+
+	var order []int64
+	for range 5 {
+		release <- struct{}{}
+		order = append(order, nextStarted(t, started, "the next job"))
+	}
+	require.Equal(t, []int64{high, early, ids[1], ids[2], ids[3]}, order)
+	close(release)
+}
+
+// A notification whose claim from the cursor finds nothing means the row
+// that notified is behind the cursor: the claimer looks from the front at
+// once, and does not wait for the tick.
+func TestClaimCursorLooksFromTheFrontWhenWokenForNothing(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	started, release := make(chan int64, 8), make(chan struct{})
+	defer close(release)
+	c, pool, jobs := newTestClaimer(ctx, t, Config{
+		Registry: gatedRegistry(started, release),
+		Options:  Options{PollInterval: time.Hour, ShutdownTimeout: time.Second},
+	})
+	// A cursor past every job, whose look from the front is not due for an
+	// hour of claims.
+	c.cursor = cursor{set: true, priority: math.MaxInt16, runAt: time.Now().Add(time.Hour), id: math.MaxInt64, frontCost: time.Hour}
+	asleep := make(chan struct{}, 16)
+	runClaimer(testhook.With(ctx, &testhook.Hooks{ClaimerState: func(_, _, to string) {
+		if to == "asleep" {
+			asleep <- struct{}{}
+		}
+	}}), t, c)
+	<-asleep
+	id := insertJobs(ctx, t, pool, jobs, 1)[0]
+	c.Wake()
+	require.Equal(t, id, nextStarted(t, started, "the job behind the cursor"))
+}
