@@ -10,15 +10,18 @@ import (
 )
 
 // frontDear is what a look from the front takes, twice in a row, for the
-// claimer to stop making one before each sleep: about 80,000 dead index
-// entries in front of the queue's first job, at about 0.3 µs each.
-const frontDear = 25 * time.Millisecond
+// claimer to stop making one before each sleep.
+const frontDear = 5 * time.Millisecond
 
 // frontShare bounds the time a claimer spends on looks from the front of
 // its queue: after one, its claims from the cursor take frontShare times as
 // long as that look took before the next, so that looks from the front take
 // at most about a tenth of its claims' time.
 const frontShare = 10
+
+// sleepWindow is how far before the cursor's run_at the look before a sleep
+// starts when looks from the front are dear.
+const sleepWindow = time.Second
 
 // cursor is where the claimer's next claim starts in its queue's (priority,
 // run_at, id) order: just after the last job it took.
@@ -27,27 +30,29 @@ const frontShare = 10
 // entries of every job claimed or finished since the database's oldest
 // snapshot was taken: while a long transaction holds that snapshot, vacuum
 // removes none of them, and a claim from the front costs more with every job
-// run meanwhile. A claim from the cursor starts after them. It misses only
-// the rows that become due before the cursor: a higher priority than the
-// last job taken, or an earlier run_at (a run_at in the past, a job whose
-// transaction committed long after it began, a lease given back, a row that
-// was locked when the claim passed it). A claim from the front takes those,
-// first, and comes
+// run meanwhile (about 0.3 µs an entry). A claim from the cursor starts
+// after them. It misses only the rows that become due before the cursor: a
+// higher priority than the last job taken, or an earlier run_at (a run_at in
+// the past, a job whose transaction committed after a later one's, a lease
+// given back, a row that was locked when the claim passed it). A claim from
+// the front takes those, first, and comes
 //   - when the claimer has no cursor yet;
 //   - after a claim that skipped locked rows (Result.Stranded);
 //   - after the fallback tick;
 //   - at once after a claim from the cursor, woken by a notification, that
 //     found nothing: the row that notified is before the cursor;
-//   - at the look before the claimer sleeps (the sleep key granted): rows
-//     committed before it are visible then, wherever they are; unless the
-//     last two looks from the front each took frontDear or more, for then
-//     the claimer would spend that long before each sleep. A job that lands
-//     behind the cursor while such a claimer sleeps, without a notification
-//     that finds nothing ahead (a writer's transaction that commits after
-//     a later one's), waits for the next of the other looks: the fallback
-//     tick at the latest;
 //   - once the claims from the cursor since the last look from the front
-//     have taken frontShare times as long as it did.
+//     have taken frontShare times as long as it did;
+//   - at the look before the claimer sleeps (the sleep key granted): rows
+//     committed before it are visible then, wherever they are. But when the
+//     last two looks from the front each took frontDear or more, that look
+//     starts sleepWindow before the cursor's run_at instead, in the
+//     cursor's priority: it finds the jobs of transactions that committed
+//     late, up to sleepWindow long, and the claimer does not spend a look
+//     from the front before each sleep. A job of a higher priority, or of a
+//     run_at further back, that lands behind the cursor then without a
+//     notification that finds nothing ahead waits for the next of the
+//     other looks: the fallback tick at the latest.
 //
 // Only the claim loop's goroutine uses it.
 type cursor struct {
@@ -57,6 +62,7 @@ type cursor struct {
 	id       int64
 
 	front     bool          // the next claim starts from the front
+	window    bool          // the next claim starts sleepWindow before the cursor
 	frontCost time.Duration // what the last claim from the front took
 	since     time.Duration // what the claims from the cursor took since then
 	last      bool          // the last claim started from the front
@@ -64,10 +70,13 @@ type cursor struct {
 }
 
 // beforeSleep makes the next claim, the claimer's last look before it
-// sleeps, start from the front, unless looks from the front are dear.
+// sleeps, start from the front, or, when those looks are dear, sleepWindow
+// before the cursor.
 func (k *cursor) beforeSleep() {
 	if k.dear < 2 {
 		k.front = true
+	} else {
+		k.window = true
 	}
 }
 
@@ -78,8 +87,11 @@ func (k *cursor) fromFront() bool {
 
 // args are the claim's $7, $8 and $9: the position it starts after.
 func (k *cursor) args(front bool) (int16, pgtype.Timestamptz, int64) {
-	if front {
+	switch {
+	case front:
 		return math.MinInt16, pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}, math.MinInt64
+	case k.window:
+		return k.priority, pgtype.Timestamptz{Time: k.runAt.Add(-sleepWindow), Valid: true}, math.MinInt64
 	}
 	return k.priority, pgtype.Timestamptz{Time: k.runAt, Valid: true}, k.id
 }
@@ -87,7 +99,7 @@ func (k *cursor) args(front bool) (int16, pgtype.Timestamptz, int64) {
 // claimed moves the cursor after a claim, from the front or not, that took
 // runs (in any order) and took d; stranded: it skipped locked rows.
 func (k *cursor) claimed(front bool, d time.Duration, runs []*runstate.Run, stranded bool) {
-	k.last = front
+	k.last, k.window = front, false
 	if front {
 		k.front, k.frontCost, k.since = false, d, 0
 		k.dear++
