@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
@@ -100,4 +101,45 @@ func TestClaimCursorLooksFromTheFrontWhenWokenForNothing(t *testing.T) {
 	id := insertJobs(ctx, t, pool, jobs, 1)[0]
 	c.Wake()
 	require.Equal(t, id, nextStarted(t, started, "the job behind the cursor"))
+}
+
+// Once two looks from the front in a row took frontDear or more, the look
+// before a sleep starts sleepWindow before the cursor's run_at, in its
+// priority; one cheap look from the front makes it look from the front
+// again.
+func TestClaimCursorLooksBeforeASleep(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	run := func(id int64, priority int16, runAt time.Time) *runstate.Run {
+		return &runstate.Run{Job: &executors.Job{ID: id, Priority: priority, RunAt: runAt}}
+	}
+	var k cursor
+	require.True(t, k.fromFront(), "no cursor yet")
+	k.claimed(true, frontDear, []*runstate.Run{run(3, 0, at), run(1, 0, at), run(2, 0, at)}, false)
+	require.Equal(t, cursor{set: true, priority: 0, runAt: at, id: 3, frontCost: frontDear, last: true, dear: 1}, k)
+	require.False(t, k.fromFront())
+	k.beforeSleep()
+	require.True(t, k.fromFront(), "one dear look is not enough")
+	k.claimed(true, frontDear, nil, false)
+	k.beforeSleep()
+	require.False(t, k.fromFront())
+	p, ts, id := k.args(false)
+	require.Equal(t, int16(0), p)
+	require.Equal(t, at.Add(-sleepWindow), ts.Time)
+	require.Equal(t, int64(math.MinInt64), id)
+
+	// A late job inside the window: the cursor goes back to it.
+	k.claimed(false, time.Millisecond, []*runstate.Run{run(9, 0, at.Add(-time.Millisecond))}, false)
+	require.Equal(t, int64(9), k.id)
+	_, ts, id = k.args(false)
+	require.Equal(t, at.Add(-time.Millisecond), ts.Time)
+	require.Equal(t, int64(9), id)
+
+	// The claims from the cursor have taken frontShare times the last look
+	// from the front: the next looks from the front.
+	k.claimed(false, frontShare*frontDear, nil, false)
+	require.True(t, k.fromFront())
+	k.claimed(true, time.Millisecond, nil, true)
+	require.Zero(t, k.dear)
+	require.True(t, k.fromFront(), "it skipped locked rows")
 }
