@@ -20,7 +20,11 @@ type hold struct {
 }
 
 func (b *bench) hold(ctx context.Context) (*hold, error) {
-	conn, err := b.connect(ctx)
+	cfg := b.pool.Config().ConnConfig.Copy()
+	// The pool's connections end a transaction left idle for a minute.
+	cfg.RuntimeParams["idle_in_transaction_session_timeout"] = "0"
+	cfg.RuntimeParams["application_name"] = "pgdispatch bench: held transaction"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
