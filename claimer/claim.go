@@ -108,7 +108,7 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 	if err != nil {
 		return machine.Result{Limit: limit, Err: err}
 	}
-	c.cursor.claimed(front, time.Since(start), runs, r.Stranded)
+	c.cursor.claimed(front, time.Since(start), runs, len(runs) == limit, r.Stranded)
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {
 		return r

@@ -41,8 +41,12 @@ const sleepWindow = time.Second
 //   - after the fallback tick;
 //   - at once after a claim from the cursor, woken by a notification, that
 //     found nothing: the row that notified is before the cursor;
-//   - once the claims from the cursor since the last look from the front
-//     have taken frontShare times as long as it did;
+//   - once the claims from the cursor that took every free slot, since the
+//     last look from the front, have taken frontShare times as long as it
+//     did: a busy claimer, whose jobs ahead of the cursor keep a job
+//     behind it waiting, spends at most about a tenth of its claims' time
+//     on looks from the front, and a claimer that keeps up with its queue
+//     none but the others above;
 //   - at the look before the claimer sleeps (the sleep key granted): rows
 //     committed before it are visible then, wherever they are. But when the
 //     last two looks from the front each took frontDear or more, that look
@@ -64,7 +68,7 @@ type cursor struct {
 	front     bool          // the next claim starts from the front
 	window    bool          // the next claim starts sleepWindow before the cursor
 	frontCost time.Duration // what the last claim from the front took
-	since     time.Duration // what the claims from the cursor took since then
+	since     time.Duration // what the full claims from the cursor took since then
 	last      bool          // the last claim started from the front
 	dear      int           // looks from the front in a row that took frontDear or more
 }
@@ -97,8 +101,9 @@ func (k *cursor) args(front bool) (int16, pgtype.Timestamptz, int64) {
 }
 
 // claimed moves the cursor after a claim, from the front or not, that took
-// runs (in any order) and took d; stranded: it skipped locked rows.
-func (k *cursor) claimed(front bool, d time.Duration, runs []*runstate.Run, stranded bool) {
+// runs (in any order) and took d; full: it took every free slot; stranded:
+// it skipped locked rows.
+func (k *cursor) claimed(front bool, d time.Duration, runs []*runstate.Run, full, stranded bool) {
 	k.last, k.window = front, false
 	if front {
 		k.front, k.frontCost, k.since = false, d, 0
@@ -106,7 +111,7 @@ func (k *cursor) claimed(front bool, d time.Duration, runs []*runstate.Run, stra
 		if d < frontDear {
 			k.dear = 0
 		}
-	} else {
+	} else if full {
 		k.since += d
 	}
 	k.front = k.front || stranded

@@ -115,12 +115,12 @@ func TestClaimCursorLooksBeforeASleep(t *testing.T) {
 	}
 	var k cursor
 	require.True(t, k.fromFront(), "no cursor yet")
-	k.claimed(true, frontDear, []*runstate.Run{run(3, 0, at), run(1, 0, at), run(2, 0, at)}, false)
+	k.claimed(true, frontDear, []*runstate.Run{run(3, 0, at), run(1, 0, at), run(2, 0, at)}, true, false)
 	require.Equal(t, cursor{set: true, priority: 0, runAt: at, id: 3, frontCost: frontDear, last: true, dear: 1}, k)
 	require.False(t, k.fromFront())
 	k.beforeSleep()
 	require.True(t, k.fromFront(), "one dear look is not enough")
-	k.claimed(true, frontDear, nil, false)
+	k.claimed(true, frontDear, nil, false, false)
 	k.beforeSleep()
 	require.False(t, k.fromFront())
 	p, ts, id := k.args(false)
@@ -129,17 +129,20 @@ func TestClaimCursorLooksBeforeASleep(t *testing.T) {
 	require.Equal(t, int64(math.MinInt64), id)
 
 	// A late job inside the window: the cursor goes back to it.
-	k.claimed(false, time.Millisecond, []*runstate.Run{run(9, 0, at.Add(-time.Millisecond))}, false)
+	k.claimed(false, time.Millisecond, []*runstate.Run{run(9, 0, at.Add(-time.Millisecond))}, false, false)
 	require.Equal(t, int64(9), k.id)
 	_, ts, id = k.args(false)
 	require.Equal(t, at.Add(-time.Millisecond), ts.Time)
 	require.Equal(t, int64(9), id)
 
-	// The claims from the cursor have taken frontShare times the last look
-	// from the front: the next looks from the front.
-	k.claimed(false, frontShare*frontDear, nil, false)
+	// The claims from the cursor that took every free slot have taken
+	// frontShare times the last look from the front: the next looks from
+	// the front. Claims that came up short do not count.
+	k.claimed(false, frontShare*frontDear, nil, false, false)
+	require.False(t, k.fromFront())
+	k.claimed(false, frontShare*frontDear, []*runstate.Run{run(10, 0, at)}, true, false)
 	require.True(t, k.fromFront())
-	k.claimed(true, time.Millisecond, nil, true)
+	k.claimed(true, time.Millisecond, nil, false, true)
 	require.Zero(t, k.dear)
 	require.True(t, k.fromFront(), "it skipped locked rows")
 }
