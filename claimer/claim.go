@@ -95,6 +95,9 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 	c.claims.Add(1)
 	notices := c.runs.Notices()
 	front := c.cursor.fromFront()
+	if front {
+		c.fronts.Add(1)
+	}
 	priority, runAt, id := c.cursor.args(front)
 	start := time.Now()
 	results := pinned.Send(ctx, c.cfg.Pool, pinned.ClaimPlanSQL, c.claimSQL,

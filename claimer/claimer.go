@@ -137,6 +137,7 @@ func (o verdictObserver) JobFinished(job *executors.Job, v runstate.Verdict, too
 // Stats are counters of a claimer's life, for logs and metrics.
 type Stats struct {
 	Claims    int64 // claim statements run
+	Fronts    int64 // of which from the front of the queue, not from the cursor (cursor.go)
 	Claimed   int64 // jobs claimed
 	Completed int64 // outcomes written
 	Ticks     int64 // fallback ticks
@@ -161,8 +162,8 @@ type Claimer struct {
 	notified chan struct{} // notifications, and Wake; capacity 1
 	cursor   cursor        // where the next claim starts (cursor.go)
 
-	claims, claimed, ticks, tickHits, sleeps atomic.Int64
-	paused                                   atomic.Bool
+	claims, fronts, claimed, ticks, tickHits, sleeps atomic.Int64
+	paused                                           atomic.Bool
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -212,6 +213,7 @@ func (c *Claimer) Running() int { return c.runs.Executing() }
 func (c *Claimer) Stats() Stats {
 	return Stats{
 		Claims:    c.claims.Load(),
+		Fronts:    c.fronts.Load(),
 		Claimed:   c.claimed.Load(),
 		Completed: c.completer.Completed(),
 		Ticks:     c.ticks.Load(),

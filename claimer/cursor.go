@@ -40,7 +40,8 @@ const sleepWindow = time.Second
 //   - after a claim that skipped locked rows (Result.Stranded);
 //   - after the fallback tick;
 //   - at once after a claim from the cursor, woken by a notification, that
-//     found nothing: the row that notified is before the cursor;
+//     found nothing: the row that notified is before the cursor, or was
+//     taken already (as below, when looks from the front are dear);
 //   - once the claims from the cursor that took every free slot, since the
 //     last look from the front, have taken frontShare times as long as it
 //     did: a busy claimer, whose jobs ahead of the cursor keep a job
@@ -75,7 +76,9 @@ type cursor struct {
 
 // beforeSleep makes the next claim, the claimer's last look before it
 // sleeps, start from the front, or, when those looks are dear, sleepWindow
-// before the cursor.
+// before the cursor. So does a notification whose claim from the cursor
+// found nothing: its row may be behind the cursor, or it may be one that
+// the look before the sleep took already.
 func (k *cursor) beforeSleep() {
 	if k.dear < 2 {
 		k.front = true

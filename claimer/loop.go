@@ -55,7 +55,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			r := c.claim(context.WithoutCancel(ctx), free, jobs)
 			if ev == machine.EventWake && r.Err == nil && r.Claimed == 0 && !r.Paused && !c.cursor.last {
 				// What notified is before the cursor (cursor.go).
-				c.cursor.front = true
+				c.cursor.beforeSleep()
 				r = c.claim(context.WithoutCancel(ctx), free, jobs)
 			}
 			r.At = time.Now()

@@ -154,6 +154,8 @@ func (b *bench) xminDrain(ctx context.Context, deleteDone, held bool, pair int) 
 		pair, state, b.opts.DrainJobs, b.base.Concurrency, retain)}
 	d.set("jobs_per_s", float64(b.opts.DrainJobs)/took.Seconds())
 	d.set("jobs_per_claim", float64(stats.Claimed)/float64(max(stats.Claims, 1)))
+	d.set("claims", float64(stats.Claims))
+	d.set("front_looks", float64(stats.Fronts))
 	if deleteDone {
 		return []*Result{d}, nil
 	}
@@ -235,6 +237,7 @@ func (b *bench) xminCurve(ctx context.Context) (*Result, error) {
 				return nil, err
 			}
 		}
+		lone := p.worker.Claimer(pgdispatch.DefaultQueue).Stats()
 		lat, err := b.loneJobs(ctx, jobs, p, min(b.opts.Jobs, 200))
 		if err != nil {
 			return nil, err
@@ -242,6 +245,7 @@ func (b *bench) xminCurve(ctx context.Context) (*Result, error) {
 		ran += int64(len(lat))
 		addPercentiles(r, fmt.Sprintf("lone_at_%d_ms", rung), lat)
 		before := p.worker.Claimer(pgdispatch.DefaultQueue).Stats()
+		r.set(fmt.Sprintf("lone_at_%d_front_looks", rung), float64(before.Fronts-lone.Fronts))
 		start := time.Now()
 		if _, err := b.pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) SELECT 'noop' FROM generate_series(1, $1)", burstJobs); err != nil {
 			return nil, err
@@ -254,6 +258,7 @@ func (b *bench) xminCurve(ctx context.Context) (*Result, error) {
 		after := p.worker.Claimer(pgdispatch.DefaultQueue).Stats()
 		r.set(fmt.Sprintf("burst_at_%d_jobs_per_s", rung), burstJobs/took.Seconds())
 		r.set(fmt.Sprintf("burst_at_%d_ms_per_claim", rung), float64(took.Microseconds())/1000/float64(max(after.Claims-before.Claims, 1)))
+		r.set(fmt.Sprintf("burst_at_%d_front_looks", rung), float64(after.Fronts-before.Fronts))
 	}
 	return r, nil
 }
