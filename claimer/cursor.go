@@ -49,15 +49,16 @@ const sleepWindow = time.Second
 //     on looks from the front, and a claimer that keeps up with its queue
 //     none but the others above;
 //   - at the look before the claimer sleeps (the sleep key granted): rows
-//     committed before it are visible then, wherever they are. But when the
-//     last two looks from the front each took frontDear or more, that look
-//     starts sleepWindow before the cursor's run_at instead, in the
-//     cursor's priority: it finds the jobs of transactions that committed
-//     late, up to sleepWindow long, and the claimer does not spend a look
-//     from the front before each sleep. A job of a higher priority, or of a
-//     run_at further back, that lands behind the cursor then without a
-//     notification that finds nothing ahead waits for the next of the
-//     other looks: the fallback tick at the latest.
+//     committed before it are visible then, wherever they are.
+//
+// But when the last two looks from the front each took frontDear or more,
+// the look before a sleep and the one after a notification that found
+// nothing start sleepWindow before the cursor's run_at instead, in the
+// cursor's priority: they find the jobs of transactions that committed
+// late, up to sleepWindow long, and the claimer does not spend a look from
+// the front before each sleep. A job of a higher priority, or of a run_at
+// further back, that lands behind the cursor then waits for the next of
+// the other looks: the fallback tick at the latest.
 //
 // Only the claim loop's goroutine uses it.
 type cursor struct {
