@@ -3,6 +3,7 @@ package claimer
 import (
 	"context"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
 // gatedRegistry runs noop jobs one at a time as the test lets them: each
@@ -145,4 +147,42 @@ func TestClaimCursorLooksBeforeASleep(t *testing.T) {
 	k.claimed(true, time.Millisecond, nil, false, true)
 	require.Zero(t, k.dear)
 	require.True(t, k.fromFront(), "it skipped locked rows")
+}
+
+// A drain while another transaction holds the oldest snapshot: the claims
+// go from the cursor, and every job runs once, those that land behind the
+// cursor meanwhile (a run_at in the past, a higher priority) included.
+func TestClaimCursorDrainsUnderAHeldSnapshot(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const n = 3000
+	var ran atomic.Int64
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(context.Context, *executors.Job) error { ran.Add(1); return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: registry, Options: Options{Concurrency: 20, PollInterval: 100 * time.Millisecond}})
+	hold, err := pgtest.Conn(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = hold.Exec(ctx, "SELECT txid_current()")
+	require.NoError(t, err)
+
+	insertJobs(ctx, t, pool, jobs, n)
+	runClaimer(ctx, t, c)
+	require.Eventually(t, func() bool { return ran.Load() >= n/2 }, time.Minute, time.Millisecond)
+	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at, priority) SELECT 'noop', now() - interval '1 hour', 0 FROM generate_series(1, 5)")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, priority) SELECT 'noop', -1 FROM generate_series(1, 5)")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var done int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status = 'done'").Scan(&done))
+		return done == n+10
+	}, time.Minute, 5*time.Millisecond)
+	var twice int
+	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE attempts <> 1").Scan(&twice))
+	require.Zero(t, twice)
+	s := c.Stats()
+	t.Logf("%d claims, %d from the front, %d ticks", s.Claims, s.Fronts, s.Ticks)
+	require.Less(t, s.Fronts, s.Claims)
 }
