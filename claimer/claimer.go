@@ -9,6 +9,7 @@
 //
 //	loop.go, internal/machine  the claim loop and its states (below)
 //	claim.go                   the claim statement
+//	cursor.go                  where each claim starts: after the last job taken, or the front
 //	runners.go                 the goroutines the jobs run on
 //	internal/attempt           one attempt: the executor, the outcome's decision, the watchdog
 //	internal/completer         the outcomes, written in batches in id order
