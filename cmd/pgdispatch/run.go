@@ -18,6 +18,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/metrics"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
@@ -165,13 +166,13 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 			return err
 		}
 	}
-	tp, err := tracerProvider(ctx, cfg.WorkerID, c.logger)
+	tp, err := tracing.NewProvider(ctx, cfg.WorkerID, c.logger)
 	if err != nil {
 		return err
 	}
 	if tp != nil {
 		cfg.TracerProvider = tp
-		defer shutdownTracing(ctx, tp, c.logger)
+		defer tracing.Shutdown(ctx, tp, c.logger)
 	}
 	w, err := pgdispatch.NewWorker(cfg)
 	if err != nil {
