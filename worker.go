@@ -273,6 +273,20 @@ func ListenConnConfigOf(url string) (*pgx.ConnConfig, error) {
 	return cc, nil
 }
 
+// ListenConnConfigFor is the connection config of a listener beside pool,
+// such as the console's: listenURL's (ListenConnConfigOf) when it is set,
+// else the pool's, with the listener's defaults.
+func ListenConnConfigFor(pool *pgxpool.Pool, listenURL string) (*pgx.ConnConfig, error) {
+	if listenURL == "" {
+		return listenConnConfig(pool.Config().ConnConfig), nil
+	}
+	cc, err := ListenConnConfigOf(listenURL)
+	if err != nil {
+		return nil, err
+	}
+	return listenConnConfig(cc), nil
+}
+
 // listenConnConfig is a copy of cc with the listener's defaults: a connect
 // timeout, and its session named unless cc names it (a pool from NewPool
 // names its sessions "pgdispatch").
@@ -405,12 +419,6 @@ func (w *Worker) Sweeper() *sweeper.Sweeper { return w.sweeper }
 
 // Scheduler is the worker's scheduler.
 func (w *Worker) Scheduler() *schedule.Scheduler { return w.scheduler }
-
-// Migrate brings schema up to date on pool; see package migrations.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	_, _, err := migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
-	return err
-}
 
 // ID is the worker's id, as it appears in locked_by.
 func (w *Worker) ID() string { return w.cfg.WorkerID }

@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/console"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
@@ -46,14 +45,9 @@ func consoleCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return explainSchema(err, c.schema)
 	}
-	listenConfig := c.pool.Config().ConnConfig.Copy()
-	if c.direct != "" {
-		if listenConfig, err = pgx.ParseConfig(c.direct); err != nil {
-			return fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err)
-		}
-	}
-	if listenConfig.ConnectTimeout == 0 {
-		listenConfig.ConnectTimeout = 10 * time.Second
+	listenConfig, err := pgdispatch.ListenConnConfigFor(c.pool, c.listenURL)
+	if err != nil {
+		return fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err)
 	}
 	listenConfig.RuntimeParams["application_name"] = "pgdispatch-console"
 	srv, err := console.New(console.Config{

@@ -29,10 +29,9 @@ type conn struct {
 	schema  string
 	timeout time.Duration
 	logger  *zap.Logger
-	// direct is LISTEN_DATABASE_URL when DATABASE_URL goes through a
-	// transaction pooler (pgdispatch.BehindPooler): migrations take their session lock
-	// there.
-	direct string
+	// listenURL is LISTEN_DATABASE_URL: PostgreSQL itself, past any
+	// transaction pooler of the pool.
+	listenURL string
 }
 
 // openConn validates the connection settings, connects and pings.
@@ -60,12 +59,10 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{pool: pool, schema: schema, timeout: timeout, logger: logger}
 	if pgdispatch.BehindPooler(dbURL, direct) {
-		c.direct = direct
 		logger.Debug("DATABASE_URL goes through a transaction pooler: LISTEN_DATABASE_URL names another server")
 	}
-	return c, nil
+	return &conn{pool: pool, schema: schema, timeout: timeout, logger: logger, listenURL: direct}, nil
 }
 
 // newPool connects as pgdispatch.NewPool does, naming setting in the error
@@ -248,28 +245,14 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	return nil
 }
 
-// runMigrate migrates on the pool, or over LISTEN_DATABASE_URL when the pool
-// goes through a transaction pooler: a migration holds a session-level
-// advisory lock and session settings, which a pooler would leave on a server
-// connection that other clients then get.
+// runMigrate migrates, past the pool's pooler if it has one
+// (pgdispatch.MigrateWith).
 func runMigrate(ctx context.Context, c *conn) error {
-	pool := c.pool
-	if c.direct != "" {
-		direct, err := newPool(ctx, c.direct, "LISTEN_DATABASE_URL", pgdispatch.PoolConfig{StatementTimeout: c.timeout, ListenURL: c.direct})
-		if err != nil {
-			return fmt.Errorf("migrate: %w", err)
-		}
-		defer direct.Close()
-		pool = direct
-	}
-	from, to, err := migrations.Migrate(ctx, pool, migrations.Config{Schema: c.schema, LockTimeout: min(c.timeout, 5*time.Second)})
-	if err != nil {
-		return err
-	}
-	if from != to {
+	from, to, err := pgdispatch.MigrateWith(ctx, c.pool, pgdispatch.MigrateConfig{Schema: c.schema, ListenURL: c.listenURL, StatementTimeout: c.timeout})
+	if err == nil && from != to {
 		c.logger.Info("migrated", zap.String("schema", c.schema), zap.Int32("from", from), zap.Int32("to", to))
 	}
-	return nil
+	return err
 }
 
 func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
