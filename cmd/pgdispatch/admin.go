@@ -16,7 +16,6 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
-	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // statsCommand prints the numbers per queue and kind.
@@ -373,11 +372,8 @@ func withAdmin(ctx context.Context, v *values, f func(a *admin.Admin) error) err
 		return err
 	}
 	defer c.pool.Close()
-	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	_, err = migrations.Check(checkCtx, c.pool, c.schema)
-	cancel()
-	if err != nil {
-		return explainSchema(err, c.schema)
+	if err := c.checkSchema(ctx); err != nil {
+		return err
 	}
 	return f(admin.New(c.pool, c.schema, c.timeout))
 }

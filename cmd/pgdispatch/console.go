@@ -11,7 +11,6 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/console"
-	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // The settings of console alone. The tokens have no flag: they are
@@ -39,11 +38,8 @@ func consoleCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer c.pool.Close()
-	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	_, err = migrations.Check(checkCtx, c.pool, c.schema)
-	cancel()
-	if err != nil {
-		return explainSchema(err, c.schema)
+	if err := c.checkSchema(ctx); err != nil {
+		return err
 	}
 	listenConfig, err := pgdispatch.ListenConnConfigFor(c.pool, c.listenURL)
 	if err != nil {

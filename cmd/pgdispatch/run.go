@@ -136,14 +136,11 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	// The schema is checked before anything is logged (the worker checks it
 	// again), so that a missing one is said in one line.
-	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	_, err = migrations.Check(checkCtx, c.pool, c.schema)
-	cancel()
-	if err != nil {
+	if err := c.checkSchema(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return explainSchema(err, c.schema)
+		return err
 	}
 	logExecutors(c.logger, v, registry)
 	var (
@@ -188,7 +185,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 			}
 		}()
 	}
-	return explainSchema(w.Run(ctx), c.schema)
+	return w.Run(ctx)
 }
 
 // logExecutors logs the executors the settings configure, and the
@@ -215,15 +212,12 @@ func logExecutors(logger *zap.Logger, v *values, reg *executors.Registry) {
 	logger.Info("executors", zap.Strings("configured", configured), zap.Strings("not_configured", missing))
 }
 
-// explainSchema turns a missing or old schema into one line that says what
-// to run.
-func explainSchema(err error, schema string) error {
-	switch {
-	case errors.Is(err, migrations.ErrSchemaMissing):
-		return fmt.Errorf("schema %q is not installed in this database: run 'pgdispatch migrate' first, or start with 'pgdispatch run --migrate'", schema)
-	case errors.Is(err, migrations.ErrSchemaOutdated):
-		return fmt.Errorf("%w: run 'pgdispatch migrate', or start with 'pgdispatch run --migrate'", err)
-	}
+// checkSchema refuses a schema that is missing or older than this binary,
+// saying what to run.
+func (c *conn) checkSchema(ctx context.Context) error {
+	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	_, err := migrations.Check(checkCtx, c.pool, c.schema)
 	return err
 }
 
@@ -308,7 +302,7 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42883") { // no such schema, no such function
-			return explainSchema(migrations.ErrSchemaMissing, c.schema)
+			return migrations.SchemaMissing(c.schema)
 		}
 		return err
 	}
