@@ -34,9 +34,7 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if *budget <= 0 {
-		fmt.Fprintf(stderr, "--finished-budget must be positive, not %s\n", *budget)
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "--finished-budget must be positive, not %s", *budget)
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		stats, counted, err := a.Stats(ctx, *budget)
@@ -185,14 +183,12 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	v := newValues(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON")
 	reveal := fs.Bool("reveal", false, revealHelp)
-	ids, err := parseIDs(fs, args, false)
+	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(ids) != 1 {
-		fmt.Fprintln(stderr, "want exactly one job id")
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "want exactly one job id")
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		j, err := a.Get(ctx, ids[0])
@@ -267,7 +263,7 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	v := newValues(fs, connSettings)
 	allDead := fs.Bool("all-dead", false, "every dead job (of the filters when given): count them, or retry them with --yes")
 	dead := addDeadFlags(fs)
-	ids, err := parseIDs(fs, args, true)
+	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
 	}
@@ -277,11 +273,9 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	case !*allDead && dead.filtered():
 		return errors.New("--queue, --kind, --since, --until and --host go with --all-dead")
 	case !*allDead && len(ids) == 0:
-		fmt.Fprintln(stderr, "give job ids, or --all-dead")
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "give job ids, or --all-dead")
 	case *allDead:
-		return retryAllDead(ctx, v, fs, dead, stdout, stderr)
+		return retryAllDead(ctx, v, fs, dead, stdout)
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Retry(ctx, ids)
@@ -292,14 +286,12 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("jobs cancel", "Cancel pending or running jobs: pgdispatch jobs cancel [flags] ID...", stderr)
 	v := newValues(fs, connSettings)
-	ids, err := parseIDs(fs, args, true)
+	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(ids) == 0 {
-		fmt.Fprintln(stderr, "give job ids")
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "give job ids")
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Cancel(ctx, ids)
@@ -339,31 +331,18 @@ func printChanges(w io.Writer, changes []admin.Change, err error, did, applies s
 	return nil
 }
 
-// parseIDs parses flags and then job ids, which may come before, between
-// or after the flags.
-func parseIDs(fs *flag.FlagSet, args []string, many bool) ([]int64, error) {
-	var ids []int64
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
+// parseIDs parses flags and job ids, which may come before, between or
+// after the flags.
+func parseIDs(fs *flag.FlagSet, args []string) ([]int64, error) {
+	names, err := parseNames(fs, args)
+	ids := make([]int64, len(names))
+	for i, name := range names {
+		if ids[i], err = strconv.ParseInt(name, 10, 64); err != nil || ids[i] <= 0 {
+			fmt.Fprintf(fs.Output(), "not a job id: %q\n", name)
 			return nil, errUsage
 		}
-		if fs.NArg() == 0 {
-			return ids, nil
-		}
-		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
-		if err != nil || id <= 0 {
-			fmt.Fprintf(fs.Output(), "not a job id: %q\n", fs.Arg(0))
-			return nil, errUsage
-		}
-		ids = append(ids, id)
-		if !many && len(ids) > 1 {
-			return ids, nil
-		}
-		args = fs.Args()[1:]
 	}
+	return ids, err
 }
 
 func withAdmin(ctx context.Context, v *values, f func(a *admin.Admin) error) error {

@@ -67,14 +67,12 @@ func jobsSnooze(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := newFlagSet("jobs snooze", "Make pending jobs due later, without spending an attempt: pgdispatch jobs snooze --for D ID...", stderr)
 	v := newValues(fs, connSettings)
 	d := fs.Duration("for", 0, "how long from now the jobs are due (required; for example 10m)")
-	ids, err := parseIDs(fs, args, true)
+	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(ids) == 0 || *d <= 0 {
-		fmt.Fprintln(stderr, "give --for with a positive duration, and job ids")
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "give --for with a positive duration, and job ids")
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Snooze(ctx, ids, *d)
@@ -141,16 +139,10 @@ func queuesPause(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 func queuesResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return pauseCommand(ctx, "queue", "resume", "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
-		(*admin.Admin).Resume, args, stdout, stderr)
-}
-
-// pauseCommand is the pause or resume (verb) of one queue or schedule
-// (noun), through set, which reports whether the state changed.
-func pauseCommand(ctx context.Context, noun, verb, help string, set func(*admin.Admin, context.Context, string) (bool, error),
-	args []string, stdout, stderr io.Writer,
-) error {
-	return toggle(ctx, toggleCommand{noun: noun, verb: verb, help: help, set: set}, args, stdout, stderr)
+	return toggle(ctx, toggleCommand{
+		noun: "queue", verb: "resume", set: (*admin.Admin).Resume,
+		help: "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
+	}, args, stdout, stderr)
 }
 
 // toggleCommand is the pause or resume (verb) of one queue or schedule

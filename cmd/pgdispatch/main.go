@@ -161,9 +161,14 @@ func parse(fs *flag.FlagSet, args []string) error {
 		return errUsage
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "unexpected arguments: %v", fs.Args())
 	}
 	return nil
+}
+
+// usageError prints what is wrong with a command line, and the usage.
+func usageError(fs *flag.FlagSet, format string, args ...any) error {
+	fmt.Fprintf(fs.Output(), format+"\n", args...)
+	fs.Usage()
+	return errUsage
 }
