@@ -242,6 +242,32 @@ func NewWorker(cfg Config) (*Worker, error) {
 	return w, nil
 }
 
+// ParseQueues reads a comma-separated list of queues, each a name and
+// optionally its concurrency ("default,emails:4"), as QUEUES holds it,
+// and checks them (CheckQueues).
+func ParseQueues(s string) ([]Queue, error) {
+	var qs []Queue
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		name, conc, hasConc := strings.Cut(part, ":")
+		q := Queue{Name: strings.TrimSpace(name)}
+		if hasConc {
+			n, err := strconv.Atoi(strings.TrimSpace(conc))
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("%q: the concurrency of queue %q must be a whole number above 0", s, q.Name)
+			}
+			q.Concurrency = n
+		}
+		qs = append(qs, q)
+	}
+	if len(qs) == 0 {
+		return nil, fmt.Errorf("%q names no queue", s)
+	}
+	return qs, CheckQueues(qs)
+}
+
 // CheckQueues reports a queue with no name, or a name longer than the
 // jobs table allows, or listed twice, or a negative concurrency.
 func CheckQueues(qs []Queue) error {

@@ -63,8 +63,9 @@ var workerSettings = []setting{
 		env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally `name:concurrency`",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
 			var err error
-			cfg.Queues, err = parseQueues(v.str("QUEUES"))
-			*errs = append(*errs, err)
+			if cfg.Queues, err = pgdispatch.ParseQueues(v.str("QUEUES")); err != nil {
+				*errs = append(*errs, fmt.Errorf("invalid QUEUES: %w", err))
+			}
 		},
 	},
 	countSetting("CONCURRENCY", "concurrency", claimer.DefaultConcurrency, "jobs run at once per queue; one claim takes at most the free slots, so this is also the largest claim",
@@ -274,35 +275,6 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
-}
-
-// parseQueues reads QUEUES: "default,emails:4". The names are checked by
-// pgdispatch.CheckQueues.
-func parseQueues(s string) ([]pgdispatch.Queue, error) {
-	var qs []pgdispatch.Queue
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		name, conc, hasConc := strings.Cut(part, ":")
-		q := pgdispatch.Queue{Name: strings.TrimSpace(name)}
-		if hasConc {
-			n, err := strconv.Atoi(strings.TrimSpace(conc))
-			if err != nil || n <= 0 {
-				return nil, fmt.Errorf("invalid QUEUES %q: concurrency of %q must be a whole number above 0", s, q.Name)
-			}
-			q.Concurrency = n
-		}
-		qs = append(qs, q)
-	}
-	if len(qs) == 0 {
-		return nil, fmt.Errorf("invalid QUEUES %q: no queue named", s)
-	}
-	if err := pgdispatch.CheckQueues(qs); err != nil {
-		return nil, fmt.Errorf("invalid QUEUES: %w", err)
-	}
-	return qs, nil
 }
 
 // newLogger returns a logger that writes to w (the command's stderr, through
