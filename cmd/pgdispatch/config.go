@@ -34,6 +34,9 @@ import (
 type setting struct {
 	env, flag, def, help string
 	apply                func(v *values, cfg *pgdispatch.Config, errs *[]error)
+	// standsFor, of an AT Worker setting, is the pgdispatch setting it stands
+	// in for, read in unit ("s", "m", or "" for a count).
+	standsFor, unit string
 }
 
 // The settings every command that talks to the database reads.
@@ -154,12 +157,13 @@ func withDefaults(settings []setting, defaults map[string]string) []setting {
 
 // values holds the settings of one command once flags are parsed.
 type values struct {
-	fs   *flag.FlagSet
-	vals map[string]*string // by env name
+	fs    *flag.FlagSet
+	vals  map[string]*string // by env name
+	flags map[string]string  // flag names, by env name
 }
 
 func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
-	v := &values{fs: fs, vals: map[string]*string{}}
+	v := &values{fs: fs, vals: map[string]*string{}, flags: map[string]string{}}
 	for _, g := range groups {
 		for _, s := range g {
 			def := s.def
@@ -174,7 +178,7 @@ func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
 			// environment's value is set after.
 			p := fs.String(s.flag, s.def, plain(s.help)+" ($"+s.env+")")
 			*p = def
-			v.vals[s.env] = p
+			v.vals[s.env], v.flags[s.env] = p, s.flag
 		}
 	}
 	return v
