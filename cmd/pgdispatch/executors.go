@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -64,7 +63,7 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 			close = func() { _ = rabbit.Close() }
 		}
 	} else {
-		reg.Register(rabbitmq.Kind, notConfigured(rabbitmq.Kind, "RABBITMQ_URL"))
+		reg.Register(rabbitmq.Kind, executors.NotConfigured{Kind: rabbitmq.Kind, Setting: "RABBITMQ_URL"})
 	}
 
 	if host := v.str("SMTP_HOST"); host != "" {
@@ -90,7 +89,7 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 			reg.Register(email.Kind, mailer)
 		}
 	} else {
-		reg.Register(email.Kind, notConfigured(email.Kind, "SMTP_HOST"))
+		reg.Register(email.Kind, executors.NotConfigured{Kind: email.Kind, Setting: "SMTP_HOST"})
 	}
 	if err := errors.Join(errs...); err != nil {
 		close()
@@ -108,11 +107,4 @@ func list(s string) []string {
 		}
 	}
 	return items
-}
-
-// notConfigured fails every job of kind, saying which setting is missing.
-func notConfigured(kind, setting string) executors.Executor {
-	return executors.Func(func(context.Context, *executors.Job) error {
-		return executors.Permanentf("the %s executor is not configured on this worker: set %s", kind, setting)
-	})
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -188,26 +189,15 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	return w.Run(ctx)
 }
 
-// logExecutors logs the executors the settings configure, and the
-// built-in ones they leave out, each with the setting it needs
-// (buildRegistry registers those to fail their jobs, saying so).
+// logExecutors logs the executors the registry holds, pgdispatch's own
+// first, and the ones the settings leave out, each with the setting it
+// needs (buildRegistry registers those to fail their jobs, saying so).
 func logExecutors(logger *zap.Logger, v *values, reg *executors.Registry) {
-	configured := []string{httpcallback.Kind + " (unsigned)"}
-	if v.str("HTTP_SIGNING_SECRET") != "" {
-		configured[0] = httpcallback.Kind + " (signed)"
-	}
-	var missing []string
-	for _, e := range []struct{ kind, setting string }{{rabbitmq.Kind, "RABBITMQ_URL"}, {email.Kind, "SMTP_HOST"}} {
-		if v.str(e.setting) != "" {
-			configured = append(configured, e.kind)
-		} else {
-			missing = append(missing, e.kind+": set "+e.setting)
-		}
-	}
-	for _, kind := range reg.Kinds() {
-		if kind != httpcallback.Kind && kind != rabbitmq.Kind && kind != email.Kind {
-			configured = append(configured, kind)
-		}
+	configured, missing := reg.Describe(httpcallback.Kind, rabbitmq.Kind, email.Kind)
+	if i := slices.Index(configured, httpcallback.Kind); i >= 0 && v.str("HTTP_SIGNING_SECRET") != "" {
+		configured[i] += " (signed)"
+	} else if i >= 0 {
+		configured[i] += " (unsigned)"
 	}
 	logger.Info("executors", zap.Strings("configured", configured), zap.Strings("not_configured", missing))
 }
