@@ -10,7 +10,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -290,10 +289,6 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		Priority: int16(*priority), DedupKey: *dedupKey, MaxAttempts: *maxAttempts,
 	})
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42883") { // no such schema, no such function
-			return migrations.SchemaMissing(c.schema)
-		}
 		return err
 	}
 	if e.Conflict {
