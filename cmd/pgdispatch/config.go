@@ -230,55 +230,40 @@ func (v *values) positiveInt(env string, errs *[]error) int {
 // parseDuration reads a Go duration ("30s", "5m") or a whole number of
 // seconds, as the AT Worker's settings were.
 func parseDuration(s string) (time.Duration, error) {
-	if n, err := strconv.Atoi(s); err == nil {
-		if n < 0 {
-			return 0, errors.New("must not be negative")
-		}
-		return time.Duration(n) * time.Second, nil
-	}
 	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, errors.New(`want a duration such as "30s" or "5m", or a number of seconds`)
+	if n, nerr := strconv.Atoi(s); nerr == nil {
+		d, err = time.Duration(n)*time.Second, nil
 	}
-	if d < 0 {
+	switch {
+	case err != nil:
+		return 0, errors.New(`want a duration such as "30s" or "5m", or a number of seconds`)
+	case d < 0:
 		return 0, errors.New("must not be negative")
 	}
 	return d, nil
 }
 
 // databaseURL is DATABASE_URL, or the URL the AT Worker's DB_* variables
-// describe when it is empty.
+// describe when it is empty and any of them is set.
 func (v *values) databaseURL() string {
 	if u := v.str("DATABASE_URL"); u != "" {
 		return u
 	}
-	if !anyEnv("DB_HOST", "DB_PORT", "DB_USER", "DB_PASSWORD", "DB_NAME", "DB_SSLMODE") {
+	at := map[string]string{"DB_HOST": "localhost", "DB_PORT": "5432", "DB_USER": "postgres", "DB_PASSWORD": "postgres", "DB_NAME": "at_scheduler", "DB_SSLMODE": "disable"}
+	set := false
+	for name := range at {
+		if e := os.Getenv(name); e != "" {
+			at[name], set = e, true
+		}
+	}
+	if !set {
 		return ""
 	}
 	u := url.URL{
-		Scheme: "postgres",
-		User:   url.UserPassword(envOr("DB_USER", "postgres"), envOr("DB_PASSWORD", "postgres")),
-		Host:   envOr("DB_HOST", "localhost") + ":" + envOr("DB_PORT", "5432"),
-		Path:   "/" + envOr("DB_NAME", "at_scheduler"),
+		Scheme: "postgres", User: url.UserPassword(at["DB_USER"], at["DB_PASSWORD"]), Host: at["DB_HOST"] + ":" + at["DB_PORT"],
+		Path: "/" + at["DB_NAME"], RawQuery: url.Values{"sslmode": {at["DB_SSLMODE"]}}.Encode(),
 	}
-	u.RawQuery = url.Values{"sslmode": {envOr("DB_SSLMODE", "disable")}}.Encode()
 	return u.String()
-}
-
-func anyEnv(names ...string) bool {
-	for _, n := range names {
-		if os.Getenv(n) != "" {
-			return true
-		}
-	}
-	return false
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
 }
 
 // newLogger returns a logger that writes to w (the command's stderr, through
