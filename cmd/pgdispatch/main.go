@@ -166,6 +166,15 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// refuse is an error that says what is wrong when wrong holds, for
+// errors.Join, which leaves out the nil ones.
+func refuse(wrong bool, format string, args ...any) error {
+	if wrong {
+		return fmt.Errorf(format, args...)
+	}
+	return nil
+}
+
 // usageError prints what is wrong with a command line, and the usage.
 func usageError(fs *flag.FlagSet, format string, args ...any) error {
 	fmt.Fprintf(fs.Output(), format+"\n", args...)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"slices"
 	"time"
@@ -251,18 +252,11 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	var errs []error
-	if *kind == "" {
-		errs = append(errs, errors.New("--kind is required"))
-	}
-	if !json.Valid([]byte(*payload)) {
-		errs = append(errs, fmt.Errorf("--payload is not valid JSON: %q", *payload))
-	}
-	if *priority < -32768 || *priority > 32767 {
-		errs = append(errs, errors.New("--priority must fit in a smallint"))
-	}
-	if *maxAttempts < 0 {
-		errs = append(errs, errors.New("--max-attempts must not be negative"))
+	errs := []error{
+		refuse(*kind == "", "--kind is required"),
+		refuse(!json.Valid([]byte(*payload)), "--payload is not valid JSON: %q", *payload),
+		refuse(*priority < math.MinInt16 || *priority > math.MaxInt16, "--priority must fit in a smallint"),
+		refuse(*maxAttempts < 0, "--max-attempts must not be negative"),
 	}
 	var at time.Time
 	if *runAt != "" {

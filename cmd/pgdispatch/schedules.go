@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"text/tabwriter"
@@ -108,18 +109,12 @@ func schedulesAdd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	var errs []error
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "priority" {
-			if *priority < -32768 || *priority > 32767 {
-				errs = append(errs, errors.New("--priority must fit in a smallint"))
-			}
-			p := int16(*priority) //nolint:gosec // checked above
+			p := int16(*priority) //nolint:gosec // checked here
 			spec.Priority = &p
+			errs = append(errs, refuse(*priority < math.MinInt16 || *priority > math.MaxInt16, "--priority must fit in a smallint"))
 		}
-		if f.Name == "max-attempts" && *maxAttempts <= 0 {
-			errs = append(errs, errors.New("--max-attempts must be above 0"))
-		}
-		if f.Name == "catch-up-limit" && *catchUpLimit <= 0 {
-			errs = append(errs, errors.New("--catch-up-limit must be above 0"))
-		}
+		errs = append(errs, refuse(f.Name == "max-attempts" && *maxAttempts <= 0, "--max-attempts must be above 0"),
+			refuse(f.Name == "catch-up-limit" && *catchUpLimit <= 0, "--catch-up-limit must be above 0"))
 	})
 	if err := spec.Check(); err != nil {
 		errs = append(errs, err)

@@ -49,17 +49,11 @@ func triggersAdd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	var errs []error
-	if s.Table == "" {
-		errs = append(errs, errors.New("--table is required"))
-	}
-	if s.Kind == "" {
-		errs = append(errs, errors.New("--kind is required"))
-	}
-	if !json.Valid([]byte(*payload)) {
-		errs = append(errs, fmt.Errorf("--payload is not valid JSON: %q", *payload))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(
+		refuse(s.Table == "", "--table is required"),
+		refuse(s.Kind == "", "--kind is required"),
+		refuse(!json.Valid([]byte(*payload)), "--payload is not valid JSON: %q", *payload),
+	); err != nil {
 		return err
 	}
 	s.Payload = json.RawMessage(*payload)
