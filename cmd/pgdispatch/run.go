@@ -84,18 +84,13 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 			s.apply(v, &cfg, &errs)
 		}
 	}
-	if cfg.MaxAttempts > migrations.AttemptsLimit {
-		errs = append(errs, fmt.Errorf("invalid MAX_ATTEMPTS %d: at most %d, as the jobs table allows", cfg.MaxAttempts, migrations.AttemptsLimit))
-	}
-	if cfg.JobTimeout > cfg.MaxJobTimeout {
-		errs = append(errs, fmt.Errorf("JOB_TIMEOUT (%s) must not exceed MAX_JOB_TIMEOUT (%s)", cfg.JobTimeout, cfg.MaxJobTimeout))
-	}
-	if u := v.str("LISTEN_DATABASE_URL"); u != "" {
-		lc, err := pgdispatch.ListenConnConfigOf(u)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err))
-		}
-		cfg.ListenConnConfig = lc
+	errs = append(errs,
+		refuse(cfg.MaxAttempts > migrations.AttemptsLimit, "invalid MAX_ATTEMPTS %d: at most %d, as the jobs table allows", cfg.MaxAttempts, migrations.AttemptsLimit),
+		refuse(cfg.JobTimeout > cfg.MaxJobTimeout, "JOB_TIMEOUT (%s) must not exceed MAX_JOB_TIMEOUT (%s)", cfg.JobTimeout, cfg.MaxJobTimeout))
+	if c.listenURL != "" {
+		var err error
+		cfg.ListenConnConfig, err = pgdispatch.ListenConnConfigOf(c.listenURL)
+		errs = append(errs, refuse(err != nil, "invalid LISTEN_DATABASE_URL: %w", err))
 	}
 	return cfg, errors.Join(errs...)
 }
@@ -155,11 +150,6 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 		defer func() { _ = ml.Close() }()
 		m = metrics.New(c.pool, registry)
 		cfg.Observer = m
-	}
-	if cfg.WorkerID == "" { // named here, for the traces' service.instance.id
-		if cfg.WorkerID, err = pgdispatch.DefaultWorkerID(); err != nil {
-			return err
-		}
 	}
 	tp, err := tracing.NewProvider(ctx, cfg.WorkerID, c.logger)
 	if err != nil {
