@@ -210,12 +210,6 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			payload.Reset()
 			payload.Write(j.Payload)
 		}
-		ts := func(t *time.Time) string {
-			if t == nil {
-				return "-"
-			}
-			return t.UTC().Format(time.RFC3339Nano)
-		}
 		str := func(s *string) string {
 			if s == nil {
 				return "-"
@@ -230,13 +224,13 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			{"status", j.Status},
 			{"attempts", attempts(j)},
 			{"priority", strconv.Itoa(int(j.Priority))},
-			{"run_at", ts(&j.RunAt)},
+			{"run_at", stampOr(&j.RunAt)},
 			{"dedup_key", str(j.DedupKey)},
 			{"locked_by", str(j.LockedBy)},
-			{"locked_until", ts(j.LockedUntil)},
-			{"created_at", ts(&j.CreatedAt)},
-			{"updated_at", ts(&j.UpdatedAt)},
-			{"finished_at", ts(j.FinishedAt)},
+			{"locked_until", stampOr(j.LockedUntil)},
+			{"created_at", stampOr(&j.CreatedAt)},
+			{"updated_at", stampOr(&j.UpdatedAt)},
+			{"finished_at", stampOr(j.FinishedAt)},
 			{"last_error", str(j.LastError)},
 		} {
 			fmt.Fprintf(tw, "%s\t%s\n", row[0], termsafe.String(row[1]))

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -25,12 +26,8 @@ func printHistory(w io.Writer, j admin.Job) error {
 		if e.StartedAt != nil && e.FinishedAt != nil {
 			took = e.FinishedAt.Sub(*e.StartedAt).Round(time.Millisecond).String()
 		}
-		at := "-"
-		if e.FinishedAt != nil {
-			at = e.FinishedAt.UTC().Format(time.RFC3339Nano)
-		}
-		fmt.Fprintf(w, "  attempt %d  %s  took %s  on %s\n    %s\n", e.Attempt, at, took,
-			termsafe.String(e.Worker), termsafe.Lines(indent(e.Error, "    ")))
+		fmt.Fprintf(w, "  attempt %d  %s  took %s  on %s\n    %s\n", e.Attempt, stampOr(e.FinishedAt), took,
+			termsafe.String(e.Worker), termsafe.Lines(strings.ReplaceAll(e.Error, "\n", "\n    ")))
 		if len(e.Result) > 0 {
 			fmt.Fprintf(w, "    result %s\n", termsafe.String(string(compact(e.Result))))
 		}
@@ -50,17 +47,6 @@ func compact(raw json.RawMessage) []byte {
 		return raw
 	}
 	return b.Bytes()
-}
-
-func indent(s, prefix string) string {
-	var b bytes.Buffer
-	for i, line := range bytes.Split([]byte(s), []byte("\n")) {
-		if i > 0 {
-			b.WriteString("\n" + prefix)
-		}
-		b.Write(line)
-	}
-	return b.String()
 }
 
 func jobsSnooze(ctx context.Context, args []string, stdout, stderr io.Writer) error {

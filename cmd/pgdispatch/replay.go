@@ -126,6 +126,14 @@ func retryCommand(f admin.DeadFilter) string {
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
+// stampOr is stamp(*t), or "-" when t is nil.
+func stampOr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return stamp(*t)
+}
+
 var shellPlain = regexp.MustCompile(`^[A-Za-z0-9._:@%+=,/\[\]-]+$`)
 
 // shellQuote quotes s for a POSIX shell when it needs it.
