@@ -339,16 +339,14 @@ func parseIDs(fs *flag.FlagSet, args []string) ([]int64, error) {
 	return ids, err
 }
 
+// withAdmin connects as v says, checks the schema, and runs f.
 func withAdmin(ctx context.Context, v *values, f func(a *admin.Admin) error) error {
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
-		return err
-	}
-	defer c.pool.Close()
-	if err := c.checkSchema(ctx); err != nil {
-		return err
-	}
-	return f(admin.New(c.pool, c.schema, c.timeout))
+	return withConn(ctx, v, func(c *conn) error {
+		if err := c.checkSchema(ctx); err != nil {
+			return err
+		}
+		return f(admin.New(c.pool, c.schema, c.timeout))
+	})
 }
 
 func printJSON(w io.Writer, v any) error {

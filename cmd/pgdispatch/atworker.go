@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -198,27 +199,21 @@ func atWorkerError(err error, table, what string) error {
 
 // rowCounts writes counts by status: "3 rows (1 pending, 2 completed)".
 func rowCounts(counts map[string]int64) string {
+	known := []string{atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed}
 	var total int64
-	var parts []string
-	for _, s := range []string{atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed} {
+	var parts, others []string
+	for _, s := range known {
 		if n := counts[s]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, s))
 		}
 	}
-	others := make([]string, 0)
 	for s, n := range counts {
-		switch s {
-		case atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed:
-		default:
+		if total += n; !slices.Contains(known, s) {
 			others = append(others, fmt.Sprintf("%d %s", n, termsafe.String(s)))
 		}
 	}
 	sort.Strings(others)
-	parts = append(parts, others...)
-	for _, n := range counts {
-		total += n
-	}
-	if len(parts) == 0 {
+	if parts = append(parts, others...); len(parts) == 0 {
 		return "0 rows"
 	}
 	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))

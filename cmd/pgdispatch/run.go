@@ -66,6 +66,16 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	return &conn{pool: pool, schema: schema, timeout: timeout, logger: logger, listenURL: direct}, nil
 }
 
+// withConn connects as v says, runs f, and closes the connection.
+func withConn(ctx context.Context, v *values, f func(c *conn) error) error {
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	return f(c)
+}
+
 // newPool connects as pgdispatch.NewPool does, naming setting in the error
 // of a URL that does not parse.
 func newPool(ctx context.Context, url, setting string, cfg pgdispatch.PoolConfig) (*pgxpool.Pool, error) {
@@ -207,16 +217,13 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
-		return err
-	}
-	defer c.pool.Close()
-	if err := runMigrate(ctx, c); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "schema %q is at version %d\n", c.schema, migrations.Latest())
-	return nil
+	return withConn(ctx, v, func(c *conn) error {
+		if err := runMigrate(ctx, c); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "schema %q is at version %d\n", c.schema, migrations.Latest())
+		return nil
+	})
 }
 
 // runMigrate migrates, past the pool's pooler if it has one
@@ -261,16 +268,13 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
+	var e pgdispatch.Enqueued
+	err := onDatabase(ctx, v, 0, func(ctx context.Context, c *conn) (err error) {
+		e, err = pgdispatch.Schema(c.schema).EnqueueChecked(ctx, c.pool, pgdispatch.Job{
+			Kind: *kind, Payload: json.RawMessage(*payload), Queue: *queue, RunAt: at,
+			Priority: int16(*priority), DedupKey: *dedupKey, MaxAttempts: *maxAttempts,
+		})
 		return err
-	}
-	defer c.pool.Close()
-	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	e, err := pgdispatch.Schema(c.schema).EnqueueChecked(callCtx, c.pool, pgdispatch.Job{
-		Kind: *kind, Payload: json.RawMessage(*payload), Queue: *queue, RunAt: at,
-		Priority: int16(*priority), DedupKey: *dedupKey, MaxAttempts: *maxAttempts,
 	})
 	if err != nil {
 		return err

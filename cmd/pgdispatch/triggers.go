@@ -143,12 +143,9 @@ func triggersRemove(ctx context.Context, args []string, stdout, stderr io.Writer
 // onDatabase connects as v says and runs f with a context bounded by the
 // statement timeout plus extra (a lock wait), then closes the connection.
 func onDatabase(ctx context.Context, v *values, extra time.Duration, f func(ctx context.Context, c *conn) error) error {
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
-		return err
-	}
-	defer c.pool.Close()
-	callCtx, cancel := context.WithTimeout(ctx, c.timeout+extra)
-	defer cancel()
-	return f(callCtx, c)
+	return withConn(ctx, v, func(c *conn) error {
+		callCtx, cancel := context.WithTimeout(ctx, c.timeout+extra)
+		defer cancel()
+		return f(callCtx, c)
+	})
 }
