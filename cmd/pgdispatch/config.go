@@ -140,7 +140,7 @@ func durationText(d time.Duration) string {
 
 // The settings of run alone.
 var serveSettings = []setting{
-	{env: "METRICS_ADDR", flag: "metrics-addr", def: "", help: "address of the HTTP server for `/metrics`, `/healthz` and `/readyz`, such as `127.0.0.1:9090`; empty: off. They have no authentication ([Metrics and health](#metrics-and-health))"},
+	{env: "METRICS_ADDR", flag: "metrics-addr", help: "address of the HTTP server for `/metrics`, `/healthz` and `/readyz`, such as `127.0.0.1:9090`; empty: off. They have no authentication ([Metrics and health](#metrics-and-health))"},
 }
 
 // withDefaults returns a copy of settings with other defaults, by variable.
