@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/migrations"
@@ -122,7 +123,11 @@ func (s Schema) call(ctx context.Context, db DB, fn string, job Job, dest ...any
 	err = db.QueryRow(ctx, sql, job.Kind, payload, nilIfZero(job.Queue), nilIfZero(job.RunAt),
 		job.Priority, nilIfZero(job.DedupKey), nilIfZero(int32(job.MaxAttempts)), //nolint:gosec // checked above
 		nilIfZero(job.TraceParent), nilIfZero(job.TraceState)).Scan(dest...)
-	if err != nil {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42883"): // no such schema, no such function
+		return migrations.SchemaMissing(string(s))
+	case err != nil:
 		return fmt.Errorf("enqueue %s job: %w", job.Kind, err)
 	}
 	return nil

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // A writer of the table can take a dedup key before the application uses
@@ -212,4 +213,12 @@ func TestDedupKey(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM "+b.jobs).Scan(&count))
 	require.Equal(t, 2, count)
+}
+
+// Enqueue into a schema that is not installed says so, and what to run.
+func TestEnqueueIntoAMissingSchema(t *testing.T) {
+	t.Parallel()
+	_, err := pgdispatch.Schema("no_such_schema").Enqueue(context.Background(), pgtest.Pool(t), pgdispatch.Job{Kind: "noop"})
+	require.ErrorIs(t, err, migrations.ErrSchemaMissing)
+	require.ErrorContains(t, err, `schema "no_such_schema" is not installed in this database: run 'pgdispatch migrate' first`)
 }

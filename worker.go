@@ -242,6 +242,32 @@ func NewWorker(cfg Config) (*Worker, error) {
 	return w, nil
 }
 
+// ParseQueues reads a comma-separated list of queues, each a name and
+// optionally its concurrency ("default,emails:4"), as QUEUES holds it,
+// and checks them (CheckQueues).
+func ParseQueues(s string) ([]Queue, error) {
+	var qs []Queue
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		name, conc, hasConc := strings.Cut(part, ":")
+		q := Queue{Name: strings.TrimSpace(name)}
+		if hasConc {
+			n, err := strconv.Atoi(strings.TrimSpace(conc))
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("%q: the concurrency of queue %q must be a whole number above 0", s, q.Name)
+			}
+			q.Concurrency = n
+		}
+		qs = append(qs, q)
+	}
+	if len(qs) == 0 {
+		return nil, fmt.Errorf("%q names no queue", s)
+	}
+	return qs, CheckQueues(qs)
+}
+
 // CheckQueues reports a queue with no name, or a name longer than the
 // jobs table allows, or listed twice, or a negative concurrency.
 func CheckQueues(qs []Queue) error {
@@ -271,6 +297,20 @@ func ListenConnConfigOf(url string) (*pgx.ConnConfig, error) {
 		return nil, ConnStringError(err)
 	}
 	return cc, nil
+}
+
+// ListenConnConfigFor is the connection config of a listener beside pool,
+// such as the console's: listenURL's (ListenConnConfigOf) when it is set,
+// else the pool's, with the listener's defaults.
+func ListenConnConfigFor(pool *pgxpool.Pool, listenURL string) (*pgx.ConnConfig, error) {
+	if listenURL == "" {
+		return listenConnConfig(pool.Config().ConnConfig), nil
+	}
+	cc, err := ListenConnConfigOf(listenURL)
+	if err != nil {
+		return nil, err
+	}
+	return listenConnConfig(cc), nil
 }
 
 // listenConnConfig is a copy of cc with the listener's defaults: a connect
@@ -405,12 +445,6 @@ func (w *Worker) Sweeper() *sweeper.Sweeper { return w.sweeper }
 
 // Scheduler is the worker's scheduler.
 func (w *Worker) Scheduler() *schedule.Scheduler { return w.scheduler }
-
-// Migrate brings schema up to date on pool; see package migrations.
-func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	_, _, err := migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
-	return err
-}
 
 // ID is the worker's id, as it appears in locked_by.
 func (w *Worker) ID() string { return w.cfg.WorkerID }

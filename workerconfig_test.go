@@ -129,6 +129,30 @@ func TestNewWorkerChecksQueues(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// ParseQueues reads names and concurrencies, and refuses what NewWorker
+// would, saying what.
+func TestParseQueues(t *testing.T) {
+	t.Parallel()
+	qs, err := pgdispatch.ParseQueues(" default, emails:4 ,")
+	require.NoError(t, err)
+	require.Equal(t, []pgdispatch.Queue{{Name: "default"}, {Name: "emails", Concurrency: 4}}, qs)
+	for s, want := range map[string]string{
+		" , ":      `" , " names no queue`,
+		"a:0":      `the concurrency of queue "a" must be a whole number above 0`,
+		"a:x":      `the concurrency of queue "a" must be a whole number above 0`,
+		"a,b,a":    `queue "a" is listed twice`,
+		":3":       "a queue has no name",
+		"default,": "",
+	} {
+		_, err := pgdispatch.ParseQueues(s)
+		if want == "" {
+			require.NoError(t, err, s)
+		} else {
+			require.ErrorContains(t, err, want, s)
+		}
+	}
+}
+
 // The listener's connection gets a connect timeout and the name
 // "pgdispatch-listener" unless its config sets them, and the config given
 // stays as it was.

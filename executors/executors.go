@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -119,6 +120,31 @@ func (r *Registry) Lookup(kind string) (Executor, bool) {
 	defer r.mu.RUnlock()
 	e, ok := r.m[kind]
 	return e, ok
+}
+
+// NotConfigured stands in for the executor of Kind on a worker that was
+// not given its settings: it fails every job, saying which Setting to set.
+type NotConfigured struct{ Kind, Setting string }
+
+// Execute implements Executor.
+func (n NotConfigured) Execute(context.Context, *Job) error {
+	return Permanentf("the %s executor is not configured on this worker: set %s", n.Kind, n.Setting)
+}
+
+// Describe lists kinds as r holds them: each one it runs, and each one
+// registered NotConfigured, as "kind: set SETTING", in the order of kinds
+// and then of the other registered kinds.
+func (r *Registry) Describe(kinds ...string) (configured, notConfigured []string) {
+	for _, kind := range append(kinds, r.Kinds()...) {
+		e, ok := r.Lookup(kind)
+		switch nc, missing := e.(NotConfigured); {
+		case missing && !slices.Contains(notConfigured, kind+": set "+nc.Setting):
+			notConfigured = append(notConfigured, kind+": set "+nc.Setting)
+		case ok && !missing && !slices.Contains(configured, kind):
+			configured = append(configured, kind)
+		}
+	}
+	return configured, notConfigured
 }
 
 // Kinds lists the registered kinds in order.

@@ -106,3 +106,23 @@ func FuzzPayloadDuration(f *testing.F) {
 		}
 	})
 }
+
+// A registry describes what it runs, the kinds asked for first, and the
+// kinds registered NotConfigured with the setting each needs; such a kind's
+// jobs fail for good, saying so.
+func TestRegistryDescribe(t *testing.T) {
+	r := executors.NewRegistry()
+	r.Register("http_callback", executors.Noop{})
+	r.Register("rabbitmq", executors.NotConfigured{Kind: "rabbitmq", Setting: "RABBITMQ_URL"})
+	r.Register("email", executors.NotConfigured{Kind: "email", Setting: "SMTP_HOST"})
+	r.Register("custom", executors.Noop{})
+	configured, missing := r.Describe("http_callback", "rabbitmq", "email", "absent")
+	require.Equal(t, []string{"http_callback", "custom", "noop"}, configured)
+	require.Equal(t, []string{"rabbitmq: set RABBITMQ_URL", "email: set SMTP_HOST"}, missing)
+
+	e, _ := r.Lookup("email")
+	err := e.Execute(context.Background(), &executors.Job{})
+	var permanent *executors.PermanentError
+	require.ErrorAs(t, err, &permanent)
+	require.EqualError(t, err, "the email executor is not configured on this worker: set SMTP_HOST")
+}

@@ -79,6 +79,21 @@ var ErrSchemaMissing = errors.New("schema is missing")
 // migrations embedded in this binary.
 var ErrSchemaOutdated = errors.New("schema is older than this binary")
 
+// missingError says that schema is not installed and what to run; it is
+// ErrSchemaMissing.
+type missingError struct{ schema string }
+
+func (e missingError) Error() string {
+	return fmt.Sprintf("schema %q is not installed in this database: run 'pgdispatch migrate' first, or start with 'pgdispatch run --migrate'", e.schema)
+}
+
+func (missingError) Unwrap() error { return ErrSchemaMissing }
+
+// SchemaMissing is Check's error for a schema that is not installed, for
+// a caller that finds it missing another way (a statement naming its
+// functions fails): it says what to run, and is ErrSchemaMissing.
+func SchemaMissing(schema string) error { return missingError{cmp.Or(schema, DefaultSchema)} }
+
 // Config configures Migrate.
 type Config struct {
 	// Schema is the schema to migrate. Default: DefaultSchema.
@@ -217,8 +232,8 @@ func describe(err error) error {
 }
 
 // Check reports whether schema exists at the version this binary needs. It
-// returns the version found; ErrSchemaMissing or ErrSchemaOutdated wrap the
-// reason when it cannot be used. A newer schema is accepted: migrations only
+// returns the version found; an error that is ErrSchemaMissing or
+// ErrSchemaOutdated when it cannot be used, which says what to run. A newer schema is accepted: migrations only
 // add, so an older binary keeps working during a rolling upgrade.
 func Check(ctx context.Context, db interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -233,17 +248,18 @@ func Check(ctx context.Context, db interface {
 		return 0, fmt.Errorf("check schema: %w", err)
 	}
 	if !exists {
-		return 0, fmt.Errorf("%w: %q has no %s table", ErrSchemaMissing, schema, versionTable)
+		return 0, SchemaMissing(schema)
 	}
 	var version int32
 	if err := db.QueryRow(ctx, "SELECT version FROM "+pgx.Identifier{schema, versionTable}.Sanitize()).Scan(&version); err != nil {
 		return 0, fmt.Errorf("check schema: read version: %w", err)
 	}
 	if version == 0 {
-		return 0, fmt.Errorf("%w: %q has no migrations applied", ErrSchemaMissing, schema)
+		return 0, SchemaMissing(schema)
 	}
 	if version < Latest() {
-		return version, fmt.Errorf("%w: %q is at version %d, this binary needs %d", ErrSchemaOutdated, schema, version, Latest())
+		return version, fmt.Errorf("%w: %q is at version %d, this binary needs %d: run 'pgdispatch migrate', or start with 'pgdispatch run --migrate'",
+			ErrSchemaOutdated, schema, version, Latest())
 	}
 	return version, nil
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
-	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // statsCommand prints the numbers per queue and kind.
@@ -35,9 +34,7 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if *budget <= 0 {
-		fmt.Fprintf(stderr, "--finished-budget must be positive, not %s\n", *budget)
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "--finished-budget must be positive, not %s", *budget)
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		stats, counted, err := a.Stats(ctx, *budget)
@@ -186,14 +183,12 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	v := newValues(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON")
 	reveal := fs.Bool("reveal", false, revealHelp)
-	ids, err := parseIDs(fs, args, false)
+	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(ids) != 1 {
-		fmt.Fprintln(stderr, "want exactly one job id")
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "want exactly one job id")
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		j, err := a.Get(ctx, ids[0])
@@ -215,12 +210,6 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			payload.Reset()
 			payload.Write(j.Payload)
 		}
-		ts := func(t *time.Time) string {
-			if t == nil {
-				return "-"
-			}
-			return t.UTC().Format(time.RFC3339Nano)
-		}
 		str := func(s *string) string {
 			if s == nil {
 				return "-"
@@ -235,13 +224,13 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			{"status", j.Status},
 			{"attempts", attempts(j)},
 			{"priority", strconv.Itoa(int(j.Priority))},
-			{"run_at", ts(&j.RunAt)},
+			{"run_at", stampOr(&j.RunAt)},
 			{"dedup_key", str(j.DedupKey)},
 			{"locked_by", str(j.LockedBy)},
-			{"locked_until", ts(j.LockedUntil)},
-			{"created_at", ts(&j.CreatedAt)},
-			{"updated_at", ts(&j.UpdatedAt)},
-			{"finished_at", ts(j.FinishedAt)},
+			{"locked_until", stampOr(j.LockedUntil)},
+			{"created_at", stampOr(&j.CreatedAt)},
+			{"updated_at", stampOr(&j.UpdatedAt)},
+			{"finished_at", stampOr(j.FinishedAt)},
 			{"last_error", str(j.LastError)},
 		} {
 			fmt.Fprintf(tw, "%s\t%s\n", row[0], termsafe.String(row[1]))
@@ -268,7 +257,7 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	v := newValues(fs, connSettings)
 	allDead := fs.Bool("all-dead", false, "every dead job (of the filters when given): count them, or retry them with --yes")
 	dead := addDeadFlags(fs)
-	ids, err := parseIDs(fs, args, true)
+	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
 	}
@@ -278,11 +267,9 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	case !*allDead && dead.filtered():
 		return errors.New("--queue, --kind, --since, --until and --host go with --all-dead")
 	case !*allDead && len(ids) == 0:
-		fmt.Fprintln(stderr, "give job ids, or --all-dead")
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "give job ids, or --all-dead")
 	case *allDead:
-		return retryAllDead(ctx, v, fs, dead, stdout, stderr)
+		return retryAllDead(ctx, v, fs, dead, stdout)
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Retry(ctx, ids)
@@ -293,14 +280,12 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("jobs cancel", "Cancel pending or running jobs: pgdispatch jobs cancel [flags] ID...", stderr)
 	v := newValues(fs, connSettings)
-	ids, err := parseIDs(fs, args, true)
+	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(ids) == 0 {
-		fmt.Fprintln(stderr, "give job ids")
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "give job ids")
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Cancel(ctx, ids)
@@ -340,46 +325,28 @@ func printChanges(w io.Writer, changes []admin.Change, err error, did, applies s
 	return nil
 }
 
-// parseIDs parses flags and then job ids, which may come before, between
-// or after the flags.
-func parseIDs(fs *flag.FlagSet, args []string, many bool) ([]int64, error) {
-	var ids []int64
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
+// parseIDs parses flags and job ids, which may come before, between or
+// after the flags.
+func parseIDs(fs *flag.FlagSet, args []string) ([]int64, error) {
+	names, err := parseNames(fs, args)
+	ids := make([]int64, len(names))
+	for i, name := range names {
+		if ids[i], err = strconv.ParseInt(name, 10, 64); err != nil || ids[i] <= 0 {
+			fmt.Fprintf(fs.Output(), "not a job id: %q\n", name)
 			return nil, errUsage
 		}
-		if fs.NArg() == 0 {
-			return ids, nil
-		}
-		id, err := strconv.ParseInt(fs.Arg(0), 10, 64)
-		if err != nil || id <= 0 {
-			fmt.Fprintf(fs.Output(), "not a job id: %q\n", fs.Arg(0))
-			return nil, errUsage
-		}
-		ids = append(ids, id)
-		if !many && len(ids) > 1 {
-			return ids, nil
-		}
-		args = fs.Args()[1:]
 	}
+	return ids, err
 }
 
+// withAdmin connects as v says, checks the schema, and runs f.
 func withAdmin(ctx context.Context, v *values, f func(a *admin.Admin) error) error {
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
-		return err
-	}
-	defer c.pool.Close()
-	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	_, err = migrations.Check(checkCtx, c.pool, c.schema)
-	cancel()
-	if err != nil {
-		return explainSchema(err, c.schema)
-	}
-	return f(admin.New(c.pool, c.schema, c.timeout))
+	return withConn(ctx, v, func(c *conn) error {
+		if err := c.checkSchema(ctx); err != nil {
+			return err
+		}
+		return f(admin.New(c.pool, c.schema, c.timeout))
+	})
 }
 
 func printJSON(w io.Writer, v any) error {

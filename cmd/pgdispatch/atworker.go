@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,25 +37,26 @@ func atWorkerCommand(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 // The AT Worker's own settings. Each stands in for the pgdispatch setting
-// named in its help when that one is unset (atWorkerFallbacks).
+// named by standsFor, a whole number above 0 read in unit, when that one is
+// unset (applyATWorkerSettings).
 var atWorkerSettings = []setting{
-	{env: "WORKER_POLLING_INTERVAL", help: "seconds: read as `POLL_INTERVAL`, the fallback tick (a worker is woken by `NOTIFY` within milliseconds; the tick only covers a lost wake-up)"},
-	{env: "WORKER_BATCH_SIZE", help: "read as `CONCURRENCY`: jobs run at once per queue, the largest claim"},
-	{env: "WORKER_CLEANER_INTERVAL", help: "minutes: read as `SWEEP_INTERVAL`"},
-	{env: "WORKER_STUCK_TIMEOUT", help: "minutes: read as `LEASE`, and by `at-worker switch` for rows being processed"},
+	{env: "WORKER_POLLING_INTERVAL", standsFor: "POLL_INTERVAL", unit: "s", help: "seconds: read as `POLL_INTERVAL`, the fallback tick (a worker is woken by `NOTIFY` within milliseconds; the tick only covers a lost wake-up)"},
+	{env: "WORKER_BATCH_SIZE", standsFor: "CONCURRENCY", help: "read as `CONCURRENCY`: jobs run at once per queue, the largest claim"},
+	{env: "WORKER_CLEANER_INTERVAL", standsFor: "SWEEP_INTERVAL", unit: "m", help: "minutes: read as `SWEEP_INTERVAL`"},
+	{env: "WORKER_STUCK_TIMEOUT", standsFor: "LEASE", unit: "m", help: "minutes: read as `LEASE`, and by `at-worker switch` for rows being processed"},
 }
 
-// atWorkerFallback maps one AT Worker setting to pgdispatch's.
-type atWorkerFallback struct {
-	from, to, flag string
-	unit           string // the value's suffix: "s", "m", or "" for a count
-}
-
-var atWorkerFallbacks = []atWorkerFallback{
-	{"WORKER_POLLING_INTERVAL", "POLL_INTERVAL", "poll-interval", "s"},
-	{"WORKER_BATCH_SIZE", "CONCURRENCY", "concurrency", ""},
-	{"WORKER_CLEANER_INTERVAL", "SWEEP_INTERVAL", "sweep-interval", "m"},
-	{"WORKER_STUCK_TIMEOUT", "LEASE", "lease", "m"},
+// atWorkerValue is the value of the AT Worker's setting s, in s.unit: ""
+// when it is unset.
+func atWorkerValue(v *values, s setting) (string, error) {
+	from := v.str(s.env)
+	if from == "" {
+		return "", nil
+	}
+	if n, err := strconv.Atoi(from); err != nil || n <= 0 {
+		return "", fmt.Errorf("invalid %s %q: must be a whole number above 0", s.env, from)
+	}
+	return from + s.unit, nil
 }
 
 // applyATWorkerSettings sets each pgdispatch setting that neither the
@@ -63,21 +66,17 @@ func applyATWorkerSettings(v *values) (applied [][2]string, err error) {
 	set := map[string]bool{}
 	v.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var errs []error
-	for _, m := range atWorkerFallbacks {
-		from := v.str(m.from)
-		if from == "" || set[m.flag] {
+	for _, s := range atWorkerSettings {
+		if _, ok := os.LookupEnv(s.standsFor); ok || set[v.flags[s.standsFor]] {
 			continue
 		}
-		if _, ok := os.LookupEnv(m.to); ok {
-			continue
+		to, err := atWorkerValue(v, s)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w (it stands in for %s, which is unset)", err, s.standsFor))
+		} else if to != "" {
+			*v.vals[s.standsFor] = to
+			applied = append(applied, [2]string{s.env + "=" + v.str(s.env), s.standsFor + "=" + to})
 		}
-		n, err := strconv.Atoi(from)
-		if err != nil || n <= 0 {
-			errs = append(errs, fmt.Errorf("invalid %s %q: must be a whole number above 0 (it stands in for %s, which is unset)", m.from, from, m.to))
-			continue
-		}
-		*v.vals[m.to] = from + m.unit
-		applied = append(applied, [2]string{m.from + "=" + from, m.to + "=" + from + m.unit})
 	}
 	return applied, errors.Join(errs...)
 }
@@ -96,14 +95,11 @@ func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	o.Queue, o.StuckTimeout = *queue, *stuck
 	if o.StuckTimeout == 0 {
-		o.StuckTimeout = atworker.DefaultStuckTimeout
-		if s := v.str("WORKER_STUCK_TIMEOUT"); s != "" {
-			n, err := strconv.Atoi(s)
-			if err != nil || n <= 0 {
-				return fmt.Errorf("invalid WORKER_STUCK_TIMEOUT %q: want a whole number of minutes above 0", s)
-			}
-			o.StuckTimeout = time.Duration(n) * time.Minute
+		stuck, err := atWorkerValue(v, only(atWorkerSettings, "WORKER_STUCK_TIMEOUT")[0])
+		if err != nil {
+			return err
 		}
+		o.StuckTimeout, _ = time.ParseDuration(cmp.Or(stuck, atworker.DefaultStuckTimeout.String()))
 	}
 	return onDatabase(ctx, v, o.LockWait, func(ctx context.Context, c *conn) error {
 		o.Schema = c.schema
@@ -203,27 +199,21 @@ func atWorkerError(err error, table, what string) error {
 
 // rowCounts writes counts by status: "3 rows (1 pending, 2 completed)".
 func rowCounts(counts map[string]int64) string {
+	known := []string{atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed}
 	var total int64
-	var parts []string
-	for _, s := range []string{atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed} {
+	var parts, others []string
+	for _, s := range known {
 		if n := counts[s]; n > 0 {
 			parts = append(parts, fmt.Sprintf("%d %s", n, s))
 		}
 	}
-	others := make([]string, 0)
 	for s, n := range counts {
-		switch s {
-		case atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed:
-		default:
+		if total += n; !slices.Contains(known, s) {
 			others = append(others, fmt.Sprintf("%d %s", n, termsafe.String(s)))
 		}
 	}
 	sort.Strings(others)
-	parts = append(parts, others...)
-	for _, n := range counts {
-		total += n
-	}
-	if len(parts) == 0 {
+	if parts = append(parts, others...); len(parts) == 0 {
 		return "0 rows"
 	}
 	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -121,9 +120,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(results)
+		return printJSON(stdout, results)
 	}
 	fmt.Fprintf(stdout, "pgdispatch bench on %d CPUs, %s\n", runtime.NumCPU(), serverVersion(ctx, c.pool))
 	for _, r := range results {

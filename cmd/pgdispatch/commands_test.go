@@ -297,3 +297,16 @@ func testCommands(t *testing.T, via route) {
 	require.Equal(t, 0, worker.wait(t, 30*time.Second), worker.stderr.String())
 	require.NotContains(t, worker.stderr.String(), "prepared statement")
 }
+
+// With no DATABASE_URL, the AT Worker's DB_* variables name the database,
+// the ones left out taking the AT Worker's defaults (DB_SSLMODE disable).
+func TestATWorkerDatabaseVariables(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgx.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	schema := pgtest.Schema(t)
+	p := start(t, env("DB_SCHEMA="+schema, "DB_HOST="+cfg.Host, "DB_PORT="+strconv.Itoa(int(cfg.Port)), "DB_USER="+cfg.User,
+		"DB_PASSWORD="+cfg.Password, "DB_NAME="+cfg.Database), "migrate")
+	require.Equal(t, 0, p.wait(t, time.Minute), p.stderr.String())
+	require.Contains(t, p.stdout.String(), `schema "`+schema+`" is at version`)
+}

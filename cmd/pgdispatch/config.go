@@ -34,6 +34,9 @@ import (
 type setting struct {
 	env, flag, def, help string
 	apply                func(v *values, cfg *pgdispatch.Config, errs *[]error)
+	// standsFor, of an AT Worker setting, is the pgdispatch setting it stands
+	// in for, read in unit ("s", "m", or "" for a count).
+	standsFor, unit string
 }
 
 // The settings every command that talks to the database reads.
@@ -63,8 +66,9 @@ var workerSettings = []setting{
 		env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally `name:concurrency`",
 		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
 			var err error
-			cfg.Queues, err = parseQueues(v.str("QUEUES"))
-			*errs = append(*errs, err)
+			if cfg.Queues, err = pgdispatch.ParseQueues(v.str("QUEUES")); err != nil {
+				*errs = append(*errs, fmt.Errorf("invalid QUEUES: %w", err))
+			}
 		},
 	},
 	countSetting("CONCURRENCY", "concurrency", claimer.DefaultConcurrency, "jobs run at once per queue; one claim takes at most the free slots, so this is also the largest claim",
@@ -136,7 +140,7 @@ func durationText(d time.Duration) string {
 
 // The settings of run alone.
 var serveSettings = []setting{
-	{env: "METRICS_ADDR", flag: "metrics-addr", def: "", help: "address of the HTTP server for `/metrics`, `/healthz` and `/readyz`, such as `127.0.0.1:9090`; empty: off. They have no authentication ([Metrics and health](#metrics-and-health))"},
+	{env: "METRICS_ADDR", flag: "metrics-addr", help: "address of the HTTP server for `/metrics`, `/healthz` and `/readyz`, such as `127.0.0.1:9090`; empty: off. They have no authentication ([Metrics and health](#metrics-and-health))"},
 }
 
 // withDefaults returns a copy of settings with other defaults, by variable.
@@ -153,12 +157,13 @@ func withDefaults(settings []setting, defaults map[string]string) []setting {
 
 // values holds the settings of one command once flags are parsed.
 type values struct {
-	fs   *flag.FlagSet
-	vals map[string]*string // by env name
+	fs    *flag.FlagSet
+	vals  map[string]*string // by env name
+	flags map[string]string  // flag names, by env name
 }
 
 func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
-	v := &values{fs: fs, vals: map[string]*string{}}
+	v := &values{fs: fs, vals: map[string]*string{}, flags: map[string]string{}}
 	for _, g := range groups {
 		for _, s := range g {
 			def := s.def
@@ -173,7 +178,7 @@ func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
 			// environment's value is set after.
 			p := fs.String(s.flag, s.def, plain(s.help)+" ($"+s.env+")")
 			*p = def
-			v.vals[s.env] = p
+			v.vals[s.env], v.flags[s.env] = p, s.flag
 		}
 	}
 	return v
@@ -225,84 +230,40 @@ func (v *values) positiveInt(env string, errs *[]error) int {
 // parseDuration reads a Go duration ("30s", "5m") or a whole number of
 // seconds, as the AT Worker's settings were.
 func parseDuration(s string) (time.Duration, error) {
-	if n, err := strconv.Atoi(s); err == nil {
-		if n < 0 {
-			return 0, errors.New("must not be negative")
-		}
-		return time.Duration(n) * time.Second, nil
-	}
 	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, errors.New(`want a duration such as "30s" or "5m", or a number of seconds`)
+	if n, nerr := strconv.Atoi(s); nerr == nil {
+		d, err = time.Duration(n)*time.Second, nil
 	}
-	if d < 0 {
+	switch {
+	case err != nil:
+		return 0, errors.New(`want a duration such as "30s" or "5m", or a number of seconds`)
+	case d < 0:
 		return 0, errors.New("must not be negative")
 	}
 	return d, nil
 }
 
 // databaseURL is DATABASE_URL, or the URL the AT Worker's DB_* variables
-// describe when it is empty.
+// describe when it is empty and any of them is set.
 func (v *values) databaseURL() string {
 	if u := v.str("DATABASE_URL"); u != "" {
 		return u
 	}
-	if !anyEnv("DB_HOST", "DB_PORT", "DB_USER", "DB_PASSWORD", "DB_NAME", "DB_SSLMODE") {
+	at := map[string]string{"DB_HOST": "localhost", "DB_PORT": "5432", "DB_USER": "postgres", "DB_PASSWORD": "postgres", "DB_NAME": "at_scheduler", "DB_SSLMODE": "disable"}
+	set := false
+	for name := range at {
+		if e := os.Getenv(name); e != "" {
+			at[name], set = e, true
+		}
+	}
+	if !set {
 		return ""
 	}
 	u := url.URL{
-		Scheme: "postgres",
-		User:   url.UserPassword(envOr("DB_USER", "postgres"), envOr("DB_PASSWORD", "postgres")),
-		Host:   envOr("DB_HOST", "localhost") + ":" + envOr("DB_PORT", "5432"),
-		Path:   "/" + envOr("DB_NAME", "at_scheduler"),
+		Scheme: "postgres", User: url.UserPassword(at["DB_USER"], at["DB_PASSWORD"]), Host: at["DB_HOST"] + ":" + at["DB_PORT"],
+		Path: "/" + at["DB_NAME"], RawQuery: url.Values{"sslmode": {at["DB_SSLMODE"]}}.Encode(),
 	}
-	u.RawQuery = url.Values{"sslmode": {envOr("DB_SSLMODE", "disable")}}.Encode()
 	return u.String()
-}
-
-func anyEnv(names ...string) bool {
-	for _, n := range names {
-		if os.Getenv(n) != "" {
-			return true
-		}
-	}
-	return false
-}
-
-func envOr(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-// parseQueues reads QUEUES: "default,emails:4". The names are checked by
-// pgdispatch.CheckQueues.
-func parseQueues(s string) ([]pgdispatch.Queue, error) {
-	var qs []pgdispatch.Queue
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		name, conc, hasConc := strings.Cut(part, ":")
-		q := pgdispatch.Queue{Name: strings.TrimSpace(name)}
-		if hasConc {
-			n, err := strconv.Atoi(strings.TrimSpace(conc))
-			if err != nil || n <= 0 {
-				return nil, fmt.Errorf("invalid QUEUES %q: concurrency of %q must be a whole number above 0", s, q.Name)
-			}
-			q.Concurrency = n
-		}
-		qs = append(qs, q)
-	}
-	if len(qs) == 0 {
-		return nil, fmt.Errorf("invalid QUEUES %q: no queue named", s)
-	}
-	if err := pgdispatch.CheckQueues(qs); err != nil {
-		return nil, fmt.Errorf("invalid QUEUES: %w", err)
-	}
-	return qs, nil
 }
 
 // newLogger returns a logger that writes to w (the command's stderr, through

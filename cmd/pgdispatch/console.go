@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/console"
-	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // The settings of console alone. The tokens have no flag: they are
@@ -40,20 +38,12 @@ func consoleCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer c.pool.Close()
-	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	_, err = migrations.Check(checkCtx, c.pool, c.schema)
-	cancel()
+	if err := c.checkSchema(ctx); err != nil {
+		return err
+	}
+	listenConfig, err := pgdispatch.ListenConnConfigFor(c.pool, c.listenURL)
 	if err != nil {
-		return explainSchema(err, c.schema)
-	}
-	listenConfig := c.pool.Config().ConnConfig.Copy()
-	if c.direct != "" {
-		if listenConfig, err = pgx.ParseConfig(c.direct); err != nil {
-			return fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err)
-		}
-	}
-	if listenConfig.ConnectTimeout == 0 {
-		listenConfig.ConnectTimeout = 10 * time.Second
+		return fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err)
 	}
 	listenConfig.RuntimeParams["application_name"] = "pgdispatch-console"
 	srv, err := console.New(console.Config{

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -25,12 +26,8 @@ func printHistory(w io.Writer, j admin.Job) error {
 		if e.StartedAt != nil && e.FinishedAt != nil {
 			took = e.FinishedAt.Sub(*e.StartedAt).Round(time.Millisecond).String()
 		}
-		at := "-"
-		if e.FinishedAt != nil {
-			at = e.FinishedAt.UTC().Format(time.RFC3339Nano)
-		}
-		fmt.Fprintf(w, "  attempt %d  %s  took %s  on %s\n    %s\n", e.Attempt, at, took,
-			termsafe.String(e.Worker), termsafe.Lines(indent(e.Error, "    ")))
+		fmt.Fprintf(w, "  attempt %d  %s  took %s  on %s\n    %s\n", e.Attempt, stampOr(e.FinishedAt), took,
+			termsafe.String(e.Worker), termsafe.Lines(strings.ReplaceAll(e.Error, "\n", "\n    ")))
 		if len(e.Result) > 0 {
 			fmt.Fprintf(w, "    result %s\n", termsafe.String(string(compact(e.Result))))
 		}
@@ -52,29 +49,16 @@ func compact(raw json.RawMessage) []byte {
 	return b.Bytes()
 }
 
-func indent(s, prefix string) string {
-	var b bytes.Buffer
-	for i, line := range bytes.Split([]byte(s), []byte("\n")) {
-		if i > 0 {
-			b.WriteString("\n" + prefix)
-		}
-		b.Write(line)
-	}
-	return b.String()
-}
-
 func jobsSnooze(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("jobs snooze", "Make pending jobs due later, without spending an attempt: pgdispatch jobs snooze --for D ID...", stderr)
 	v := newValues(fs, connSettings)
 	d := fs.Duration("for", 0, "how long from now the jobs are due (required; for example 10m)")
-	ids, err := parseIDs(fs, args, true)
+	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(ids) == 0 || *d <= 0 {
-		fmt.Fprintln(stderr, "give --for with a positive duration, and job ids")
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "give --for with a positive duration, and job ids")
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		changes, err := a.Snooze(ctx, ids, *d)
@@ -141,16 +125,10 @@ func queuesPause(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 func queuesResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return pauseCommand(ctx, "queue", "resume", "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
-		(*admin.Admin).Resume, args, stdout, stderr)
-}
-
-// pauseCommand is the pause or resume (verb) of one queue or schedule
-// (noun), through set, which reports whether the state changed.
-func pauseCommand(ctx context.Context, noun, verb, help string, set func(*admin.Admin, context.Context, string) (bool, error),
-	args []string, stdout, stderr io.Writer,
-) error {
-	return toggle(ctx, toggleCommand{noun: noun, verb: verb, help: help, set: set}, args, stdout, stderr)
+	return toggle(ctx, toggleCommand{
+		noun: "queue", verb: "resume", set: (*admin.Admin).Resume,
+		help: "Resume a paused queue: its workers claim its due jobs at once: pgdispatch queues resume QUEUE",
+	}, args, stdout, stderr)
 }
 
 // toggleCommand is the pause or resume (verb) of one queue or schedule

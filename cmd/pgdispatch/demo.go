@@ -64,11 +64,10 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	err = demo.Run(ctx, demo.Config{
+	return demo.Run(ctx, demo.Config{
 		Worker: cfg, DatabaseURL: dbURL, PsqlURL: psqlURL, RabbitMQURL: v.str("RABBITMQ_URL"),
 		Out: stdout, Count: *count, Interval: *interval,
 	})
-	return explainSchema(err, c.schema)
 }
 
 // only returns the settings of settings named by names.

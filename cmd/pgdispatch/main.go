@@ -55,10 +55,6 @@ set by the environment variable named in its help, or in a .env file.
 
 type commandFunc func(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
-type command struct {
-	run commandFunc
-}
-
 // subcommand runs the subcommand of name that args[0] names, or prints
 // usage.
 func subcommand(ctx context.Context, name, usage string, subs map[string]commandFunc, args []string, stdout, stderr io.Writer) error {
@@ -78,19 +74,10 @@ func subcommand(ctx context.Context, name, usage string, subs map[string]command
 	return errUsage
 }
 
-var commands = map[string]command{
-	"run":       {runCommand},
-	"migrate":   {migrateCommand},
-	"enqueue":   {enqueueCommand},
-	"demo":      {demoCommand},
-	"bench":     {benchCommand},
-	"triggers":  {triggersCommand},
-	"stats":     {statsCommand},
-	"jobs":      {jobsCommand},
-	"queues":    {queuesCommand},
-	"schedules": {schedulesCommand},
-	"at-worker": {atWorkerCommand},
-	"console":   {consoleCommand},
+var commands = map[string]commandFunc{
+	"run": runCommand, "migrate": migrateCommand, "enqueue": enqueueCommand, "demo": demoCommand, "bench": benchCommand,
+	"triggers": triggersCommand, "stats": statsCommand, "jobs": jobsCommand, "queues": queuesCommand,
+	"schedules": schedulesCommand, "at-worker": atWorkerCommand, "console": consoleCommand,
 }
 
 func main() {
@@ -126,7 +113,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	// The first signal starts a graceful shutdown; restoring the default
 	// handling lets a second one end the process at once.
 	go func() { <-ctx.Done(); stop() }()
-	err := cmd.run(ctx, args[1:], stdout, stderr)
+	err := cmd(ctx, args[1:], stdout, stderr)
 	switch {
 	case err == nil:
 		return 0
@@ -161,9 +148,23 @@ func parse(fs *flag.FlagSet, args []string) error {
 		return errUsage
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %v\n", fs.Args())
-		fs.Usage()
-		return errUsage
+		return usageError(fs, "unexpected arguments: %v", fs.Args())
 	}
 	return nil
+}
+
+// refuse is an error that says what is wrong when wrong holds, for
+// errors.Join, which leaves out the nil ones.
+func refuse(wrong bool, format string, args ...any) error {
+	if wrong {
+		return fmt.Errorf(format, args...)
+	}
+	return nil
+}
+
+// usageError prints what is wrong with a command line, and the usage.
+func usageError(fs *flag.FlagSet, format string, args ...any) error {
+	fmt.Fprintf(fs.Output(), format+"\n", args...)
+	fs.Usage()
+	return errUsage
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/metrics"
 )
 
@@ -99,7 +100,7 @@ func TestReference(t *testing.T) {
 	t.Run("mentions", func(t *testing.T) {
 		t.Parallel()
 		variables := map[string]bool{}
-		for _, v := range append(otherVariables, otelVariables...) {
+		for _, v := range append(otherVariables, tracing.Variables...) {
 			variables[v] = true
 		}
 		envName := regexp.MustCompile(`\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b`)

@@ -57,14 +57,9 @@ func (d *deadFlags) check() error {
 }
 
 // retryAllDead counts the dead jobs d selects, or with --yes retries them.
-func retryAllDead(ctx context.Context, v *values, fs *flag.FlagSet, d *deadFlags, stdout, stderr io.Writer) error {
-	usage := func(err error) error {
-		fmt.Fprintln(stderr, err)
-		fs.Usage()
-		return errUsage
-	}
+func retryAllDead(ctx context.Context, v *values, fs *flag.FlagSet, d *deadFlags, stdout io.Writer) error {
 	if err := d.check(); err != nil {
-		return usage(err)
+		return usageError(fs, "%v", err)
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
 		f := admin.DeadFilter{Queue: d.queue, Kind: d.kind, Host: d.host}
@@ -78,7 +73,7 @@ func retryAllDead(ctx context.Context, v *values, fs *flag.FlagSet, d *deadFlags
 			f.Since, f.Until = d.since.t, d.until.t
 		}
 		if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
-			return usage(fmt.Errorf("--since (%s) must be before --until (%s)", stamp(f.Since), stamp(f.Until)))
+			return usageError(fs, "--since (%s) must be before --until (%s)", stamp(f.Since), stamp(f.Until))
 		}
 		if d.yes {
 			n, err := a.RetryDeadMatching(ctx, f)
@@ -130,6 +125,14 @@ func retryCommand(f admin.DeadFilter) string {
 }
 
 func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// stampOr is stamp(*t), or "-" when t is nil.
+func stampOr(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return stamp(*t)
+}
 
 var shellPlain = regexp.MustCompile(`^[A-Za-z0-9._:@%+=,/\[\]-]+$`)
 

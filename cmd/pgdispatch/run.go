@@ -6,10 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
+	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/metrics"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
@@ -28,10 +30,9 @@ type conn struct {
 	schema  string
 	timeout time.Duration
 	logger  *zap.Logger
-	// direct is LISTEN_DATABASE_URL when DATABASE_URL goes through a
-	// transaction pooler (pgdispatch.BehindPooler): migrations take their session lock
-	// there.
-	direct string
+	// listenURL is LISTEN_DATABASE_URL: PostgreSQL itself, past any
+	// transaction pooler of the pool.
+	listenURL string
 }
 
 // openConn validates the connection settings, connects and pings.
@@ -59,12 +60,20 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{pool: pool, schema: schema, timeout: timeout, logger: logger}
 	if pgdispatch.BehindPooler(dbURL, direct) {
-		c.direct = direct
 		logger.Debug("DATABASE_URL goes through a transaction pooler: LISTEN_DATABASE_URL names another server")
 	}
-	return c, nil
+	return &conn{pool: pool, schema: schema, timeout: timeout, logger: logger, listenURL: direct}, nil
+}
+
+// withConn connects as v says, runs f, and closes the connection.
+func withConn(ctx context.Context, v *values, f func(c *conn) error) error {
+	c, err := openConn(ctx, v, v.databaseURL())
+	if err != nil {
+		return err
+	}
+	defer c.pool.Close()
+	return f(c)
 }
 
 // newPool connects as pgdispatch.NewPool does, naming setting in the error
@@ -85,18 +94,13 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 			s.apply(v, &cfg, &errs)
 		}
 	}
-	if cfg.MaxAttempts > migrations.AttemptsLimit {
-		errs = append(errs, fmt.Errorf("invalid MAX_ATTEMPTS %d: at most %d, as the jobs table allows", cfg.MaxAttempts, migrations.AttemptsLimit))
-	}
-	if cfg.JobTimeout > cfg.MaxJobTimeout {
-		errs = append(errs, fmt.Errorf("JOB_TIMEOUT (%s) must not exceed MAX_JOB_TIMEOUT (%s)", cfg.JobTimeout, cfg.MaxJobTimeout))
-	}
-	if u := v.str("LISTEN_DATABASE_URL"); u != "" {
-		lc, err := pgdispatch.ListenConnConfigOf(u)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("invalid LISTEN_DATABASE_URL: %w", err))
-		}
-		cfg.ListenConnConfig = lc
+	errs = append(errs,
+		refuse(cfg.MaxAttempts > migrations.AttemptsLimit, "invalid MAX_ATTEMPTS %d: at most %d, as the jobs table allows", cfg.MaxAttempts, migrations.AttemptsLimit),
+		refuse(cfg.JobTimeout > cfg.MaxJobTimeout, "JOB_TIMEOUT (%s) must not exceed MAX_JOB_TIMEOUT (%s)", cfg.JobTimeout, cfg.MaxJobTimeout))
+	if c.listenURL != "" {
+		var err error
+		cfg.ListenConnConfig, err = pgdispatch.ListenConnConfigOf(c.listenURL)
+		errs = append(errs, refuse(err != nil, "invalid LISTEN_DATABASE_URL: %w", err))
 	}
 	return cfg, errors.Join(errs...)
 }
@@ -138,14 +142,11 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	}
 	// The schema is checked before anything is logged (the worker checks it
 	// again), so that a missing one is said in one line.
-	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	_, err = migrations.Check(checkCtx, c.pool, c.schema)
-	cancel()
-	if err != nil {
+	if err := c.checkSchema(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return explainSchema(err, c.schema)
+		return err
 	}
 	logExecutors(c.logger, v, registry)
 	var (
@@ -160,18 +161,13 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 		m = metrics.New(c.pool, registry)
 		cfg.Observer = m
 	}
-	if cfg.WorkerID == "" { // named here, for the traces' service.instance.id
-		if cfg.WorkerID, err = pgdispatch.DefaultWorkerID(); err != nil {
-			return err
-		}
-	}
-	tp, err := tracerProvider(ctx, cfg.WorkerID, c.logger)
+	tp, err := tracing.NewProvider(ctx, cfg.WorkerID, c.logger)
 	if err != nil {
 		return err
 	}
 	if tp != nil {
 		cfg.TracerProvider = tp
-		defer shutdownTracing(ctx, tp, c.logger)
+		defer tracing.Shutdown(ctx, tp, c.logger)
 	}
 	w, err := pgdispatch.NewWorker(cfg)
 	if err != nil {
@@ -190,42 +186,28 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 			}
 		}()
 	}
-	return explainSchema(w.Run(ctx), c.schema)
+	return w.Run(ctx)
 }
 
-// logExecutors logs the executors the settings configure, and the
-// built-in ones they leave out, each with the setting it needs
-// (buildRegistry registers those to fail their jobs, saying so).
+// logExecutors logs the executors the registry holds, pgdispatch's own
+// first, and the ones the settings leave out, each with the setting it
+// needs (buildRegistry registers those to fail their jobs, saying so).
 func logExecutors(logger *zap.Logger, v *values, reg *executors.Registry) {
-	configured := []string{httpcallback.Kind + " (unsigned)"}
-	if v.str("HTTP_SIGNING_SECRET") != "" {
-		configured[0] = httpcallback.Kind + " (signed)"
-	}
-	var missing []string
-	for _, e := range []struct{ kind, setting string }{{rabbitmq.Kind, "RABBITMQ_URL"}, {email.Kind, "SMTP_HOST"}} {
-		if v.str(e.setting) != "" {
-			configured = append(configured, e.kind)
-		} else {
-			missing = append(missing, e.kind+": set "+e.setting)
-		}
-	}
-	for _, kind := range reg.Kinds() {
-		if kind != httpcallback.Kind && kind != rabbitmq.Kind && kind != email.Kind {
-			configured = append(configured, kind)
-		}
+	configured, missing := reg.Describe(httpcallback.Kind, rabbitmq.Kind, email.Kind)
+	if i := slices.Index(configured, httpcallback.Kind); i >= 0 && v.str("HTTP_SIGNING_SECRET") != "" {
+		configured[i] += " (signed)"
+	} else if i >= 0 {
+		configured[i] += " (unsigned)"
 	}
 	logger.Info("executors", zap.Strings("configured", configured), zap.Strings("not_configured", missing))
 }
 
-// explainSchema turns a missing or old schema into one line that says what
-// to run.
-func explainSchema(err error, schema string) error {
-	switch {
-	case errors.Is(err, migrations.ErrSchemaMissing):
-		return fmt.Errorf("schema %q is not installed in this database: run 'pgdispatch migrate' first, or start with 'pgdispatch run --migrate'", schema)
-	case errors.Is(err, migrations.ErrSchemaOutdated):
-		return fmt.Errorf("%w: run 'pgdispatch migrate', or start with 'pgdispatch run --migrate'", err)
-	}
+// checkSchema refuses a schema that is missing or older than this binary,
+// saying what to run.
+func (c *conn) checkSchema(ctx context.Context) error {
+	checkCtx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	_, err := migrations.Check(checkCtx, c.pool, c.schema)
 	return err
 }
 
@@ -235,40 +217,23 @@ func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
-		return err
-	}
-	defer c.pool.Close()
-	if err := runMigrate(ctx, c); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "schema %q is at version %d\n", c.schema, migrations.Latest())
-	return nil
+	return withConn(ctx, v, func(c *conn) error {
+		if err := runMigrate(ctx, c); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "schema %q is at version %d\n", c.schema, migrations.Latest())
+		return nil
+	})
 }
 
-// runMigrate migrates on the pool, or over LISTEN_DATABASE_URL when the pool
-// goes through a transaction pooler: a migration holds a session-level
-// advisory lock and session settings, which a pooler would leave on a server
-// connection that other clients then get.
+// runMigrate migrates, past the pool's pooler if it has one
+// (pgdispatch.MigrateWith).
 func runMigrate(ctx context.Context, c *conn) error {
-	pool := c.pool
-	if c.direct != "" {
-		direct, err := newPool(ctx, c.direct, "LISTEN_DATABASE_URL", pgdispatch.PoolConfig{StatementTimeout: c.timeout, ListenURL: c.direct})
-		if err != nil {
-			return fmt.Errorf("migrate: %w", err)
-		}
-		defer direct.Close()
-		pool = direct
-	}
-	from, to, err := migrations.Migrate(ctx, pool, migrations.Config{Schema: c.schema, LockTimeout: min(c.timeout, 5*time.Second)})
-	if err != nil {
-		return err
-	}
-	if from != to {
+	from, to, err := pgdispatch.MigrateWith(ctx, c.pool, pgdispatch.MigrateConfig{Schema: c.schema, ListenURL: c.listenURL, StatementTimeout: c.timeout})
+	if err == nil && from != to {
 		c.logger.Info("migrated", zap.String("schema", c.schema), zap.Int32("from", from), zap.Int32("to", to))
 	}
-	return nil
+	return err
 }
 
 func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -284,18 +249,11 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	var errs []error
-	if *kind == "" {
-		errs = append(errs, errors.New("--kind is required"))
-	}
-	if !json.Valid([]byte(*payload)) {
-		errs = append(errs, fmt.Errorf("--payload is not valid JSON: %q", *payload))
-	}
-	if *priority < -32768 || *priority > 32767 {
-		errs = append(errs, errors.New("--priority must fit in a smallint"))
-	}
-	if *maxAttempts < 0 {
-		errs = append(errs, errors.New("--max-attempts must not be negative"))
+	errs := []error{
+		refuse(*kind == "", "--kind is required"),
+		refuse(!json.Valid([]byte(*payload)), "--payload is not valid JSON: %q", *payload),
+		refuse(*priority < math.MinInt16 || *priority > math.MaxInt16, "--priority must fit in a smallint"),
+		refuse(*maxAttempts < 0, "--max-attempts must not be negative"),
 	}
 	var at time.Time
 	if *runAt != "" {
@@ -310,22 +268,15 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
+	var e pgdispatch.Enqueued
+	err := onDatabase(ctx, v, 0, func(ctx context.Context, c *conn) (err error) {
+		e, err = pgdispatch.Schema(c.schema).EnqueueChecked(ctx, c.pool, pgdispatch.Job{
+			Kind: *kind, Payload: json.RawMessage(*payload), Queue: *queue, RunAt: at,
+			Priority: int16(*priority), DedupKey: *dedupKey, MaxAttempts: *maxAttempts,
+		})
 		return err
-	}
-	defer c.pool.Close()
-	callCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	e, err := pgdispatch.Schema(c.schema).EnqueueChecked(callCtx, c.pool, pgdispatch.Job{
-		Kind: *kind, Payload: json.RawMessage(*payload), Queue: *queue, RunAt: at,
-		Priority: int16(*priority), DedupKey: *dedupKey, MaxAttempts: *maxAttempts,
 	})
 	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42883") { // no such schema, no such function
-			return explainSchema(migrations.ErrSchemaMissing, c.schema)
-		}
 		return err
 	}
 	if e.Conflict {

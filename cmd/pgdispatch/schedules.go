@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"text/tabwriter"
@@ -54,20 +55,17 @@ var builtinKinds = []string{httpcallback.Kind, rabbitmq.Kind, email.Kind, execut
 
 // parseNames parses flags and the names among them, before, between or
 // after the flags.
-func parseNames(fs *flag.FlagSet, args []string) ([]string, error) {
-	var names []string
+func parseNames(fs *flag.FlagSet, args []string) (names []string, err error) {
 	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
+		if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		} else if err != nil {
 			return nil, errUsage
 		}
 		if fs.NArg() == 0 {
 			return names, nil
 		}
-		names = append(names, fs.Arg(0))
-		args = fs.Args()[1:]
+		names, args = append(names, fs.Arg(0)), fs.Args()[1:]
 	}
 }
 
@@ -79,9 +77,7 @@ func oneName(fs *flag.FlagSet, args []string, noun string) (string, error) {
 		return "", err
 	}
 	if len(names) != 1 || names[0] == "" {
-		fmt.Fprintf(fs.Output(), "give one %s name\n", noun)
-		fs.Usage()
-		return "", errUsage
+		return "", usageError(fs, "give one %s name", noun)
 	}
 	return names[0], nil
 }
@@ -113,18 +109,12 @@ func schedulesAdd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	var errs []error
 	fs.Visit(func(f *flag.Flag) {
 		if f.Name == "priority" {
-			if *priority < -32768 || *priority > 32767 {
-				errs = append(errs, errors.New("--priority must fit in a smallint"))
-			}
-			p := int16(*priority) //nolint:gosec // checked above
+			p := int16(*priority) //nolint:gosec // checked here
 			spec.Priority = &p
+			errs = append(errs, refuse(*priority < math.MinInt16 || *priority > math.MaxInt16, "--priority must fit in a smallint"))
 		}
-		if f.Name == "max-attempts" && *maxAttempts <= 0 {
-			errs = append(errs, errors.New("--max-attempts must be above 0"))
-		}
-		if f.Name == "catch-up-limit" && *catchUpLimit <= 0 {
-			errs = append(errs, errors.New("--catch-up-limit must be above 0"))
-		}
+		errs = append(errs, refuse(f.Name == "max-attempts" && *maxAttempts <= 0, "--max-attempts must be above 0"),
+			refuse(f.Name == "catch-up-limit" && *catchUpLimit <= 0, "--catch-up-limit must be above 0"))
 	})
 	if err := spec.Check(); err != nil {
 		errs = append(errs, err)
@@ -255,12 +245,15 @@ func schedulesRemove(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 func schedulesPause(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return pauseCommand(ctx, "schedule", "pause", "Stop a schedule from creating jobs until it is resumed: pgdispatch schedules pause NAME",
-		(*admin.Admin).PauseSchedule, args, stdout, stderr)
+	return toggle(ctx, toggleCommand{
+		noun: "schedule", verb: "pause", set: (*admin.Admin).PauseSchedule,
+		help: "Stop a schedule from creating jobs until it is resumed: pgdispatch schedules pause NAME",
+	}, args, stdout, stderr)
 }
 
 func schedulesResume(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	return pauseCommand(ctx, "schedule", "resume",
-		"Start a paused schedule again from its next slot (the paused slots are not caught up): pgdispatch schedules resume NAME",
-		(*admin.Admin).ResumeSchedule, args, stdout, stderr)
+	return toggle(ctx, toggleCommand{
+		noun: "schedule", verb: "resume", set: (*admin.Admin).ResumeSchedule,
+		help: "Start a paused schedule again from its next slot (the paused slots are not caught up): pgdispatch schedules resume NAME",
+	}, args, stdout, stderr)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"strings"
@@ -12,8 +11,8 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
-	"github.com/pgdispatch/pgdispatch/internal/redact"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
 
@@ -50,17 +49,11 @@ func triggersAdd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	var errs []error
-	if s.Table == "" {
-		errs = append(errs, errors.New("--table is required"))
-	}
-	if s.Kind == "" {
-		errs = append(errs, errors.New("--kind is required"))
-	}
-	if !json.Valid([]byte(*payload)) {
-		errs = append(errs, fmt.Errorf("--payload is not valid JSON: %q", *payload))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(
+		refuse(s.Table == "", "--table is required"),
+		refuse(s.Kind == "", "--kind is required"),
+		refuse(!json.Valid([]byte(*payload)), "--payload is not valid JSON: %q", *payload),
+	); err != nil {
 		return err
 	}
 	s.Payload = json.RawMessage(*payload)
@@ -104,17 +97,11 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if !*reveal {
 		for i := range list {
-			p, err := redact.Payload(list[i].Payload)
-			if err != nil {
-				p = json.RawMessage(`"` + redact.Mask + `"`)
-			}
-			list[i].Payload = p
+			list[i].Payload = admin.MaskJSON(list[i].Payload)
 		}
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(list)
+		return printJSON(stdout, list)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tTABLE\tON\tKIND\tQUEUE\tWHEN\tPAYLOAD")
@@ -136,36 +123,29 @@ func triggersRemove(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := newFlagSet("triggers remove", "Drop a dispatch trigger: pgdispatch triggers remove [flags] NAME", stderr)
 	v := newValues(fs, connSettings)
 	wait := fs.Duration("lock-wait", triggers.DefaultLockWait, "how long to wait for the table's lock")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	names, err := parseNames(fs, args)
+	if err != nil {
+		return err
 	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "want exactly one trigger name")
-		fs.Usage()
-		return errUsage
+	if len(names) != 1 {
+		return usageError(fs, "want exactly one trigger name")
 	}
-	err := onDatabase(ctx, v, *wait, func(ctx context.Context, c *conn) error {
-		return triggers.Remove(ctx, c.pool, c.schema, fs.Arg(0), *wait)
+	err = onDatabase(ctx, v, *wait, func(ctx context.Context, c *conn) error {
+		return triggers.Remove(ctx, c.pool, c.schema, names[0], *wait)
 	})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "trigger %s removed\n", fs.Arg(0))
+	fmt.Fprintf(stdout, "trigger %s removed\n", names[0])
 	return nil
 }
 
 // onDatabase connects as v says and runs f with a context bounded by the
 // statement timeout plus extra (a lock wait), then closes the connection.
 func onDatabase(ctx context.Context, v *values, extra time.Duration, f func(ctx context.Context, c *conn) error) error {
-	c, err := openConn(ctx, v, v.databaseURL())
-	if err != nil {
-		return err
-	}
-	defer c.pool.Close()
-	callCtx, cancel := context.WithTimeout(ctx, c.timeout+extra)
-	defer cancel()
-	return f(callCtx, c)
+	return withConn(ctx, v, func(c *conn) error {
+		callCtx, cancel := context.WithTimeout(ctx, c.timeout+extra)
+		defer cancel()
+		return f(callCtx, c)
+	})
 }

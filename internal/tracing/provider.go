@@ -1,4 +1,4 @@
-package main
+package tracing
 
 import (
 	"context"
@@ -15,9 +15,9 @@ import (
 	"go.uber.org/zap"
 )
 
-// otelVariables are the standard OpenTelemetry variables docs/reference.md
-// lists: those tracerProvider reads, and those the SDK reads for it.
-var otelVariables = []string{
+// Variables are the standard OpenTelemetry variables docs/reference.md
+// lists: those NewProvider reads, and those the SDK reads for it.
+var Variables = []string{
 	"OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER",
 	"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
 	"OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
@@ -29,11 +29,12 @@ var otelVariables = []string{
 	"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
 }
 
-// tracingShutdownTimeout bounds the export of the last spans at exit.
-const tracingShutdownTimeout = 5 * time.Second
+// shutdownTimeout bounds the export of the last spans at exit.
+const shutdownTimeout = 5 * time.Second
 
-// tracerProvider builds the worker's TracerProvider from the standard
-// OpenTelemetry environment, or returns nil when it leaves tracing off:
+// NewProvider builds the TracerProvider of the worker workerID (its
+// service.instance.id) from the standard OpenTelemetry environment, as
+// pgdispatch run does, or returns nil when that leaves tracing off:
 // OTEL_SDK_DISABLED=true, OTEL_TRACES_EXPORTER=none, or neither
 // OTEL_TRACES_EXPORTER=otlp nor an OTLP endpoint
 // (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT). Spans
@@ -43,7 +44,7 @@ const tracingShutdownTimeout = 5 * time.Second
 // _ARG, default parentbased_always_on), the batching (OTEL_BSP_*), the span
 // limits and the resource (OTEL_SERVICE_NAME, default pgdispatch, and
 // OTEL_RESOURCE_ATTRIBUTES). docs/reference.md lists them.
-func tracerProvider(ctx context.Context, workerID string, logger *zap.Logger) (*sdktrace.TracerProvider, error) {
+func NewProvider(ctx context.Context, workerID string, logger *zap.Logger) (*sdktrace.TracerProvider, error) {
 	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
 		return nil, nil
 	}
@@ -86,10 +87,9 @@ func tracerProvider(ctx context.Context, workerID string, logger *zap.Logger) (*
 	return tp, nil
 }
 
-// shutdownTracing exports the spans tp holds, for at most
-// tracingShutdownTimeout.
-func shutdownTracing(ctx context.Context, tp *sdktrace.TracerProvider, logger *zap.Logger) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tracingShutdownTimeout)
+// Shutdown exports the spans tp holds, for at most 5s.
+func Shutdown(ctx context.Context, tp *sdktrace.TracerProvider, logger *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
 	defer cancel()
 	if err := tp.Shutdown(ctx); err != nil {
 		logger.Warn("tracing: the last spans were not all exported", zap.Error(err))

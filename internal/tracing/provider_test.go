@@ -1,4 +1,4 @@
-package main
+package tracing_test
 
 import (
 	"context"
@@ -10,11 +10,12 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/otlptest"
+	"github.com/pgdispatch/pgdispatch/internal/tracing"
 )
 
-// clearOTel unsets, for the test, every variable tracerProvider decides by.
+// clearOTel unsets, for the test, every variable NewProvider decides by.
 func clearOTel(t *testing.T) {
-	for _, v := range otelVariables {
+	for _, v := range tracing.Variables {
 		t.Setenv(v, "")
 	}
 }
@@ -31,7 +32,7 @@ func TestTracingIsOffUnlessTheEnvironmentSaysSo(t *testing.T) {
 			for k, v := range env {
 				t.Setenv(k, v)
 			}
-			tp, err := tracerProvider(context.Background(), "w1", zaptest.NewLogger(t))
+			tp, err := tracing.NewProvider(context.Background(), "w1", zaptest.NewLogger(t))
 			require.NoError(t, err)
 			assert.Nil(t, tp)
 		})
@@ -45,7 +46,7 @@ func TestTracingIsOffUnlessTheEnvironmentSaysSo(t *testing.T) {
 			for k, v := range env {
 				t.Setenv(k, v)
 			}
-			_, err := tracerProvider(context.Background(), "w1", zaptest.NewLogger(t))
+			_, err := tracing.NewProvider(context.Background(), "w1", zaptest.NewLogger(t))
 			require.Error(t, err)
 			t.Log(err)
 		})
@@ -60,12 +61,12 @@ func TestTracingExportsToTheEnvironmentsEndpoint(t *testing.T) {
 		rcv := otlptest.New(t)
 		t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", rcv.URL+"/v1/traces")
 		t.Setenv("OTEL_SERVICE_NAME", service)
-		tp, err := tracerProvider(context.Background(), "w1", zaptest.NewLogger(t))
+		tp, err := tracing.NewProvider(context.Background(), "w1", zaptest.NewLogger(t))
 		require.NoError(t, err)
 		require.NotNil(t, tp)
 		_, span := tp.Tracer("test").Start(context.Background(), "a span")
 		span.End()
-		shutdownTracing(context.Background(), tp, zaptest.NewLogger(t))
+		tracing.Shutdown(context.Background(), tp, zaptest.NewLogger(t))
 		spans := rcv.Wait(t, 10*time.Second, func(s []otlptest.Span) bool { return len(s) == 1 })
 		want := service
 		if want == "" {
