@@ -18,9 +18,7 @@ import (
 // claimSQL claims up to $2 due jobs of queue $1 for worker $3, under a lease
 // of $4 seconds ($5: the attempts of a job whose max_attempts is NULL), in
 // (priority, run_at, id) order, until their payloads' size passes $6 bytes
-// (one job at least; a compressed payload is measured decompressed),
-// starting after the position ($7, $8, $9) in that order: the claimer's
-// cursor, or before every row for a claim from the front (cursor.go).
+// (one job at least; a compressed payload is measured decompressed).
 // attempts stops at 1,000,000, the constraint's bound, so that no row the
 // table accepts makes the claim fail. Its updated_at, now(), marks the claim:
 // the outcome is written only while the row still carries it.
@@ -30,11 +28,8 @@ import (
 //
 // When it claims fewer than asked, it also returns the seconds until the
 // earliest future run_at, on the database's clock, and whether it skipped
-// due rows after its start: its snapshot sees the rows it claimed as
-// pending, so more due rows than it claimed means some were locked by
-// another transaction. Both reads, like the claim's own, start where the
-// claim starts, or past every run_at already due: neither walks the index
-// entries that jobs claimed before the cursor leave behind.
+// due rows: its snapshot sees the rows it claimed as pending, so more due
+// rows than it claimed means some were locked by another transaction.
 //
 // It commits without waiting for its WAL flush (pinned.ClaimPlanSQL): a claim lost
 // in a server crash leaves its jobs pending, and they run again. The UPDATE
@@ -49,7 +44,6 @@ WITH p AS (
                 ELSE pg_column_size(payload || '{}'::jsonb) END AS size
     FROM {jobs}
     WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused FROM p)
-      AND (priority, run_at, id) > ($7::smallint, $8::timestamptz, $9::bigint)
     ORDER BY priority, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -77,8 +71,6 @@ WITH p AS (
            CASE WHEN k.claimed < $2 AND NOT p.paused THEN
                (SELECT count(*) FROM (SELECT FROM {jobs}
                                       WHERE status = 'pending' AND queue = $1 AND run_at <= now()
-                                        AND (priority, run_at, id) > ($7::smallint, $8::timestamptz, $9::bigint)
-                                      ORDER BY priority, run_at, id
                                       LIMIT $2 + 1) d) > k.claimed
            END AS stranded,
            p.paused
@@ -103,15 +95,12 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 	}
 	defer conn.Release()
 	notices := c.runs.Notices()
-	front := c.cursor.fromFront()
-	if front {
-		c.fronts.Add(1)
+	var sent time.Time
+	if c.trace != nil {
+		sent = time.Now()
 	}
-	priority, runAt, id := c.cursor.args(front)
-	start := time.Now()
 	results := pinned.Send(ctx, conn, pinned.ClaimPlanSQL, c.claimSQL,
-		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes,
-		priority, runAt, id)
+		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes)
 	if c.claimSent != nil {
 		c.claimSent(c.cfg.Queue)
 	}
@@ -132,13 +121,12 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 		}
 		return machine.Result{Limit: limit, Err: err}
 	}
-	c.cursor.claimed(front, time.Since(start), runs, len(runs) == limit, r.Stranded)
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {
 		return r
 	}
 	if c.trace != nil {
-		c.trace.Claimed(runs, limit, start, time.Now())
+		c.trace.Claimed(runs, limit, sent, time.Now())
 	}
 	c.runs.Add(runs)
 	// A cancel notice heard since the claim was sent may name one of its

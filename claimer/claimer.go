@@ -10,7 +10,6 @@
 //	loop.go, internal/machine  the claim loop and its states (below)
 //	claim.go                   the claim statement
 //	giveback.go                the jobs of a claim whose reply was lost, given back
-//	cursor.go                  where each claim starts: after the last job taken, or the front
 //	runners.go                 the goroutines the jobs run on
 //	internal/attempt           one attempt: the executor, the outcome's decision, the watchdog
 //	internal/completer         the outcomes, written in batches in id order
@@ -144,7 +143,6 @@ func (o verdictObserver) JobFinished(job *executors.Job, v runstate.Verdict, too
 // Stats are counters of a claimer's life, for logs and metrics.
 type Stats struct {
 	Claims    int64 // claim statements run
-	Fronts    int64 // of which from the front of the queue, not from the cursor (cursor.go)
 	Claimed   int64 // jobs claimed
 	Completed int64 // outcomes written
 	Ticks     int64 // fallback ticks
@@ -169,13 +167,12 @@ type Claimer struct {
 	trace     *jobtrace.Tracer // nil when tracing is off
 
 	notified chan struct{} // notifications, and Wake; capacity 1
-	cursor   cursor        // where the next claim starts (cursor.go)
 
 	claimSent func(queue string) // the test hook, set by the claim loop
 	lost      []int32            // the sessions of claims whose replies were lost, their jobs not given back yet
 
-	claims, fronts, claimed, ticks, tickHits, sleeps atomic.Int64
-	paused                                           atomic.Bool
+	claims, claimed, ticks, tickHits, sleeps atomic.Int64
+	paused                                   atomic.Bool
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -229,7 +226,6 @@ func (c *Claimer) Running() int { return c.runs.Executing() }
 func (c *Claimer) Stats() Stats {
 	return Stats{
 		Claims:    c.claims.Load(),
-		Fronts:    c.fronts.Load(),
 		Claimed:   c.claimed.Load(),
 		Completed: c.completer.Completed(),
 		Ticks:     c.ticks.Load(),

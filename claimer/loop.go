@@ -37,14 +37,12 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			ev = machine.EventKeyLost
 			if c.sleep.Holding() {
 				ev = machine.EventKeyGranted
-				c.cursor.beforeSleep()
 			}
 		case <-timer.C:
 			ev = machine.EventTimer
 		case <-tick.C:
 			ev = machine.EventTick
 			c.ticks.Add(1)
-			c.cursor.front = true
 		case <-c.runs.SlotFreed():
 			ev = machine.EventSlotFreed
 		}
@@ -54,11 +52,6 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
 			// Not cut short by ctx: a claim the server committed must reach
 			// its jobs, which then go through the shutdown as running ones.
 			r := c.claim(context.WithoutCancel(ctx), free, jobs)
-			if ev == machine.EventWake && r.Err == nil && r.Claimed == 0 && !r.Paused && !c.cursor.last {
-				// What notified is before the cursor (cursor.go).
-				c.cursor.beforeSleep()
-				r = c.claim(context.WithoutCancel(ctx), free, jobs)
-			}
 			r.At = time.Now()
 			if r.Err != nil {
 				if ctx.Err() != nil {

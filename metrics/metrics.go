@@ -292,11 +292,6 @@ var (
 		"Jobs whose lease expired, given back by the sweeper: to pending, or dead when their attempts were used up.", []string{"result"}, nil)
 	descPurged = prometheus.NewDesc(namespace+"_jobs_purged_total",
 		"Finished jobs the sweeper deleted after their retention.", nil, nil)
-	descHorizonSeconds = prometheus.NewDesc(namespace+"_oldest_snapshot_seconds",
-		"Since the transaction that holds the database's oldest snapshot began (0 for a replication slot), read by the sweeper after each pass; "+
-			"while it is held, vacuum removes none of the row versions jobs leave behind. Absent until the first read.", nil, nil)
-	descHorizonXids = prometheus.NewDesc(namespace+"_oldest_snapshot_xid_age",
-		"Transactions begun since the database's oldest snapshot was taken (age of its xmin), read by the sweeper after each pass. Absent until the first read.", nil, nil)
 	descDepth = prometheus.NewDesc(namespace+"_queue_jobs",
 		"Jobs in the table by queue and status (pending, running, dead), sampled at most every 10s.", []string{"queue", "status"}, nil)
 	descDepthUp = prometheus.NewDesc(namespace+"_queue_jobs_sample_ok",
@@ -332,7 +327,7 @@ type workerCollector struct{ m *Metrics }
 func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps, descPaused,
-		descNotifications, descConnected, descRescued, descPurged, descHorizonSeconds, descHorizonXids, descDepth, descDepthUp,
+		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp,
 		descNotifyUsage, descInserts, descScheduleNext, descScheduleLast, descScheduleRuns, descScheduleMissed,
 		descScheduleCaughtUp, descScheduleTaken, descScheduleFailing, descSchedulerCreated, descSchedulerPasses,
 	} {
@@ -370,10 +365,6 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRescued, prometheus.CounterValue, float64(sw.Rescued), "pending")
 	ch <- prometheus.MustNewConstMetric(descRescued, prometheus.CounterValue, float64(sw.Killed), "dead")
 	ch <- prometheus.MustNewConstMetric(descPurged, prometheus.CounterValue, float64(sw.Purged))
-	if h, ok := w.Sweeper().LastHorizon(); ok {
-		ch <- prometheus.MustNewConstMetric(descHorizonSeconds, prometheus.GaugeValue, h.Seconds)
-		ch <- prometheus.MustNewConstMetric(descHorizonXids, prometheus.GaugeValue, float64(h.XidAge))
-	}
 	sc := w.Scheduler().Stats()
 	ch <- prometheus.MustNewConstMetric(descSchedulerCreated, prometheus.CounterValue, float64(sc.Created))
 	ch <- prometheus.MustNewConstMetric(descSchedulerPasses, prometheus.CounterValue, float64(sc.Passes))

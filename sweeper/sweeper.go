@@ -11,12 +11,6 @@
 //     heartbeat renewed the lease keeps its job;
 //   - done jobs older than RetainDone, and dead or cancelled jobs older than
 //     RetainDead, are deleted in batches.
-//
-// After each pass, every worker's sweeper reads the database's oldest
-// snapshot (horizon.go): while a session, a prepared transaction or a
-// replication slot holds it, vacuum removes none of the row versions the
-// jobs leave behind. Past HorizonWarnAge or HorizonWarnXids it logs a
-// warning that names the holder.
 package sweeper
 
 import (
@@ -71,9 +65,6 @@ type Config struct {
 	StatementTimeout time.Duration
 	// Logger receives the sweeper's logs. Default: no logging.
 	Logger *zap.Logger
-	// HorizonWarn is the age of the database's oldest snapshot past which
-	// a pass logs a warning. Default: HorizonWarnAge.
-	HorizonWarn time.Duration
 }
 
 func (c *Config) validate() error {
@@ -82,7 +73,7 @@ func (c *Config) validate() error {
 		return errors.New("sweeper: Pool is required")
 	case c.Schema == "":
 		return errors.New("sweeper: Schema is required")
-	case c.Interval < 0, c.HorizonWarn < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.StatementTimeout < 0:
+	case c.Interval < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.StatementTimeout < 0:
 		return errors.New("sweeper: durations and counts must not be negative")
 	}
 	return nil
@@ -110,7 +101,6 @@ type Sweeper struct {
 	batchSize int
 
 	rescued, killed, purged atomic.Int64
-	horizon                 atomic.Pointer[Horizon]
 }
 
 // Stats is what every pass so far did, in total.
@@ -128,7 +118,6 @@ func New(cfg Config) (*Sweeper, error) {
 	cfg.RetainDead = cmp.Or(cfg.RetainDead, DefaultRetainDead)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
-	cfg.HorizonWarn = cmp.Or(cfg.HorizonWarn, HorizonWarnAge)
 	jobs := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Sweeper{
 		cfg:    cfg,
@@ -219,11 +208,6 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			}
 		} else {
 			backoff = retry.New(s.poolSize)
-		}
-		if ctx.Err() == nil {
-			if _, err := s.CheckHorizon(ctx); err != nil && ctx.Err() == nil {
-				s.logger.Warn("reading the database's oldest snapshot failed", zap.Error(err))
-			}
 		}
 		t.Reset(next)
 	}

@@ -28,7 +28,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	v := newValues(fs, benchConn, workerSettings)
 	o := bench.DefaultOptions()
 	scenarios := fs.String("scenario", strings.Join(o.Scenarios, ","), "comma-separated scenarios: "+strings.Join(bench.Scenarios, ", ")+
-		" (soak and xmin are not in the default set)")
+		" (soak is not in the default set)")
 	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency: jobs inserted one per transaction")
 	fs.DurationVar(&o.Spacing, "spacing", o.Spacing, "latency: pause between those inserts")
 	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
@@ -37,21 +37,13 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&o.IdleDuration, "idle-duration", o.IdleDuration, "idle: how long to count transactions")
 	fs.DurationVar(&o.SoakDuration, "soak-duration", o.SoakDuration, "soak: how long writers and the worker run")
 	fs.IntVar(&o.SoakWriters, "soak-writers", o.SoakWriters, "soak: writer connections")
-	ladder := fs.String("xmin-ladder", joinInts(o.XminLadder), "xmin: jobs run under the hold at each point of the curve, comma-separated, rising")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	latencies := fs.String("latencies", "", "latency and sustained: write each job's commit and start times to this CSV file, to see when the slowest ones ran")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	o.Scenarios, o.Writers, o.XminLadder = nil, nil, nil
-	for _, w := range strings.Split(*ladder, ",") {
-		var n int
-		if _, err := fmt.Sscan(strings.TrimSpace(w), &n); err != nil || n < 0 || (len(o.XminLadder) > 0 && n < o.XminLadder[len(o.XminLadder)-1]) {
-			return fmt.Errorf("--xmin-ladder %q: want whole numbers in rising order", *ladder)
-		}
-		o.XminLadder = append(o.XminLadder, n)
-	}
+	o.Scenarios, o.Writers = nil, nil
 	for _, s := range strings.Split(*scenarios, ",") {
 		s = strings.TrimSpace(s)
 		if !slices.Contains(bench.Scenarios, s) {

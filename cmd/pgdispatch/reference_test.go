@@ -473,9 +473,6 @@ func checkSchemaAndMetrics(t *testing.T, ref doc) map[string]bool {
 	_, err = pool.Exec(ctx, "UPDATE "+pgx.Identifier{schema, "schedules"}.Sanitize()+
 		" SET next_run_at = now() + interval '1 day', last_run_at = now()")
 	require.NoError(t, err)
-	// And the oldest snapshot read, as the sweeper does after each pass.
-	_, err = w.Sweeper().CheckHorizon(ctx)
-	require.NoError(t, err)
 	job := &executors.Job{ID: 1, Queue: pgdispatch.DefaultQueue, Kind: "noop", Attempt: 1, RunAt: time.Now()}
 	m.JobStarted(job)
 	m.JobFinished(job, "done", time.Millisecond)

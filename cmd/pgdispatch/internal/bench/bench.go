@@ -1,8 +1,7 @@
 // Package bench measures a pgdispatch worker against a real PostgreSQL:
 // latency from commit to start, drain throughput and its in-server floor,
 // webhook delivery, writers at full speed, the trigger's cost to them, what
-// an idle worker sends, the jobs table's size over a long run, and what a
-// transaction held open beside the worker costs it.
+// an idle worker sends, and the jobs table's size over a long run.
 //
 // Each scenario migrates a schema of its own, named pgdispatch_bench_*, runs
 // workers built from the caller's pgdispatch.Config with a no-op executor
@@ -31,9 +30,9 @@ import (
 // DefaultScenarios are the scenarios of a run that names none.
 var DefaultScenarios = []string{"latency", "drain", "floor", "http", "sustained", "writers", "idle"}
 
-// Scenarios are every scenario, in the order a run lists them. soak and
-// xmin are left out of the default set: they run for minutes.
-var Scenarios = append(slices.Clone(DefaultScenarios), "soak", "xmin")
+// Scenarios are every scenario, in the order a run lists them. soak is
+// left out of the default set: it runs for minutes.
+var Scenarios = append(slices.Clone(DefaultScenarios), "soak")
 
 // Options says which scenarios run, and how big each is. Every count and
 // duration must be above 0; DefaultOptions has the sizes of a full run.
@@ -59,9 +58,6 @@ type Options struct {
 	// connections the soak scenario runs.
 	SoakDuration time.Duration
 	SoakWriters  int
-	// XminLadder are the rungs of the xmin scenario's curve: how many jobs
-	// have run under its hold when the claims are timed, in rising order.
-	XminLadder []int
 	// Latencies, when set, receives a CSV row per job of the latency and
 	// sustained scenarios: its commit and start times.
 	Latencies io.Writer
@@ -82,7 +78,6 @@ func DefaultOptions() Options {
 		IdleDuration: 60 * time.Second,
 		SoakDuration: 10 * time.Minute,
 		SoakWriters:  4,
-		XminLadder:   []int{0, 100000, 200000, 500000},
 	}
 }
 
@@ -104,9 +99,6 @@ func (o Options) validate(worker pgdispatch.Config) error {
 	}
 	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 {
 		errs = append(errs, errors.New("the options' Jobs, DrainJobs, Duration, IdleDuration, SoakDuration and SoakWriters must be above 0"))
-	}
-	if !slices.IsSorted(o.XminLadder) || slices.ContainsFunc(o.XminLadder, func(n int) bool { return n < 0 }) {
-		errs = append(errs, fmt.Errorf("xmin ladder %v: want whole numbers in rising order", o.XminLadder))
 	}
 	if o.Spacing < 0 {
 		errs = append(errs, errors.New("the options' Spacing must not be negative"))
@@ -190,8 +182,6 @@ func Run(ctx context.Context, worker pgdispatch.Config, o Options) ([]*Result, e
 			rs, err = b.idle(ctx)
 		case "soak":
 			rs, err = b.soak(ctx)
-		case "xmin":
-			rs, err = b.xmin(ctx)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("bench %s: %w", s, err)

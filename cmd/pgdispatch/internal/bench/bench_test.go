@@ -292,21 +292,3 @@ func TestResultLeavesOutWhatIsNotANumber(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"scenario": "s", "conditions": "c; inf not computable; nan not computable", "figures": {"a": 1, "b": 3}}`, string(out))
 }
-
-// The xmin scenario drains free and held in two pairs, times the lone job
-// after each kept drain, and draws its curve at each rung.
-func TestXminScenario(t *testing.T) {
-	t.Parallel()
-	o := tiny("xmin")
-	o.XminLadder = []int{0, 200}
-	results, _ := run(t, o)
-	byScenario := map[string]int{}
-	for _, r := range results {
-		byScenario[r.Scenario]++
-	}
-	require.Equal(t, map[string]int{"xmin_drain": 8, "xmin_lone": 4, "xmin_ratio": 1, "xmin_curve": 1}, byScenario)
-	curve := results[len(results)-1]
-	for _, name := range []string{"lone_at_0_p99_ms", "lone_at_200_p99_ms", "burst_at_200_jobs_per_s"} {
-		require.Positive(t, curve.Figures[name], name)
-	}
-}

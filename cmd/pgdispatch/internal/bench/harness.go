@@ -48,8 +48,6 @@ type probe struct {
 	done    chan struct{}
 	once    sync.Once
 	worker  *pgdispatch.Worker // set once the worker runs
-	// recordAfter: start times are recorded only for jobs of greater ids.
-	recordAfter int64
 }
 
 func newProbe(target int64) *probe {
@@ -62,7 +60,7 @@ func newCounter(target int64) *probe {
 }
 
 func (p *probe) Execute(_ context.Context, job *executors.Job) error {
-	if p.started != nil && job.ID > p.recordAfter {
+	if p.started != nil {
 		now := time.Now()
 		p.mu.Lock()
 		p.started[job.ID] = now
