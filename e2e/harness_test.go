@@ -138,6 +138,9 @@ type worker struct {
 	log  *syncBuffer
 	done chan struct{} // closed when the process has exited
 	err  error         // its exit, once done is closed
+	// aside: it serves queues of its own, not the scenario's, and
+	// checkServing leaves it out.
+	aside bool
 }
 
 // startWorker starts `pgdispatch run` as id, with env (KEY=value) over the
@@ -782,7 +785,7 @@ func maxResume(faults, times []time.Time) time.Duration {
 // and its jobs retrying, which this reports.
 func (s *scenario) checkServing(r *receiver, slotsPerWorker int) {
 	s.t.Helper()
-	live := s.live()
+	live := slices.DeleteFunc(s.live(), func(w *worker) bool { return w.aside })
 	require.NotEmpty(s.t, live, "no worker is running")
 	n := len(live) * slotsPerWorker
 	r.expectBarrier(n)

@@ -152,11 +152,14 @@ func TestBadInput(t *testing.T) {
 	ws := s.startWorkers(2)
 	// A third worker sends its email to a hostile SMTP server, one job at a
 	// time from the queue hostile_smtp, so that its i-th connection serves
-	// the i-th such row; it serves the good jobs too.
+	// the i-th such row. It serves no other queue: a good email job of the
+	// default queue would go to that server too.
 	hostile := smtptest.StartHostile(t, 0, smtptest.EndlessLine, smtptest.EndlessMultiline, smtptest.EndlessEHLO, smtptest.EchoAuth)
-	ws = append(ws, s.startWorkerWith(s.name+"-hostile-smtp", map[string]string{
-		"SMTP_HOST": hostile.Host, "SMTP_PORT": strconv.Itoa(hostile.Port), "QUEUES": "default,hostile_smtp:1",
-	}))
+	hw := s.startWorkerWith(s.name+"-hostile-smtp", map[string]string{
+		"SMTP_HOST": hostile.Host, "SMTP_PORT": strconv.Itoa(hostile.Port), "QUEUES": "hostile_smtp:1",
+	})
+	hw.aside = true
+	ws = append(ws, hw)
 	echo := newEchoReceiver(t)
 
 	ok := r.url("/hook")
