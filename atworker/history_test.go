@@ -2,7 +2,6 @@ package atworker_test
 
 import (
 	"context"
-	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -140,7 +139,7 @@ func TestProducerOnConflictAfterSwitch(t *testing.T) {
 	var pgErr *pgconn.PgError
 	for _, action := range []string{"DO NOTHING", "DO UPDATE SET payload = excluded.payload"} {
 		_, err = pool.Exec(ctx, `INSERT INTO `+table+` (id, task_type, payload) VALUES (7, 'noop', '{}') ON CONFLICT (id) `+action)
-		require.True(t, errors.As(err, &pgErr), "%v", err)
+		require.ErrorAs(t, err, &pgErr, "%v", err)
 		require.Equal(t, "42P10", pgErr.Code, "%v", err) // invalid_column_reference
 	}
 	var version int
@@ -155,7 +154,7 @@ func TestProducerOnConflictAfterSwitch(t *testing.T) {
 	_, err = pool.Exec(ctx, noTarget)
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, noTarget)
-	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.ErrorAs(t, err, &pgErr, "%v", err)
 	require.Equal(t, "23505", pgErr.Code, "%v", err)
 
 	// The guide's statement: a redelivery inserts nothing.
@@ -174,7 +173,7 @@ WHERE NOT EXISTS (SELECT FROM scheduled_tasks WHERE id = $1);`
 	// Two at once: the loser gets unique_violation, which it takes as
 	// "already there".
 	_, err = pool.Exec(ctx, `INSERT INTO `+table+` (id, task_type, payload) VALUES (7, 'noop', '{}')`)
-	require.True(t, errors.As(err, &pgErr))
+	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "23505", pgErr.Code)
 	var jobs int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM `+pgx.Identifier{pgd, "jobs"}.Sanitize()).Scan(&jobs))

@@ -204,7 +204,7 @@ func TestBridgeKeyTakenIsNoDuplicate(t *testing.T) {
 
 	_, err = pool.Exec(ctx, `INSERT INTO `+table+` (task_type, payload) VALUES ('noop', '{}')`)
 	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.ErrorAs(t, err, &pgErr, "%v", err)
 	require.NotEqual(t, "23505", pgErr.Code, "a producer takes it for its own row inserted before: %v", err)
 	require.Contains(t, pgErr.Message, "is held by another job")
 }

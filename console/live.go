@@ -61,9 +61,11 @@ const (
 )
 
 func newHub(s *Server) *hub {
-	return &hub{s: s, viewers: map[chan []byte]string{}, wake: make(chan struct{}, 1),
+	return &hub{
+		s: s, viewers: map[chan []byte]string{}, wake: make(chan struct{}, 1),
 		maxStreams: defaultMaxStreams, maxPerUser: defaultMaxPerUser, writeTimeout: defaultWriteTimeout,
-		heartbeat: defaultHeartbeat, maxQueues: defaultMaxQueues}
+		heartbeat: defaultHeartbeat, maxQueues: defaultMaxQueues,
+	}
 }
 
 // errTooManyStreams refuses a stream past the limits.

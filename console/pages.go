@@ -357,8 +357,10 @@ func parseTime(s string) (time.Time, error) {
 // filterKeys are the keys of the jobs page's filter, its order and its
 // cursor; pageKeys those of the page itself.
 var (
-	filterKeys = map[string]bool{"status": true, "queue": true, "kind": true, "id": true, "error": true, "tf": true,
-		"since": true, "until": true, "sort": true, "asc": true, "after": true, "limit": true}
+	filterKeys = map[string]bool{
+		"status": true, "queue": true, "kind": true, "id": true, "error": true, "tf": true,
+		"since": true, "until": true, "sort": true, "asc": true, "after": true, "limit": true,
+	}
 	pageKeys = map[string]bool{"msg": true, "sig": true, "fragment": true}
 )
 

@@ -251,8 +251,10 @@ func TestBadInput(t *testing.T) {
 		{name: "queue of 9000 characters", kind: "noop", payload: `{}`, cols: map[string]string{"queue": strings.Repeat("q", 9000)}, want: "reject", wantErr: "jobs_queue_check"},
 		// A schedule's slot key: a writer that could take one ahead of its
 		// slot would run its own payload in the schedule's place.
-		{name: "dedup_key of a schedule's slot", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "data": {"k": "slot-taken"}}`, ok),
-			cols: map[string]string{"dedup_key": "schedule:e2e-nightly:2030-01-01T00:00:00Z"}, want: "reject", wantErr: `dedup_key "schedule:e2e-nightly:2030-01-01T00:00:00Z" is reserved for the schedules' jobs`},
+		{
+			name: "dedup_key of a schedule's slot", kind: "http_callback", payload: fmt.Sprintf(`{"url": %q, "data": {"k": "slot-taken"}}`, ok),
+			cols: map[string]string{"dedup_key": "schedule:e2e-nightly:2030-01-01T00:00:00Z"}, want: "reject", wantErr: `dedup_key "schedule:e2e-nightly:2030-01-01T00:00:00Z" is reserved for the schedules' jobs`,
+		},
 		{name: "dedup_key of 600 characters", kind: "noop", payload: `{}`, cols: map[string]string{"dedup_key": strings.Repeat("d", 600)}, want: "reject", wantErr: "jobs_dedup_key_check"},
 		{name: "attempts 2^31-1", kind: "noop", payload: `{}`, cols: map[string]string{"attempts": "2147483647"}, want: "reject", wantErr: "jobs_attempts_check"},
 		{name: "attempts at the limit", kind: "http_callback", payload: `{"url": "http://127.0.0.1:1/closed"}`, cols: map[string]string{"attempts": limit, "max_attempts": limit}, want: "dead", wantErr: "refused", attempts: migrations.AttemptsLimit},

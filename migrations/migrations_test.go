@@ -600,8 +600,10 @@ func TestScheduleGrantsCarryOverMigration12(t *testing.T) {
 	worker, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	defer worker.Close()
-	sched, err := schedule.New(schedule.Config{Pool: worker, Schema: schema,
-		Now: func() time.Time { return time.Date(2030, 1, 1, 0, 1, 0, 0, time.UTC) }})
+	sched, err := schedule.New(schedule.Config{
+		Pool: worker, Schema: schema,
+		Now: func() time.Time { return time.Date(2030, 1, 1, 0, 1, 0, 0, time.UTC) },
+	})
 	require.NoError(t, err)
 	res, err := sched.Pass(ctx)
 	require.NoError(t, err)

@@ -82,9 +82,9 @@ func TestSlotOutlivesAHolderThatDiesOrFreezes(t *testing.T) {
 			runDone := make(chan error, 1)
 			defer func() {
 				releaseHolder()
-				<-passErr
+				t.Logf("the holder's pass ended: %v", <-passErr)
 				stopRun()
-				<-runDone
+				t.Logf("the healthy worker's run ended: %v", <-runDone)
 			}()
 
 			var pid int32

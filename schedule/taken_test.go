@@ -38,8 +38,10 @@ func TestTakenSlotIsShown(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 
 	core, logs := observer.New(zap.WarnLevel)
-	s, err := schedule.New(schedule.Config{Pool: pgtest.Pool(t), Schema: e.schema, Logger: zap.New(core),
-		Now: func() time.Time { return slot.Add(time.Minute) }})
+	s, err := schedule.New(schedule.Config{
+		Pool: pgtest.Pool(t), Schema: e.schema, Logger: zap.New(core),
+		Now: func() time.Time { return slot.Add(time.Minute) },
+	})
 	require.NoError(t, err)
 	res, err := s.Pass(ctx)
 	require.NoError(t, err)

@@ -43,7 +43,9 @@ func TestPassSleepsNoLongerThanTheNextSlot(t *testing.T) {
 	}()
 	defer func() { // before the peer's connection closes, should the test fail
 		stopFlipping()
-		<-flipped
+		if err := <-flipped; err != nil {
+			t.Errorf("the peer's passes: %v", err)
+		}
 	}()
 	passes := 0
 	for start := time.Now(); time.Since(start) < 3*time.Second; passes++ {

@@ -41,7 +41,7 @@ func authEcho(t *testing.T, mode, password string) {
 		if err != nil {
 			return
 		}
-		defer c.Close()
+		defer func() { _ = c.Close() }()
 		r := bufio.NewReader(c)
 		_, _ = c.Write([]byte("220 mx.example.test ESMTP\r\n"))
 		for {

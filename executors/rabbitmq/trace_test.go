@@ -22,8 +22,10 @@ func TestMessageCarriesTheTraceContext(t *testing.T) {
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	ctx, attempt := tp.Tracer("test").Start(context.Background(), "process default")
-	payload, err := json.Marshal(map[string]any{"routing_key": b.queue, "body": "x",
-		"headers": map[string]any{"traceparent": "00-11111111111111111111111111111111-2222222222222222-01"}})
+	payload, err := json.Marshal(map[string]any{
+		"routing_key": b.queue, "body": "x",
+		"headers": map[string]any{"traceparent": "00-11111111111111111111111111111111-2222222222222222-01"},
+	})
 	require.NoError(t, err)
 	require.NoError(t, b.exec.Execute(ctx, &executors.Job{ID: 7, Attempt: 1, Payload: payload}))
 	attempt.End()

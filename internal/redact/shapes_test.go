@@ -16,10 +16,12 @@ import (
 // keys; names that end as they do and are not stay shown.
 func TestSecretKeyNames(t *testing.T) {
 	t.Parallel()
-	for _, k := range []string{"authorization", "AUTHORIZATION", "x-api-key", "X-Auth", "X-Auth-Key", "X-Key", "key", "api_key", "sig", "sas",
+	for _, k := range []string{
+		"authorization", "AUTHORIZATION", "x-api-key", "X-Auth", "X-Auth-Key", "X-Key", "key", "api_key", "sig", "sas",
 		"X-Session", "session", "X-Amz-Security-Token", "X-Goog-Api-Key", "client_secret", "X-Vault-Token", "otp", "jwt", "X-JWT-Assertion",
 		"X-Hasura-Admin-Secret", "Proxy-Authorization", "DD-APPLICATION-KEY", "X-Algolia-API-Key", "x-functions-key", "access_token",
-		"X-Shopify-Access-Token", "Ocp-Apim-Subscription-Key", "X-Postmark-Server-Token", "X-Mailgun-Key"} {
+		"X-Shopify-Access-Token", "Ocp-Apim-Subscription-Key", "X-Postmark-Server-Token", "X-Mailgun-Key",
+	} {
 		require.True(t, secretKey(k), k)
 	}
 	for _, k := range []string{"routing_key", "Idempotency-Key", "public_key", "url", "data", "X-Author", "content_type", "monkeys"} {
@@ -58,8 +60,10 @@ func TestPayloadSecretsShapes(t *testing.T) {
 		"hook": "https://hooks.slack.com/services/T0001/B0001/XoXb9sEcReT", "dsn": "postgres://app:pa/ss-Word9@db/app",
 		"data": "grant_type=x&client_secret=CS-8f2a", "body": "{\"password\":\"pw-Zy81\"}",
 		"headers": {"X-Upstream": "Bearer tok-55aa", "DD-APPLICATION-KEY": "dd-7c1e"}}`))
-	for _, want := range []string{"AIzaSyD-0042", "a%2Bb", "a+b", "T0001", "B0001", "XoXb9sEcReT", "pa/ss-Word9", "CS-8f2a",
-		"pw-Zy81", "tok-55aa", "dd-7c1e"} {
+	for _, want := range []string{
+		"AIzaSyD-0042", "a%2Bb", "a+b", "T0001", "B0001", "XoXb9sEcReT", "pa/ss-Word9", "CS-8f2a",
+		"pw-Zy81", "tok-55aa", "dd-7c1e",
+	} {
 		require.Contains(t, got, want)
 	}
 	require.NotContains(t, got, "grant_type=x")
