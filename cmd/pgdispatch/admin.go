@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"reflect"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -197,10 +196,7 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		var masked bool
 		if !*reveal {
-			before := j
-			j.Mask()
-			masked = !bytes.Equal(before.Payload, j.Payload) || !reflect.DeepEqual(before.LastError, j.LastError) ||
-				!bytes.Equal(before.Errors, j.Errors) || !bytes.Equal(before.Result, j.Result)
+			masked = j.Mask()
 		}
 		if *asJSON {
 			return printJSON(stdout, j)
