@@ -9,8 +9,10 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/giveback"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runners"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 )
@@ -81,10 +83,10 @@ SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at
 FROM n LEFT JOIN u ON true`
 
 // claim takes up to limit due jobs, leases them, and starts them on jobs.
-func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.Result {
+func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) machine.Result {
 	r := machine.Result{Limit: limit}
-	if len(c.lost) > 0 && c.giveBack(ctx) {
-		c.lost = c.lost[:0]
+	if c.lost.Pending() {
+		c.giveBack(ctx)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
@@ -116,8 +118,8 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 		// The server may have committed it: its jobs would stay running,
 		// unrun, until their leases lapse. The next claim gives them back,
 		// once the claim's session has ended its statement.
-		if replyLost(err) {
-			c.lostClaim(int32(conn.Conn().PgConn().PID()))
+		if giveback.ReplyLost(err) {
+			c.lost.Note(int32(conn.Conn().PgConn().PID()))
 		}
 		return machine.Result{Limit: limit, Err: err}
 	}
@@ -137,7 +139,7 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners) machine.R
 	c.claimed.Add(int64(r.Claimed))
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", r.Claimed))
 	for _, run := range runs {
-		jobs.start(run)
+		jobs.Start(run)
 	}
 	return r
 }
@@ -216,4 +218,17 @@ func scheduleWait(seconds float64) time.Duration {
 		return machine.MaxScheduleWait
 	}
 	return time.Duration(seconds * float64(time.Second))
+}
+
+// giveBack gives back the jobs of the claims whose replies were lost,
+// sparing the jobs of the claimer's runs. It runs on the claim loop,
+// between claims, so that every claim whose reply was read has its runs
+// known to the tracker.
+func (c *Claimer) giveBack(ctx context.Context) {
+	runs := c.runs.Inflight()
+	ids := make([]int64, len(runs))
+	for i, r := range runs {
+		ids[i] = r.Job.ID
+	}
+	c.lost.GiveBack(ctx, ids)
 }

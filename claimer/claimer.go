@@ -9,12 +9,12 @@
 //
 //	loop.go, internal/machine  the claim loop and its states (below)
 //	claim.go                   the claim statement
-//	giveback.go                the jobs of a claim whose reply was lost, given back
-//	runners.go                 the goroutines the jobs run on
+//	internal/runners           the goroutines the jobs run on
 //	internal/attempt           one attempt: the executor, the outcome's decision, the watchdog
 //	internal/completer         the outcomes, written in batches in id order
 //	internal/lease             the heartbeat, every Lease/3 and on a cancel notice
 //	internal/sleepkey          the sleep key, on a connection of its own
+//	internal/giveback          the jobs of a claim whose reply was lost, given back
 //	internal/jobtrace          the attempts' spans, when tracing is on
 //
 // A worker that dies stops renewing, and any worker's sweeper gives its jobs
@@ -91,9 +91,11 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/attempt"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/completer"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/giveback"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/jobtrace"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/lease"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runners"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/sleepkey"
 	"github.com/pgdispatch/pgdispatch/executors"
@@ -153,11 +155,10 @@ type Stats struct {
 
 // Claimer claims and runs the jobs of one queue. Create it with New.
 type Claimer struct {
-	cfg         Config
-	logger      *zap.Logger
-	claimSQL    string
-	giveBackSQL string
-	poolSize    int // the pool's MaxConns, read once: Pool.Config copies the whole config
+	cfg      Config
+	logger   *zap.Logger
+	claimSQL string
+	poolSize int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	runs      *runstate.Tracker
 	attempts  *attempt.Attempts
@@ -169,7 +170,7 @@ type Claimer struct {
 	notified chan struct{} // notifications, and Wake; capacity 1
 
 	claimSent func(queue string) // the test hook, set by the claim loop
-	lost      []int32            // the sessions of claims whose replies were lost, their jobs not given back yet
+	lost      *giveback.Lost     // the claims whose replies were lost, their jobs not given back yet
 
 	claims, claimed, ticks, tickHits, sleeps atomic.Int64
 	paused                                   atomic.Bool
@@ -191,7 +192,7 @@ func New(cfg Config) (*Claimer, error) {
 	}
 	return &Claimer{
 		cfg: cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
-		giveBackSQL: pinned.WithSchema(giveBackSQL, cfg.Schema), poolSize: poolSize, runs: runs,
+		poolSize: poolSize, runs: runs,
 		attempts: attempt.New(attempt.Config{
 			Runs: runs, Registry: cfg.Registry, MaxJobTimeout: cfg.MaxJobTimeout, WorkerID: cfg.WorkerID,
 			Policy:   attempt.Policy{JobTimeout: cfg.JobTimeout, Backoff: cfg.RetryBackoff},
@@ -206,7 +207,11 @@ func New(cfg Config) (*Claimer, error) {
 			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,
 			Lease: cfg.Lease, StatementTimeout: cfg.StatementTimeout, Logger: logger,
 		}),
-		sleep:    sleepkey.New(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
+		sleep: sleepkey.New(cfg.SleepConnConfig, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
+		lost: giveback.New(giveback.Config{
+			Pool: cfg.Pool, Schema: cfg.Schema, Queue: cfg.Queue, WorkerID: cfg.WorkerID, Lease: cfg.Lease,
+			StatementTimeout: cfg.StatementTimeout, Logger: logger,
+		}),
 		notified: make(chan struct{}, 1),
 		trace:    tracer,
 	}, nil
@@ -256,15 +261,15 @@ func (c *Claimer) Run(ctx context.Context) error {
 	sleepDone := make(chan struct{})
 	go func() { defer close(sleepDone); c.sleep.Run(sleepCtx) }()
 
-	jobs := newRunners(func(r *runstate.Run) { c.attempts.Run(workCtx, r) })
+	jobs := runners.New(func(r *runstate.Run) { c.attempts.Run(workCtx, r) })
 	c.claimLoop(ctx, jobs)
-	if len(c.lost) > 0 { // a last try, as the loop would have made before its next claim
+	if c.lost.Pending() { // a last try, as the loop would have made before its next claim
 		c.giveBack(context.WithoutCancel(ctx))
 	}
 	stopSleep()
 	<-sleepDone
 
-	jobs.close(c.shutdown(cancelWork, jobs))
+	jobs.Close(c.shutdown(cancelWork, jobs))
 	stopBackground() // the completer flushes what it holds before it returns
 	bg.Wait()
 	c.logger.Info("claimer stopped", zap.Int64("claims", c.claims.Load()),
@@ -275,8 +280,8 @@ func (c *Claimer) Run(ctx context.Context) error {
 // shutdown lets running jobs finish for ShutdownTimeout, then cancels them
 // and gives back at once those whose executors do not return within
 // attempt.AbandonGrace. It reports whether every executor returned.
-func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners) bool {
-	done := jobs.wait()
+func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners.Runners) bool {
+	done := jobs.Wait()
 	if n := c.Running(); n > 0 {
 		c.logger.Info("stopping: waiting for running jobs", zap.Int("num_running", n),
 			zap.Duration("shutdown_timeout", c.cfg.ShutdownTimeout))

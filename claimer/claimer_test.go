@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runners"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
@@ -89,10 +90,10 @@ func claimNow(ctx context.Context, t *testing.T, c *Claimer, limit int) ([]*runs
 		mu   sync.Mutex
 		runs []*runstate.Run
 	)
-	jobs := newRunners(func(r *runstate.Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
+	jobs := runners.New(func(r *runstate.Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
 	r := c.claim(ctx, limit, jobs)
-	<-jobs.wait()
-	jobs.close(true)
+	<-jobs.Wait()
+	jobs.Close(true)
 	require.NoError(t, r.Err)
 	return runs, r
 }

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runners"
 	"github.com/pgdispatch/pgdispatch/internal/retry"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
@@ -14,7 +15,7 @@ import (
 // claimLoop runs the machine until ctx ends: it waits for an event, claims
 // when the machine says so, starts the claimed jobs, and carries out each
 // change of state (the sleep key, the timer).
-func (c *Claimer) claimLoop(ctx context.Context, jobs *runners) {
+func (c *Claimer) claimLoop(ctx context.Context, jobs *runners.Runners) {
 	c.logger.Info("claimer started", zap.Int("concurrency", c.cfg.Concurrency),
 		zap.Duration("poll_interval", c.cfg.PollInterval))
 	hooks := testhook.From(ctx)

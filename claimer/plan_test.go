@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/completer"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/giveback"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/lease"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
@@ -73,7 +74,7 @@ func checkPlans(t *testing.T, setup []string) {
 	statements := map[string]struct{ sql, types, args string }{
 		"claim":       {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
 		"heartbeat":   {lease.SQL, "bigint[], timestamptz[], text, float8", idArray + ", array_fill(now(), ARRAY[1000]), 'w', 30"},
-		"give_back":   {giveBackSQL, "text, text, float8, bigint[], int4[]", "'default', 'w', 30, " + idArray + ", '{1}'"},
+		"give_back":   {giveback.SQL, "text, text, float8, bigint[], int4[]", "'default', 'w', 30, " + idArray + ", '{1}'"},
 		"delete_done": {completer.DeleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
 		"complete": {
 			completer.CompleteSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text[], text[], text",
