@@ -52,7 +52,7 @@ func (a *adminOutput) run(t *testing.T, args ...string) string {
 func hostileRow(t *testing.T, payload, lastError string) *adminOutput {
 	t.Helper()
 	schema := pgtest.Schema(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var id int64
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `INSERT INTO `+pgx.Identifier{schema, "jobs"}.Sanitize()+`
@@ -69,7 +69,7 @@ func TestAdminOutputEscapesControlCharacters(t *testing.T) {
 	a := hostileRow(t, hostilePayload, hostileError)
 	id := strconv.FormatInt(a.id, 10)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	table := pgx.Identifier{a.schema, "orders"}.Sanitize()
 	_, err := pgtest.Pool(t).Exec(ctx, "CREATE TABLE "+table+" (id int, status text)")
@@ -174,7 +174,7 @@ func TestJobsShowMasksSecrets(t *testing.T) {
 func TestJobsShowPrintsTheAttempts(t *testing.T) {
 	t.Parallel()
 	a := hostileRow(t, `{}`, "HTTP 503")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	_, err := pgtest.Pool(t).Exec(ctx, `UPDATE `+pgx.Identifier{a.schema, "jobs"}.Sanitize()+` SET
 		errors = jsonb_build_array(
@@ -214,7 +214,7 @@ func TestQueueAndJobControls(t *testing.T) {
 	t.Parallel()
 	schema := pgtest.Schema(t)
 	a := &adminOutput{schema: schema, env: dbEnv(schema)}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var id int64
 	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `INSERT INTO `+pgx.Identifier{schema, "jobs"}.Sanitize()+
