@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -112,7 +110,7 @@ func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer
 				termsafe.String(plan.Table), c.schema, termsafe.String(plan.Store))
 			return nil
 		}
-		rows := rowCounts(plan.Rows)
+		rows := termsafe.String(plan.Rows.String())
 		if o.DryRun {
 			fmt.Fprintf(stdout, "would switch %s, %s, to jobs of queue %q in schema %q; processing rows due %s after their updated_at;\n"+
 				"the application's columns kept: %s. Nothing changed. The statements, in one transaction:\n\n",
@@ -147,18 +145,18 @@ func atWorkerRevert(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return atWorkerError(err, o.Table, "revert")
 		}
-		table := termsafe.String(res.Table)
+		table, rows := termsafe.String(res.Table), termsafe.String(res.Rows.String())
 		switch {
 		case res.NotSwitched:
 			fmt.Fprintf(stdout, "%s is a table already, not switched to pgdispatch: nothing changed\n", table)
 			return nil
 		case o.DryRun:
 			fmt.Fprintf(stdout, "would revert %s (%s): %d pending jobs would be cancelled, %d running ones waited for. Nothing changed.\n",
-				table, rowCounts(res.Rows), res.Cancelled, len(res.Running))
+				table, rows, res.Cancelled, len(res.Running))
 			return nil
 		}
 		fmt.Fprintf(stdout, "reverted %s to a table (%s): %d pending jobs cancelled, for the AT Worker to run\n",
-			table, rowCounts(res.Rows), res.Cancelled)
+			table, rows, res.Cancelled)
 		if len(res.Running) == 0 {
 			return nil
 		}
@@ -195,26 +193,4 @@ func atWorkerError(err error, table, what string) error {
 		return fmt.Errorf("no table %s in this database (nor on its search_path): nothing to %s", termsafe.String(table), what)
 	}
 	return err
-}
-
-// rowCounts writes counts by status: "3 rows (1 pending, 2 completed)".
-func rowCounts(counts map[string]int64) string {
-	known := []string{atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed}
-	var total int64
-	var parts, others []string
-	for _, s := range known {
-		if n := counts[s]; n > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", n, s))
-		}
-	}
-	for s, n := range counts {
-		if total += n; !slices.Contains(known, s) {
-			others = append(others, fmt.Sprintf("%d %s", n, termsafe.String(s)))
-		}
-	}
-	sort.Strings(others)
-	if parts = append(parts, others...); len(parts) == 0 {
-		return "0 rows"
-	}
-	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))
 }
