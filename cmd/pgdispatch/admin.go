@@ -151,18 +151,11 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tQUEUE\tKIND\tSTATUS\tATTEMPTS\tRUN AT\tLAST ERROR")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.String(j.Queue), termsafe.String(j.Kind), j.Status, attempts(j),
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.String(j.Queue), termsafe.String(j.Kind), j.Status, j.AttemptsText(),
 				j.RunAt.UTC().Format(time.RFC3339), termsafe.String(oneLine(j.LastError, 80)))
 		}
 		return tw.Flush()
 	})
-}
-
-func attempts(j admin.Job) string {
-	if j.MaxAttempts == nil {
-		return strconv.Itoa(int(j.Attempts))
-	}
-	return fmt.Sprintf("%d/%d", j.Attempts, *j.MaxAttempts)
 }
 
 // oneLine shortens s to n runes on one line.
@@ -218,7 +211,7 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			{"queue", j.Queue},
 			{"kind", j.Kind},
 			{"status", j.Status},
-			{"attempts", attempts(j)},
+			{"attempts", j.AttemptsText()},
 			{"priority", strconv.Itoa(int(j.Priority))},
 			{"run_at", stampOr(&j.RunAt)},
 			{"dedup_key", str(j.DedupKey)},
