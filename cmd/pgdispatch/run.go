@@ -174,17 +174,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	if m != nil {
-		// The endpoints outlive the worker's shutdown, and stop after it.
-		m.Attach(w)
-		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
-		served := make(chan error, 1)
-		go func() { served <- m.Serve(serveCtx, ml, c.logger) }()
-		defer func() {
-			stopServing()
-			if err := <-served; err != nil {
-				c.logger.Warn("metrics server", zap.Error(err))
-			}
-		}()
+		return m.Run(ctx, w, ml, c.logger)
 	}
 	return w.Run(ctx)
 }
