@@ -7,12 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/atworker"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 )
 
@@ -35,45 +35,43 @@ func atWorkerCommand(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 // The AT Worker's own settings. Each stands in for the pgdispatch setting
-// named by standsFor, a whole number above 0 read in unit, when that one is
+// named by StandsFor, a whole number above 0 read in Unit, when that one is
 // unset (applyATWorkerSettings).
-var atWorkerSettings = []setting{
-	{env: "WORKER_POLLING_INTERVAL", standsFor: "POLL_INTERVAL", unit: "s", help: "seconds: read as `POLL_INTERVAL`, the fallback tick (a worker is woken by `NOTIFY` within milliseconds; the tick only covers a lost wake-up)"},
-	{env: "WORKER_BATCH_SIZE", standsFor: "CONCURRENCY", help: "read as `CONCURRENCY`: jobs run at once per queue, the largest claim"},
-	{env: "WORKER_CLEANER_INTERVAL", standsFor: "SWEEP_INTERVAL", unit: "m", help: "minutes: read as `SWEEP_INTERVAL`"},
-	{env: "WORKER_STUCK_TIMEOUT", standsFor: "LEASE", unit: "m", help: "minutes: read as `LEASE`, and by `at-worker switch` for rows being processed"},
+var atWorkerSettings = []settings.Setting{
+	{Env: "WORKER_POLLING_INTERVAL", StandsFor: "POLL_INTERVAL", Unit: "s", Help: "seconds: read as `POLL_INTERVAL`, the fallback tick (a worker is woken by `NOTIFY` within milliseconds; the tick only covers a lost wake-up)"},
+	{Env: "WORKER_BATCH_SIZE", StandsFor: "CONCURRENCY", Help: "read as `CONCURRENCY`: jobs run at once per queue, the largest claim"},
+	{Env: "WORKER_CLEANER_INTERVAL", StandsFor: "SWEEP_INTERVAL", Unit: "m", Help: "minutes: read as `SWEEP_INTERVAL`"},
+	{Env: "WORKER_STUCK_TIMEOUT", StandsFor: "LEASE", Unit: "m", Help: "minutes: read as `LEASE`, and by `at-worker switch` for rows being processed"},
 }
 
-// atWorkerValue is the value of the AT Worker's setting s, in s.unit: ""
+// atWorkerValue is the value of the AT Worker's setting s, in s.Unit: ""
 // when it is unset.
-func atWorkerValue(v *values, s setting) (string, error) {
-	from := v.str(s.env)
+func atWorkerValue(v *settings.Values, s settings.Setting) (string, error) {
+	from := v.Str(s.Env)
 	if from == "" {
 		return "", nil
 	}
 	if n, err := strconv.Atoi(from); err != nil || n <= 0 {
-		return "", fmt.Errorf("invalid %s %q: must be a whole number above 0", s.env, from)
+		return "", fmt.Errorf("invalid %s %q: must be a whole number above 0", s.Env, from)
 	}
-	return from + s.unit, nil
+	return from + s.Unit, nil
 }
 
 // applyATWorkerSettings sets each pgdispatch setting that neither the
 // environment nor a flag sets from the AT Worker's, and returns a log
 // line's fields for each one it set.
-func applyATWorkerSettings(v *values) (applied [][2]string, err error) {
-	set := map[string]bool{}
-	v.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+func applyATWorkerSettings(v *settings.Values) (applied [][2]string, err error) {
 	var errs []error
 	for _, s := range atWorkerSettings {
-		if _, ok := os.LookupEnv(s.standsFor); ok || set[v.flags[s.standsFor]] {
+		if v.Given(s.StandsFor) {
 			continue
 		}
 		to, err := atWorkerValue(v, s)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w (it stands in for %s, which is unset)", err, s.standsFor))
+			errs = append(errs, fmt.Errorf("%w (it stands in for %s, which is unset)", err, s.StandsFor))
 		} else if to != "" {
-			*v.vals[s.standsFor] = to
-			applied = append(applied, [2]string{s.env + "=" + v.str(s.env), s.standsFor + "=" + to})
+			v.Set(s.StandsFor, to)
+			applied = append(applied, [2]string{s.Env + "=" + v.Str(s.Env), s.StandsFor + "=" + to})
 		}
 	}
 	return applied, errors.Join(errs...)
@@ -84,7 +82,7 @@ func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer
 		"and put a view named <table> with INSTEAD OF triggers in its place, in one transaction.\n"+
 		"Pending rows are due at execute_at; rows an AT Worker is processing become due --stuck-timeout\n"+
 		"after their updated_at, unless that AT Worker finishes them first. Running it again does nothing.", stderr)
-	v := newValues(fs, connSettings, atWorkerSettings)
+	v := settings.New(fs, connSettings, atWorkerSettings)
 	o := atWorkerFlags(fs)
 	queue := fs.String("queue", atworker.DefaultQueue, "the queue of the jobs made from the table's rows")
 	stuck := fs.Duration("stuck-timeout", 0, "how long after its updated_at a row the AT Worker is processing becomes due here (default: WORKER_STUCK_TIMEOUT minutes, else 5m)")
@@ -93,7 +91,7 @@ func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	o.Queue, o.StuckTimeout = *queue, *stuck
 	if o.StuckTimeout == 0 {
-		stuck, err := atWorkerValue(v, only(atWorkerSettings, "WORKER_STUCK_TIMEOUT")[0])
+		stuck, err := atWorkerValue(v, settings.Only(atWorkerSettings, "WORKER_STUCK_TIMEOUT")[0])
 		if err != nil {
 			return err
 		}
@@ -133,7 +131,7 @@ func atWorkerRevert(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := newFlagSet("at-worker revert", "Give the AT Worker's table back: make the view a table again with every row's current state,\n"+
 		"and cancel the pending jobs, which the AT Worker runs from then on. Rows of jobs still running\n"+
 		"read processing; revert waits up to --wait for their outcomes and writes them.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	o := atWorkerFlags(fs)
 	wait := fs.Duration("wait", atworker.DefaultRevertWait, "how long to wait for the jobs running at the revert; those still running then are cancelled and their rows made pending")
 	if err := parse(fs, args); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/bench"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
@@ -17,8 +18,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		"of its own that it creates and drops. With no DATABASE_URL it starts a throwaway PostgreSQL\n"+
 		"(fsync and synchronous_commit on). The idle scenario reads pg_stat_database, so run it on a\n"+
 		"database nothing else uses.", stderr)
-	benchConn := withDefaults(connSettings, map[string]string{"LOG_LEVEL": "error", "LOG_FORMAT": "console"})
-	v := newValues(fs, benchConn, workerSettings)
+	benchConn := settings.WithDefaults(connSettings, map[string]string{"LOG_LEVEL": "error", "LOG_FORMAT": "console"})
+	v := settings.New(fs, benchConn, workerSettings)
 	sizes := bench.AddFlags(fs)
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
@@ -41,8 +42,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		defer pprof.StopCPUProfile()
 	}
-	dbURL := v.databaseURL()
-	if direct := v.str("LISTEN_DATABASE_URL"); pgdispatch.BehindPooler(dbURL, direct) {
+	dbURL := databaseURL(v)
+	if direct := v.Str("LISTEN_DATABASE_URL"); pgdispatch.BehindPooler(dbURL, direct) {
 		// The scenarios create databases, prepare statements and measure
 		// PostgreSQL: past the pooler.
 		fmt.Fprintln(stderr, "bench connects to LISTEN_DATABASE_URL, past the pooler of DATABASE_URL")

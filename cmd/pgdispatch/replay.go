@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 )
@@ -57,7 +58,7 @@ func (d *deadFlags) check() error {
 }
 
 // retryAllDead counts the dead jobs d selects, or with --yes retries them.
-func retryAllDead(ctx context.Context, v *values, fs *flag.FlagSet, d *deadFlags, stdout io.Writer) error {
+func retryAllDead(ctx context.Context, v *settings.Values, fs *flag.FlagSet, d *deadFlags, stdout io.Writer) error {
 	if err := d.check(); err != nil {
 		return usageError(fs, "%v", err)
 	}
