@@ -237,6 +237,15 @@ type Job struct {
 	Result json.RawMessage `json:"result"`
 }
 
+// AttemptsText writes j's attempts as "2/5", or "2" when its max_attempts
+// is NULL (the worker's MAX_ATTEMPTS applies).
+func (j Job) AttemptsText() string {
+	if j.MaxAttempts == nil {
+		return strconv.Itoa(int(j.Attempts))
+	}
+	return fmt.Sprintf("%d/%d", j.Attempts, *j.MaxAttempts)
+}
+
 // Attempt is an entry of a job's errors, as the worker writes it. A row's
 // errors are written by whoever may write the row: read them leniently
 // (History).

@@ -302,3 +302,12 @@ func TestRetryDeadFindsEveryID(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(4), n)
 }
+
+// A job's attempts read against its max_attempts, or alone when it has
+// none of its own.
+func TestAttemptsText(t *testing.T) {
+	t.Parallel()
+	five := int32(5)
+	require.Equal(t, "2/5", admin.Job{Attempts: 2, MaxAttempts: &five}.AttemptsText())
+	require.Equal(t, "2", admin.Job{Attempts: 2}.AttemptsText())
+}

@@ -46,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -114,6 +115,32 @@ const (
 	Completed  = "completed"
 	Failed     = "failed"
 )
+
+// RowCounts counts a table's rows by status.
+type RowCounts map[string]int64
+
+// String writes the counts as "3 rows (1 pending, 2 completed)": the AT
+// Worker's statuses in their order, then any others by name, as they are.
+func (c RowCounts) String() string {
+	known := []string{Pending, Processing, Completed, Failed}
+	var total int64
+	var parts, others []string
+	for _, s := range known {
+		if n := c[s]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%d %s", n, s))
+		}
+	}
+	for s, n := range c {
+		if total += n; !slices.Contains(known, s) {
+			others = append(others, fmt.Sprintf("%d %s", n, s))
+		}
+	}
+	slices.Sort(others)
+	if parts = append(parts, others...); len(parts) == 0 {
+		return "0 rows"
+	}
+	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))
+}
 
 // contract is the columns of the AT Worker's table that its README's
 // queries use. Every other column is the application's and is kept as is.
@@ -186,7 +213,7 @@ type Plan struct {
 	// was done.
 	AlreadySwitched bool
 	// Rows counts the table's rows by status, as the jobs they become.
-	Rows map[string]int64
+	Rows RowCounts
 	// Columns are the application's own columns, kept in the store and
 	// shown by the view.
 	Columns []string

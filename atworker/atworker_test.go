@@ -66,7 +66,7 @@ func TestSwitchAndRevertRoundTrip(t *testing.T) {
 	dry.DryRun = true
 	plan, err := atworker.Switch(ctx, pool, dry)
 	require.NoError(t, err)
-	require.Equal(t, map[string]int64{"pending": 1, "processing": 1, "completed": 1, "failed": 1}, plan.Rows)
+	require.Equal(t, atworker.RowCounts{"pending": 1, "processing": 1, "completed": 1, "failed": 1}, plan.Rows)
 	require.Equal(t, []string{"created_at", "tenant"}, plan.Columns)
 
 	plan, err = atworker.Switch(ctx, pool, o)
@@ -142,7 +142,7 @@ func TestSwitchAndRevertRoundTrip(t *testing.T) {
 	res, err := atworker.Revert(ctx, pool, o)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), res.Cancelled)
-	require.Equal(t, map[string]int64{"pending": 1, "completed": 2, "failed": 1}, res.Rows)
+	require.Equal(t, atworker.RowCounts{"pending": 1, "completed": 2, "failed": 1}, res.Rows)
 	rows, err = pool.Query(ctx, `SELECT id || ':' || status || ':' || coalesce(error_message, '') || ':' || tenant FROM `+table+` ORDER BY id`)
 	require.NoError(t, err)
 	got, err = pgx.CollectRows(rows, pgx.RowTo[string])
@@ -184,7 +184,7 @@ func TestRevertWaitsForRunningJobs(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.Cancelled)
 	require.Len(t, res.Running, 3)
-	require.Equal(t, map[string]int64{"processing": 3}, res.Rows)
+	require.Equal(t, atworker.RowCounts{"processing": 3}, res.Rows)
 	var fresh bool
 	require.NoError(t, pool.QueryRow(ctx, `SELECT bool_and(updated_at > now() - interval '1 minute') FROM `+table).Scan(&fresh))
 	require.True(t, fresh, "the AT Worker's cleaner would take the rows back at once")

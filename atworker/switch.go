@@ -102,7 +102,7 @@ func Switch(ctx context.Context, db DB, o Options) (Plan, error) {
 	case !jobsExist:
 		return plan, fmt.Errorf("schema %q is not installed in this database: run 'pgdispatch migrate' first", o.Schema)
 	}
-	plan.Rows = map[string]int64{}
+	plan.Rows = RowCounts{}
 	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT status::text, count(*) FROM %s GROUP BY 1", rel.ident()))
 	if err != nil {
 		return plan, err
@@ -273,7 +273,7 @@ type RevertResult struct {
 	// NotSwitched is set when the table is no bridge: nothing was done.
 	NotSwitched bool
 	// Rows counts the table's rows by status, as they were restored.
-	Rows map[string]int64
+	Rows RowCounts
 	// Cancelled is the pending jobs cancelled, which the AT Worker runs
 	// from now on.
 	Cancelled int64
@@ -409,12 +409,12 @@ WHERE j.id = ANY($1::bigint[]) AND j.status = 'pending'`, jobs)
 	return res, tx.Commit(ctx)
 }
 
-func countByStatus(ctx context.Context, tx pgx.Tx, table string) (map[string]int64, error) {
+func countByStatus(ctx context.Context, tx pgx.Tx, table string) (RowCounts, error) {
 	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT status::text, count(*) FROM %s GROUP BY 1", table))
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]int64{}
+	out := RowCounts{}
 	var (
 		s string
 		n int64

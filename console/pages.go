@@ -64,14 +64,8 @@ var funcs = template.FuncMap{
 		}
 		return s
 	},
-	"secs":  seconds,
-	"count": func(n *int64) string { return countText(n) },
-	"attempts": func(j admin.Job) string {
-		if j.MaxAttempts == nil {
-			return strconv.Itoa(int(j.Attempts))
-		}
-		return fmt.Sprintf("%d/%d", j.Attempts, *j.MaxAttempts)
-	},
+	"secs":   seconds,
+	"count":  func(n *int64) string { return countText(n) },
 	"pretty": pretty,
 	"vis":    visible,
 	"deref": func(n *int64) int64 {

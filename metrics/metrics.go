@@ -50,7 +50,8 @@ const (
 )
 
 // Metrics is a worker's metrics. Create it with New, pass it as the
-// worker's Observer, then Attach the worker.
+// worker's Observer, then Attach the worker and serve Handler, or let Run
+// do both while it runs the worker.
 type Metrics struct {
 	reg   *prometheus.Registry
 	pool  *pgxpool.Pool
@@ -267,6 +268,23 @@ func (m *Metrics) Serve(ctx context.Context, l net.Listener, logger *zap.Logger)
 		return nil
 	}
 	return fmt.Errorf("metrics server: %w", err)
+}
+
+// Run attaches w, runs it until ctx ends and its shutdown is over, and
+// serves Handler on l meanwhile, so that the endpoints answer through the
+// shutdown; then it stops serving. It returns w.Run's error; one of the
+// server is logged.
+func (m *Metrics) Run(ctx context.Context, w *pgdispatch.Worker, l net.Listener, logger *zap.Logger) error {
+	m.Attach(w)
+	serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	served := make(chan error, 1)
+	go func() { served <- m.Serve(serveCtx, l, logger) }()
+	err := w.Run(ctx)
+	stopServing()
+	if serveErr := <-served; serveErr != nil {
+		cmp.Or(logger, zap.NewNop()).Warn("metrics server", zap.Error(serveErr))
+	}
+	return err
 }
 
 var (

@@ -374,3 +374,59 @@ func TestScheduleMetrics(t *testing.T) {
 	require.GreaterOrEqual(t, value(t, f, "pgdispatch_scheduler_jobs_created_total", nil), 1.0)
 	require.GreaterOrEqual(t, value(t, f, "pgdispatch_scheduler_passes_total", nil), 1.0)
 }
+
+// Run serves the endpoints while the worker runs and through its shutdown,
+// while a job still runs, and stops serving once the worker has stopped.
+func TestRunServesThroughTheShutdown(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t)
+	started, release := make(chan struct{}), make(chan struct{})
+	reg := executors.NewRegistry()
+	reg.Register("block", executors.Func(func(context.Context, *executors.Job) error {
+		close(started)
+		<-release // past the context's end: the shutdown waits for it
+		return nil
+	}))
+	m := metrics.New(pool, reg)
+	w, err := pgdispatch.NewWorker(pgdispatch.Config{
+		Pool: pool, Schema: schema, WorkerID: "metrics-run", Registry: reg, Observer: m, Logger: zaptest.NewLogger(t),
+		Options: claimer.Options{ShutdownTimeout: time.Hour},
+	})
+	require.NoError(t, err)
+	l, err := metrics.Listen("127.0.0.1:0")
+	require.NoError(t, err)
+	url := "http://" + l.Addr().String() + "/healthz"
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	ran := make(chan error, 1)
+	go func() { ran <- m.Run(ctx, w, l, zaptest.NewLogger(t)) }()
+	_, err = pgdispatch.Schema(schema).Enqueue(context.Background(), pool, pgdispatch.Job{Kind: "block"})
+	require.NoError(t, err)
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not start")
+	}
+	code, _ := get(t, url)
+	require.Equal(t, http.StatusOK, code)
+
+	stop()
+	code, _ = get(t, url)
+	require.Equal(t, http.StatusOK, code, "served while the shutdown waits for the job")
+	select {
+	case err := <-ran:
+		t.Fatalf("Run returned while a job ran: %v", err)
+	default:
+	}
+	close(release)
+	select {
+	case err := <-ran:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after the job ended")
+	}
+	_, err = http.Get(url) //nolint:bodyclose // no response
+	require.Error(t, err, "no longer served")
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 )
 
@@ -25,7 +26,7 @@ func statsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		"schedules list --json has them).\n"+
 		"Counting the kept done, dead and cancelled jobs reads every such row; when it needs\n"+
 		"longer than --finished-budget, those columns are left out.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON (done, dead and cancelled are null when left out)")
 	budget := fs.Duration("finished-budget", admin.DefaultFinishedBudget,
 		"the longest the count of kept done, dead and cancelled jobs may take (at most STATEMENT_TIMEOUT)")
@@ -116,7 +117,7 @@ func jobsCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("jobs list", "List jobs, newest first.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	status := fs.String("status", "", "comma-separated statuses: "+strings.Join(admin.Statuses, ", ")+" (default: all)")
 	queue := fs.String("queue", "", "only this queue")
 	kind := fs.String("kind", "", "only this kind")
@@ -151,18 +152,11 @@ func jobsList(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "ID\tQUEUE\tKIND\tSTATUS\tATTEMPTS\tRUN AT\tLAST ERROR")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.String(j.Queue), termsafe.String(j.Kind), j.Status, attempts(j),
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, termsafe.String(j.Queue), termsafe.String(j.Kind), j.Status, j.AttemptsText(),
 				j.RunAt.UTC().Format(time.RFC3339), termsafe.String(oneLine(j.LastError, 80)))
 		}
 		return tw.Flush()
 	})
-}
-
-func attempts(j admin.Job) string {
-	if j.MaxAttempts == nil {
-		return strconv.Itoa(int(j.Attempts))
-	}
-	return fmt.Sprintf("%d/%d", j.Attempts, *j.MaxAttempts)
 }
 
 // oneLine shortens s to n runes on one line.
@@ -179,7 +173,7 @@ func oneLine(s *string, n int) string {
 
 func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("jobs show", "Show one job, with its payload: pgdispatch jobs show [flags] ID", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON")
 	reveal := fs.Bool("reveal", false, revealHelp)
 	ids, err := parseIDs(fs, args)
@@ -218,7 +212,7 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			{"queue", j.Queue},
 			{"kind", j.Kind},
 			{"status", j.Status},
-			{"attempts", attempts(j)},
+			{"attempts", j.AttemptsText()},
 			{"priority", strconv.Itoa(int(j.Priority))},
 			{"run_at", stampOr(&j.RunAt)},
 			{"dedup_key", str(j.DedupKey)},
@@ -250,7 +244,7 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("jobs retry", "Run dead or cancelled jobs again: pgdispatch jobs retry [flags] ID... | --all-dead [filters] [--yes]\n\n"+
 		"--all-dead without --yes only counts the dead jobs the filters select.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	allDead := fs.Bool("all-dead", false, "every dead job (of the filters when given): count them, or retry them with --yes")
 	dead := addDeadFlags(fs)
 	ids, err := parseIDs(fs, args)
@@ -275,7 +269,7 @@ func jobsRetry(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 func jobsCancel(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("jobs cancel", "Cancel pending or running jobs: pgdispatch jobs cancel [flags] ID...", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	ids, err := parseIDs(fs, args)
 	if err != nil {
 		return err
@@ -336,7 +330,7 @@ func parseIDs(fs *flag.FlagSet, args []string) ([]int64, error) {
 }
 
 // withAdmin connects as v says, checks the schema, and runs f.
-func withAdmin(ctx context.Context, v *values, f func(a *admin.Admin) error) error {
+func withAdmin(ctx context.Context, v *settings.Values, f func(a *admin.Admin) error) error {
 	return withConn(ctx, v, func(c *conn) error {
 		if err := c.checkSchema(ctx); err != nil {
 			return err

@@ -7,14 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/atworker"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 )
 
@@ -37,45 +35,43 @@ func atWorkerCommand(ctx context.Context, args []string, stdout, stderr io.Write
 }
 
 // The AT Worker's own settings. Each stands in for the pgdispatch setting
-// named by standsFor, a whole number above 0 read in unit, when that one is
+// named by StandsFor, a whole number above 0 read in Unit, when that one is
 // unset (applyATWorkerSettings).
-var atWorkerSettings = []setting{
-	{env: "WORKER_POLLING_INTERVAL", standsFor: "POLL_INTERVAL", unit: "s", help: "seconds: read as `POLL_INTERVAL`, the fallback tick (a worker is woken by `NOTIFY` within milliseconds; the tick only covers a lost wake-up)"},
-	{env: "WORKER_BATCH_SIZE", standsFor: "CONCURRENCY", help: "read as `CONCURRENCY`: jobs run at once per queue, the largest claim"},
-	{env: "WORKER_CLEANER_INTERVAL", standsFor: "SWEEP_INTERVAL", unit: "m", help: "minutes: read as `SWEEP_INTERVAL`"},
-	{env: "WORKER_STUCK_TIMEOUT", standsFor: "LEASE", unit: "m", help: "minutes: read as `LEASE`, and by `at-worker switch` for rows being processed"},
+var atWorkerSettings = []settings.Setting{
+	{Env: "WORKER_POLLING_INTERVAL", StandsFor: "POLL_INTERVAL", Unit: "s", Help: "seconds: read as `POLL_INTERVAL`, the fallback tick (a worker is woken by `NOTIFY` within milliseconds; the tick only covers a lost wake-up)"},
+	{Env: "WORKER_BATCH_SIZE", StandsFor: "CONCURRENCY", Help: "read as `CONCURRENCY`: jobs run at once per queue, the largest claim"},
+	{Env: "WORKER_CLEANER_INTERVAL", StandsFor: "SWEEP_INTERVAL", Unit: "m", Help: "minutes: read as `SWEEP_INTERVAL`"},
+	{Env: "WORKER_STUCK_TIMEOUT", StandsFor: "LEASE", Unit: "m", Help: "minutes: read as `LEASE`, and by `at-worker switch` for rows being processed"},
 }
 
-// atWorkerValue is the value of the AT Worker's setting s, in s.unit: ""
+// atWorkerValue is the value of the AT Worker's setting s, in s.Unit: ""
 // when it is unset.
-func atWorkerValue(v *values, s setting) (string, error) {
-	from := v.str(s.env)
+func atWorkerValue(v *settings.Values, s settings.Setting) (string, error) {
+	from := v.Str(s.Env)
 	if from == "" {
 		return "", nil
 	}
 	if n, err := strconv.Atoi(from); err != nil || n <= 0 {
-		return "", fmt.Errorf("invalid %s %q: must be a whole number above 0", s.env, from)
+		return "", fmt.Errorf("invalid %s %q: must be a whole number above 0", s.Env, from)
 	}
-	return from + s.unit, nil
+	return from + s.Unit, nil
 }
 
 // applyATWorkerSettings sets each pgdispatch setting that neither the
 // environment nor a flag sets from the AT Worker's, and returns a log
 // line's fields for each one it set.
-func applyATWorkerSettings(v *values) (applied [][2]string, err error) {
-	set := map[string]bool{}
-	v.fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+func applyATWorkerSettings(v *settings.Values) (applied [][2]string, err error) {
 	var errs []error
 	for _, s := range atWorkerSettings {
-		if _, ok := os.LookupEnv(s.standsFor); ok || set[v.flags[s.standsFor]] {
+		if v.Given(s.StandsFor) {
 			continue
 		}
 		to, err := atWorkerValue(v, s)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w (it stands in for %s, which is unset)", err, s.standsFor))
+			errs = append(errs, fmt.Errorf("%w (it stands in for %s, which is unset)", err, s.StandsFor))
 		} else if to != "" {
-			*v.vals[s.standsFor] = to
-			applied = append(applied, [2]string{s.env + "=" + v.str(s.env), s.standsFor + "=" + to})
+			v.Set(s.StandsFor, to)
+			applied = append(applied, [2]string{s.Env + "=" + v.Str(s.Env), s.StandsFor + "=" + to})
 		}
 	}
 	return applied, errors.Join(errs...)
@@ -86,7 +82,7 @@ func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer
 		"and put a view named <table> with INSTEAD OF triggers in its place, in one transaction.\n"+
 		"Pending rows are due at execute_at; rows an AT Worker is processing become due --stuck-timeout\n"+
 		"after their updated_at, unless that AT Worker finishes them first. Running it again does nothing.", stderr)
-	v := newValues(fs, connSettings, atWorkerSettings)
+	v := settings.New(fs, connSettings, atWorkerSettings)
 	o := atWorkerFlags(fs)
 	queue := fs.String("queue", atworker.DefaultQueue, "the queue of the jobs made from the table's rows")
 	stuck := fs.Duration("stuck-timeout", 0, "how long after its updated_at a row the AT Worker is processing becomes due here (default: WORKER_STUCK_TIMEOUT minutes, else 5m)")
@@ -95,7 +91,7 @@ func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	o.Queue, o.StuckTimeout = *queue, *stuck
 	if o.StuckTimeout == 0 {
-		stuck, err := atWorkerValue(v, only(atWorkerSettings, "WORKER_STUCK_TIMEOUT")[0])
+		stuck, err := atWorkerValue(v, settings.Only(atWorkerSettings, "WORKER_STUCK_TIMEOUT")[0])
 		if err != nil {
 			return err
 		}
@@ -112,7 +108,7 @@ func atWorkerSwitch(ctx context.Context, args []string, stdout, stderr io.Writer
 				termsafe.String(plan.Table), c.schema, termsafe.String(plan.Store))
 			return nil
 		}
-		rows := rowCounts(plan.Rows)
+		rows := termsafe.String(plan.Rows.String())
 		if o.DryRun {
 			fmt.Fprintf(stdout, "would switch %s, %s, to jobs of queue %q in schema %q; processing rows due %s after their updated_at;\n"+
 				"the application's columns kept: %s. Nothing changed. The statements, in one transaction:\n\n",
@@ -135,7 +131,7 @@ func atWorkerRevert(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs := newFlagSet("at-worker revert", "Give the AT Worker's table back: make the view a table again with every row's current state,\n"+
 		"and cancel the pending jobs, which the AT Worker runs from then on. Rows of jobs still running\n"+
 		"read processing; revert waits up to --wait for their outcomes and writes them.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	o := atWorkerFlags(fs)
 	wait := fs.Duration("wait", atworker.DefaultRevertWait, "how long to wait for the jobs running at the revert; those still running then are cancelled and their rows made pending")
 	if err := parse(fs, args); err != nil {
@@ -147,18 +143,18 @@ func atWorkerRevert(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return atWorkerError(err, o.Table, "revert")
 		}
-		table := termsafe.String(res.Table)
+		table, rows := termsafe.String(res.Table), termsafe.String(res.Rows.String())
 		switch {
 		case res.NotSwitched:
 			fmt.Fprintf(stdout, "%s is a table already, not switched to pgdispatch: nothing changed\n", table)
 			return nil
 		case o.DryRun:
 			fmt.Fprintf(stdout, "would revert %s (%s): %d pending jobs would be cancelled, %d running ones waited for. Nothing changed.\n",
-				table, rowCounts(res.Rows), res.Cancelled, len(res.Running))
+				table, rows, res.Cancelled, len(res.Running))
 			return nil
 		}
 		fmt.Fprintf(stdout, "reverted %s to a table (%s): %d pending jobs cancelled, for the AT Worker to run\n",
-			table, rowCounts(res.Rows), res.Cancelled)
+			table, rows, res.Cancelled)
 		if len(res.Running) == 0 {
 			return nil
 		}
@@ -195,26 +191,4 @@ func atWorkerError(err error, table, what string) error {
 		return fmt.Errorf("no table %s in this database (nor on its search_path): nothing to %s", termsafe.String(table), what)
 	}
 	return err
-}
-
-// rowCounts writes counts by status: "3 rows (1 pending, 2 completed)".
-func rowCounts(counts map[string]int64) string {
-	known := []string{atworker.Pending, atworker.Processing, atworker.Completed, atworker.Failed}
-	var total int64
-	var parts, others []string
-	for _, s := range known {
-		if n := counts[s]; n > 0 {
-			parts = append(parts, fmt.Sprintf("%d %s", n, s))
-		}
-	}
-	for s, n := range counts {
-		if total += n; !slices.Contains(known, s) {
-			others = append(others, fmt.Sprintf("%d %s", n, termsafe.String(s)))
-		}
-	}
-	sort.Strings(others)
-	if parts = append(parts, others...); len(parts) == 0 {
-		return "0 rows"
-	}
-	return fmt.Sprintf("%d rows (%s)", total, strings.Join(parts, ", "))
 }

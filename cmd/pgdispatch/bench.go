@@ -2,20 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"runtime/pprof"
-	"slices"
-	"strconv"
-	"strings"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/bench"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
@@ -24,44 +18,19 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		"of its own that it creates and drops. With no DATABASE_URL it starts a throwaway PostgreSQL\n"+
 		"(fsync and synchronous_commit on). The idle scenario reads pg_stat_database, so run it on a\n"+
 		"database nothing else uses.", stderr)
-	benchConn := withDefaults(connSettings, map[string]string{"LOG_LEVEL": "error", "LOG_FORMAT": "console"})
-	v := newValues(fs, benchConn, workerSettings)
-	o := bench.DefaultOptions()
-	scenarios := fs.String("scenario", strings.Join(o.Scenarios, ","), "comma-separated scenarios: "+strings.Join(bench.Scenarios, ", ")+
-		" (soak is not in the default set)")
-	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency: jobs inserted one per transaction")
-	fs.DurationVar(&o.Spacing, "spacing", o.Spacing, "latency: pause between those inserts")
-	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
-	writers := fs.String("writers", joinInts(o.Writers), "sustained and writers: writer connection counts, comma-separated")
-	fs.DurationVar(&o.Duration, "duration", o.Duration, "sustained: length of each run; writers: the time each side gets, in four turns")
-	fs.DurationVar(&o.IdleDuration, "idle-duration", o.IdleDuration, "idle: how long to count transactions")
-	fs.DurationVar(&o.SoakDuration, "soak-duration", o.SoakDuration, "soak: how long writers and the worker run")
-	fs.IntVar(&o.SoakWriters, "soak-writers", o.SoakWriters, "soak: writer connections")
+	benchConn := settings.WithDefaults(connSettings, map[string]string{"LOG_LEVEL": "error", "LOG_FORMAT": "console"})
+	v := settings.New(fs, benchConn, workerSettings)
+	sizes := bench.AddFlags(fs)
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	latencies := fs.String("latencies", "", "latency and sustained: write each job's commit and start times to this CSV file, to see when the slowest ones ran")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	o.Scenarios, o.Writers = nil, nil
-	for _, s := range strings.Split(*scenarios, ",") {
-		s = strings.TrimSpace(s)
-		if !slices.Contains(bench.Scenarios, s) {
-			return fmt.Errorf("--scenario %q: want some of %s", s, strings.Join(bench.Scenarios, ", "))
-		}
-		o.Scenarios = append(o.Scenarios, s)
+	o, err := sizes.Options()
+	if err != nil {
+		return err
 	}
-	for _, w := range strings.Split(*writers, ",") {
-		var n int
-		if _, err := fmt.Sscan(strings.TrimSpace(w), &n); err != nil || n <= 0 {
-			return fmt.Errorf("--writers %q: want positive whole numbers", *writers)
-		}
-		o.Writers = append(o.Writers, n)
-	}
-	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 {
-		return errors.New("--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration and --soak-writers must be above 0")
-	}
-
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err != nil {
@@ -73,8 +42,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		defer pprof.StopCPUProfile()
 	}
-	dbURL := v.databaseURL()
-	if direct := v.str("LISTEN_DATABASE_URL"); pgdispatch.BehindPooler(dbURL, direct) {
+	dbURL := databaseURL(v)
+	if direct := v.Str("LISTEN_DATABASE_URL"); pgdispatch.BehindPooler(dbURL, direct) {
 		// The scenarios create databases, prepare statements and measure
 		// PostgreSQL: past the pooler.
 		fmt.Fprintln(stderr, "bench connects to LISTEN_DATABASE_URL, past the pooler of DATABASE_URL")
@@ -114,26 +83,6 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if *asJSON {
 		return printJSON(stdout, results)
 	}
-	fmt.Fprintf(stdout, "pgdispatch bench on %d CPUs, %s\n", runtime.NumCPU(), serverVersion(ctx, c.pool))
-	for _, r := range results {
-		fmt.Fprintf(stdout, "\n%s (%s)\n", r.Scenario, r.Conditions)
-		for _, name := range r.Names() {
-			fmt.Fprintf(stdout, "  %-24s %12.3f\n", name, r.Figures[name])
-		}
-	}
+	bench.Print(ctx, stdout, c.pool, results)
 	return nil
-}
-
-func joinInts(ns []int) string {
-	s := make([]string, len(ns))
-	for i, n := range ns {
-		s[i] = strconv.Itoa(n)
-	}
-	return strings.Join(s, ",")
-}
-
-func serverVersion(ctx context.Context, pool *pgxpool.Pool) string {
-	var v, sc string
-	_ = pool.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('synchronous_commit')").Scan(&v, &sc)
-	return "PostgreSQL " + v + ", synchronous_commit=" + sc
 }

@@ -47,7 +47,7 @@ func TestComposeFile(t *testing.T) {
 	var known []string
 	for _, g := range settingGroups {
 		for _, s := range g {
-			known = append(known, s.env)
+			known = append(known, s.Env)
 		}
 	}
 	require.NotEmpty(t, worker.Environment)

@@ -1,15 +1,10 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
-	"regexp"
-	"strconv"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -17,44 +12,27 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/claimer"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/migrations"
 	"github.com/pgdispatch/pgdispatch/sweeper"
 )
 
-// setting is one configuration value: an environment variable and the flag
-// that overrides it. Flags win over the environment, which wins over .env.
-// Secrets have no flag, so that they never show in a process listing.
-// Usage shows a flag's built-in default, never the environment's value,
-// which may hold a password (DATABASE_URL); what is printed passes through
-// the filter of package redact. A worker's setting carries apply, which
-// parses its value into the worker's config; its default is the package's
-// own, so that it is written once. help is its meaning in Markdown, from
-// which the setting tables of docs/reference.md are generated (go test
-// -run TestReference -update); --help prints it plain.
-type setting struct {
-	env, flag, def, help string
-	apply                func(v *values, cfg *pgdispatch.Config, errs *[]error)
-	// standsFor, of an AT Worker setting, is the pgdispatch setting it stands
-	// in for, read in unit ("s", "m", or "" for a count).
-	standsFor, unit string
-}
-
 // The settings every command that talks to the database reads.
-var connSettings = []setting{
-	{env: "DATABASE_URL", flag: "database-url", help: "PostgreSQL connection string. When empty, built from the AT Worker's `DB_HOST` (localhost), `DB_PORT` (5432), `DB_USER` (postgres), `DB_PASSWORD` (postgres), `DB_NAME` (at_scheduler) and `DB_SSLMODE` (disable), if any of them is set"},
-	{env: "LISTEN_DATABASE_URL", flag: "listen-database-url", help: "where the listener connects, where each queue's claimer holds its sleep key (one more connection per queue), and where migrations run; empty: `DATABASE_URL`. Point it past a transaction-pooling PgBouncer on `DATABASE_URL`, which then gets no startup parameters and no prepared statements ([Behind PgBouncer](operations.md#behind-pgbouncer))"},
-	{env: "DB_SCHEMA", flag: "schema", def: pgdispatch.DefaultSchema, help: "schema of pgdispatch's tables; `demo` uses `pgdispatch_demo`"},
-	{env: "STATEMENT_TIMEOUT", flag: "statement-timeout", def: durationText(pgdispatch.DefaultStatementTimeout), help: "bound on every database call, and the server's `statement_timeout`"},
-	{env: "LOG_LEVEL", flag: "log-level", def: "info", help: "`debug`, `info`, `warn` or `error`; `demo` and `bench` use `error`"},
-	{env: "LOG_FORMAT", flag: "log-format", def: "json", help: "`json` or `console`; `demo` and `bench` use `console`"},
+var connSettings = []settings.Setting{
+	{Env: "DATABASE_URL", Flag: "database-url", Help: "PostgreSQL connection string. When empty, built from the AT Worker's `DB_HOST` (localhost), `DB_PORT` (5432), `DB_USER` (postgres), `DB_PASSWORD` (postgres), `DB_NAME` (at_scheduler) and `DB_SSLMODE` (disable), if any of them is set"},
+	{Env: "LISTEN_DATABASE_URL", Flag: "listen-database-url", Help: "where the listener connects, where each queue's claimer holds its sleep key (one more connection per queue), and where migrations run; empty: `DATABASE_URL`. Point it past a transaction-pooling PgBouncer on `DATABASE_URL`, which then gets no startup parameters and no prepared statements ([Behind PgBouncer](operations.md#behind-pgbouncer))"},
+	{Env: "DB_SCHEMA", Flag: "schema", Default: pgdispatch.DefaultSchema, Help: "schema of pgdispatch's tables; `demo` uses `pgdispatch_demo`"},
+	{Env: "STATEMENT_TIMEOUT", Flag: "statement-timeout", Default: settings.DurationText(pgdispatch.DefaultStatementTimeout), Help: "bound on every database call, and the server's `statement_timeout`"},
+	{Env: "LOG_LEVEL", Flag: "log-level", Default: "info", Help: "`debug`, `info`, `warn` or `error`; `demo` and `bench` use `error`"},
+	{Env: "LOG_FORMAT", Flag: "log-format", Default: "json", Help: "`json` or `console`; `demo` and `bench` use `console`"},
 }
 
 // The worker's settings, for run and demo.
-var workerSettings = []setting{
+var workerSettings = []settings.Setting{
 	{
-		env: "WORKER_ID", flag: "worker-id", help: "this worker's name in `locked_by` and the logs; empty: the hostname, the process id and a random suffix, as in `db-7-1234-a1b2c3`, new at each start",
-		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
-			cfg.WorkerID = v.str("WORKER_ID")
+		Env: "WORKER_ID", Flag: "worker-id", Help: "this worker's name in `locked_by` and the logs; empty: the hostname, the process id and a random suffix, as in `db-7-1234-a1b2c3`, new at each start",
+		Apply: func(v *settings.Values, cfg *pgdispatch.Config, errs *[]error) {
+			cfg.WorkerID = v.Str("WORKER_ID")
 			if cfg.WorkerID == "" {
 				var err error
 				cfg.WorkerID, err = pgdispatch.DefaultWorkerID()
@@ -63,190 +41,60 @@ var workerSettings = []setting{
 		},
 	},
 	{
-		env: "QUEUES", flag: "queues", def: pgdispatch.DefaultQueue, help: "comma-separated queues to serve, each optionally `name:concurrency`",
-		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
+		Env: "QUEUES", Flag: "queues", Default: pgdispatch.DefaultQueue, Help: "comma-separated queues to serve, each optionally `name:concurrency`",
+		Apply: func(v *settings.Values, cfg *pgdispatch.Config, errs *[]error) {
 			var err error
-			if cfg.Queues, err = pgdispatch.ParseQueues(v.str("QUEUES")); err != nil {
+			if cfg.Queues, err = pgdispatch.ParseQueues(v.Str("QUEUES")); err != nil {
 				*errs = append(*errs, fmt.Errorf("invalid QUEUES: %w", err))
 			}
 		},
 	},
-	countSetting("CONCURRENCY", "concurrency", claimer.DefaultConcurrency, "jobs run at once per queue; one claim takes at most the free slots, so this is also the largest claim",
+	settings.Count("CONCURRENCY", "concurrency", claimer.DefaultConcurrency, "jobs run at once per queue; one claim takes at most the free slots, so this is also the largest claim",
 		func(c *pgdispatch.Config) *int { return &c.Concurrency }),
-	durationSetting("POLL_INTERVAL", "poll-interval", claimer.DefaultPollInterval, "fallback tick that claims without a notification",
+	settings.Duration("POLL_INTERVAL", "poll-interval", claimer.DefaultPollInterval, "fallback tick that claims without a notification",
 		func(c *pgdispatch.Config) *time.Duration { return &c.PollInterval }),
-	durationSetting("LEASE", "lease", claimer.DefaultLease, "how long a claimed job stays this worker's without a heartbeat; renewed every `LEASE/3`",
+	settings.Duration("LEASE", "lease", claimer.DefaultLease, "how long a claimed job stays this worker's without a heartbeat; renewed every `LEASE/3`",
 		func(c *pgdispatch.Config) *time.Duration { return &c.Lease }),
-	durationSetting("SWEEP_INTERVAL", "sweep-interval", sweeper.DefaultInterval, "how often expired leases are given back and old jobs purged",
+	settings.Duration("SWEEP_INTERVAL", "sweep-interval", sweeper.DefaultInterval, "how often expired leases are given back and old jobs purged",
 		func(c *pgdispatch.Config) *time.Duration { return &c.SweepInterval }),
-	countSetting("MAX_ATTEMPTS", "max-attempts", claimer.DefaultMaxAttempts, fmt.Sprintf("attempts for jobs whose `max_attempts` is NULL; at most %d", migrations.AttemptsLimit),
+	settings.Count("MAX_ATTEMPTS", "max-attempts", claimer.DefaultMaxAttempts, fmt.Sprintf("attempts for jobs whose `max_attempts` is NULL; at most %d", migrations.AttemptsLimit),
 		func(c *pgdispatch.Config) *int { return &c.MaxAttempts }),
-	durationSetting("JOB_TIMEOUT", "job-timeout", claimer.DefaultJobTimeout, "bound on one attempt unless the payload's `timeout` says otherwise; an attempt cut short by shutdown after running longer counts",
+	settings.Duration("JOB_TIMEOUT", "job-timeout", claimer.DefaultJobTimeout, "bound on one attempt unless the payload's `timeout` says otherwise; an attempt cut short by shutdown after running longer counts",
 		func(c *pgdispatch.Config) *time.Duration { return &c.JobTimeout }),
-	durationSetting("MAX_JOB_TIMEOUT", "max-job-timeout", claimer.DefaultMaxJobTimeout, "the longest `timeout` a payload may ask for; a job that asks for more is dead at once. At least `JOB_TIMEOUT`",
+	settings.Duration("MAX_JOB_TIMEOUT", "max-job-timeout", claimer.DefaultMaxJobTimeout, "the longest `timeout` a payload may ask for; a job that asks for more is dead at once. At least `JOB_TIMEOUT`",
 		func(c *pgdispatch.Config) *time.Duration { return &c.MaxJobTimeout }),
 	{
-		env: "RETRY_BACKOFF", flag: "retry-backoff", def: durationText(claimer.DefaultRetryBase), help: "delay before the first retry; each later one waits 4× longer (30s, 2m, 8m, 32m, …, capped at 24h), plus up to 10 % jitter",
-		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
-			cfg.RetryBackoff = claimer.ExponentialBackoff(v.positiveDuration("RETRY_BACKOFF", errs))
+		Env: "RETRY_BACKOFF", Flag: "retry-backoff", Default: settings.DurationText(claimer.DefaultRetryBase), Help: "delay before the first retry; each later one waits 4× longer (30s, 2m, 8m, 32m, …, capped at 24h), plus up to 10 % jitter",
+		Apply: func(v *settings.Values, cfg *pgdispatch.Config, errs *[]error) {
+			cfg.RetryBackoff = claimer.ExponentialBackoff(v.PositiveDuration("RETRY_BACKOFF", errs))
 		},
 	},
 	{
-		env: "RETAIN_DONE", flag: "retain-done", def: durationText(sweeper.DefaultRetainDone), help: "how long done jobs are kept; `0` deletes a job as soon as it is done",
-		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) {
-			if cfg.RetainDone = v.duration("RETAIN_DONE", errs); cfg.RetainDone == 0 && v.str("RETAIN_DONE") != "" {
+		Env: "RETAIN_DONE", Flag: "retain-done", Default: settings.DurationText(sweeper.DefaultRetainDone), Help: "how long done jobs are kept; `0` deletes a job as soon as it is done",
+		Apply: func(v *settings.Values, cfg *pgdispatch.Config, errs *[]error) {
+			if cfg.RetainDone = v.Duration("RETAIN_DONE", errs); cfg.RetainDone == 0 && v.Str("RETAIN_DONE") != "" {
 				cfg.RetainDone = pgdispatch.RetainDoneNone
 			}
 		},
 	},
-	countSetting("CLAIM_BYTES", "claim-bytes", claimer.DefaultClaimBytes, "bound on the payloads one claim loads, in bytes: a claim stops adding jobs once their size passes it (a payload stored compressed counts decompressed), and takes one job at least",
+	settings.Count("CLAIM_BYTES", "claim-bytes", claimer.DefaultClaimBytes, "bound on the payloads one claim loads, in bytes: a claim stops adding jobs once their size passes it (a payload stored compressed counts decompressed), and takes one job at least",
 		func(c *pgdispatch.Config) *int { return &c.ClaimBytes }),
-	durationSetting("RETAIN_DEAD", "retain-dead", sweeper.DefaultRetainDead, "how long dead and cancelled jobs are kept",
+	settings.Duration("RETAIN_DEAD", "retain-dead", sweeper.DefaultRetainDead, "how long dead and cancelled jobs are kept",
 		func(c *pgdispatch.Config) *time.Duration { return &c.RetainDead }),
-	durationSetting("SHUTDOWN_TIMEOUT", "shutdown-timeout", claimer.DefaultShutdownTimeout, "how long running jobs may finish after SIGINT or SIGTERM before they are given back",
+	settings.Duration("SHUTDOWN_TIMEOUT", "shutdown-timeout", claimer.DefaultShutdownTimeout, "how long running jobs may finish after SIGINT or SIGTERM before they are given back",
 		func(c *pgdispatch.Config) *time.Duration { return &c.ShutdownTimeout }),
-	{env: "SYNCHRONOUS_COMMIT", flag: "synchronous-commit", def: "on", help: "`synchronous_commit` of the worker's own connections, never the writers': `on`, `off`, `local`, `remote_write` or `remote_apply`. Claims always commit without waiting for their WAL flush; `off` does the same for outcomes, heartbeats and sweeps. After a server crash, jobs whose claim or outcome was not yet flushed run again; nothing is lost either way"},
-}
-
-// durationSetting is a setting of a positive duration, field of the
-// worker's config.
-func durationSetting(env, flag string, def time.Duration, help string, field func(*pgdispatch.Config) *time.Duration) setting {
-	return setting{
-		env: env, flag: flag, def: durationText(def), help: help,
-		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) { *field(cfg) = v.positiveDuration(env, errs) },
-	}
-}
-
-// countSetting is a setting of a whole number above 0, field of the
-// worker's config.
-func countSetting(env, flag string, def int, help string, field func(*pgdispatch.Config) *int) setting {
-	return setting{
-		env: env, flag: flag, def: strconv.Itoa(def), help: help,
-		apply: func(v *values, cfg *pgdispatch.Config, errs *[]error) { *field(cfg) = v.positiveInt(env, errs) },
-	}
-}
-
-// durationText writes d as a setting's default is written: "30s", "5m",
-// "1h", "168h".
-func durationText(d time.Duration) string {
-	switch {
-	case d%time.Hour == 0:
-		return fmt.Sprintf("%dh", d/time.Hour)
-	case d%time.Minute == 0:
-		return fmt.Sprintf("%dm", d/time.Minute)
-	}
-	return d.String()
+	{Env: "SYNCHRONOUS_COMMIT", Flag: "synchronous-commit", Default: "on", Help: "`synchronous_commit` of the worker's own connections, never the writers': `on`, `off`, `local`, `remote_write` or `remote_apply`. Claims always commit without waiting for their WAL flush; `off` does the same for outcomes, heartbeats and sweeps. After a server crash, jobs whose claim or outcome was not yet flushed run again; nothing is lost either way"},
 }
 
 // The settings of run alone.
-var serveSettings = []setting{
-	{env: "METRICS_ADDR", flag: "metrics-addr", help: "address of the HTTP server for `/metrics`, `/healthz` and `/readyz`, such as `127.0.0.1:9090`; empty: off. They have no authentication ([Metrics and health](#metrics-and-health))"},
-}
-
-// withDefaults returns a copy of settings with other defaults, by variable.
-func withDefaults(settings []setting, defaults map[string]string) []setting {
-	out := make([]setting, len(settings))
-	copy(out, settings)
-	for i := range out {
-		if d, ok := defaults[out[i].env]; ok {
-			out[i].def = d
-		}
-	}
-	return out
-}
-
-// values holds the settings of one command once flags are parsed.
-type values struct {
-	fs    *flag.FlagSet
-	vals  map[string]*string // by env name
-	flags map[string]string  // flag names, by env name
-}
-
-func newValues(fs *flag.FlagSet, groups ...[]setting) *values {
-	v := &values{fs: fs, vals: map[string]*string{}, flags: map[string]string{}}
-	for _, g := range groups {
-		for _, s := range g {
-			def := s.def
-			if e, ok := os.LookupEnv(s.env); ok {
-				def = e
-			}
-			if s.flag == "" {
-				v.vals[s.env] = &def
-				continue
-			}
-			// Registered with the built-in default, which usage prints; the
-			// environment's value is set after.
-			p := fs.String(s.flag, s.def, plain(s.help)+" ($"+s.env+")")
-			*p = def
-			v.vals[s.env], v.flags[s.env] = p, s.flag
-		}
-	}
-	return v
-}
-
-var (
-	markdownLink = regexp.MustCompile(`\[([^\]]*)\]\([^)]*\)`)    // [text](target)
-	seeAlso      = regexp.MustCompile(` \(\[[^\]]*\]\([^)]*\)\)`) // " ([text](target))"
-)
-
-// plain is help without its Markdown: no pointer to elsewhere in the docs,
-// links' text, and code spans' code.
-func plain(help string) string {
-	help = markdownLink.ReplaceAllString(seeAlso.ReplaceAllString(help, ""), "$1")
-	return strings.ReplaceAll(help, "`", "")
-}
-
-func (v *values) str(env string) string { return strings.TrimSpace(*v.vals[env]) }
-
-func (v *values) has(env string) bool { _, ok := v.vals[env]; return ok }
-
-func (v *values) duration(env string, errs *[]error) time.Duration {
-	d, err := parseDuration(v.str(env))
-	if err != nil {
-		*errs = append(*errs, fmt.Errorf("invalid %s %q: %w", env, v.str(env), err))
-	}
-	return d
-}
-
-func (v *values) positiveDuration(env string, errs *[]error) time.Duration {
-	d, err := parseDuration(v.str(env))
-	if err == nil && d == 0 {
-		err = errors.New("must be more than 0")
-	}
-	if err != nil {
-		*errs = append(*errs, fmt.Errorf("invalid %s %q: %w", env, v.str(env), err))
-	}
-	return d
-}
-
-func (v *values) positiveInt(env string, errs *[]error) int {
-	n, err := strconv.Atoi(v.str(env))
-	if err != nil || n <= 0 {
-		*errs = append(*errs, fmt.Errorf("invalid %s %q: must be a whole number above 0", env, v.str(env)))
-	}
-	return n
-}
-
-// parseDuration reads a Go duration ("30s", "5m") or a whole number of
-// seconds, as the AT Worker's settings were.
-func parseDuration(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(s)
-	if n, nerr := strconv.Atoi(s); nerr == nil {
-		d, err = time.Duration(n)*time.Second, nil
-	}
-	switch {
-	case err != nil:
-		return 0, errors.New(`want a duration such as "30s" or "5m", or a number of seconds`)
-	case d < 0:
-		return 0, errors.New("must not be negative")
-	}
-	return d, nil
+var serveSettings = []settings.Setting{
+	{Env: "METRICS_ADDR", Flag: "metrics-addr", Help: "address of the HTTP server for `/metrics`, `/healthz` and `/readyz`, such as `127.0.0.1:9090`; empty: off. They have no authentication ([Metrics and health](#metrics-and-health))"},
 }
 
 // databaseURL is DATABASE_URL, or the URL the AT Worker's DB_* variables
 // describe when it is empty and any of them is set.
-func (v *values) databaseURL() string {
-	if u := v.str("DATABASE_URL"); u != "" {
+func databaseURL(v *settings.Values) string {
+	if u := v.Str("DATABASE_URL"); u != "" {
 		return u
 	}
 	at := map[string]string{"DB_HOST": "localhost", "DB_PORT": "5432", "DB_USER": "postgres", "DB_PASSWORD": "postgres", "DB_NAME": "at_scheduler", "DB_SSLMODE": "disable"}

@@ -10,30 +10,31 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/console"
 )
 
 // The settings of console alone. The tokens have no flag: they are
 // secrets, which a process listing would show.
-var consoleSettings = []setting{
-	{env: "CONSOLE_LISTEN", flag: "listen", def: console.DefaultListen, help: "address the web console serves on; keep it on loopback, or behind TLS"},
-	{env: "CONSOLE_OPERATOR_TOKEN", help: "password of the console's operators, who may act (retry, cancel, snooze, delete, pause, resume) and reveal secrets; the user name is who the actions are logged as"},
-	{env: "CONSOLE_VIEWER_TOKEN", help: "password of the console's viewers, who may only read"},
+var consoleSettings = []settings.Setting{
+	{Env: "CONSOLE_LISTEN", Flag: "listen", Default: console.DefaultListen, Help: "address the web console serves on; keep it on loopback, or behind TLS"},
+	{Env: "CONSOLE_OPERATOR_TOKEN", Help: "password of the console's operators, who may act (retry, cancel, snooze, delete, pause, resume) and reveal secrets; the user name is who the actions are logged as"},
+	{Env: "CONSOLE_VIEWER_TOKEN", Help: "password of the console's viewers, who may only read"},
 }
 
 func consoleCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("console", "Serve the web console: queues, workers, jobs and their attempts, schedules and dispatch triggers, live.\n"+
 		"Sign in with your name and CONSOLE_OPERATOR_TOKEN (or CONSOLE_VIEWER_TOKEN to only read).", stderr)
-	v := newValues(fs, connSettings, consoleSettings)
+	v := settings.New(fs, connSettings, consoleSettings)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	addr := v.str("CONSOLE_LISTEN")
-	operatorToken, viewerToken := v.str("CONSOLE_OPERATOR_TOKEN"), v.str("CONSOLE_VIEWER_TOKEN")
+	addr := v.Str("CONSOLE_LISTEN")
+	operatorToken, viewerToken := v.Str("CONSOLE_OPERATOR_TOKEN"), v.Str("CONSOLE_VIEWER_TOKEN")
 	if operatorToken == "" && viewerToken == "" {
 		return errors.New("the console needs credentials: set CONSOLE_OPERATOR_TOKEN (and CONSOLE_VIEWER_TOKEN for read-only users)")
 	}
-	c, err := openConn(ctx, v, v.databaseURL())
+	c, err := openConn(ctx, v, databaseURL(v))
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 )
 
@@ -51,7 +52,7 @@ func compact(raw json.RawMessage) []byte {
 
 func jobsSnooze(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("jobs snooze", "Make pending jobs due later, without spending an attempt: pgdispatch jobs snooze --for D ID...", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	d := fs.Duration("for", 0, "how long from now the jobs are due (required; for example 10m)")
 	ids, err := parseIDs(fs, args)
 	if err != nil {
@@ -90,7 +91,7 @@ func queuesCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 
 func queuesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("queues list", "List the queues: their state and their pending and running jobs.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -148,7 +149,7 @@ var errNothingChanged = errors.New("nothing changed")
 
 func toggle(ctx context.Context, c toggleCommand, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet(c.noun+"s "+c.verb, c.help, stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	var force *bool
 	if c.known != nil {
 		force = fs.Bool("force", false, c.verb+" the "+c.noun+" even when nothing names it")

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/demo"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 )
 
@@ -22,10 +23,10 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		"receiver got. The worker then runs until Ctrl-C. With no DATABASE_URL it starts a throwaway\n"+
 		"PostgreSQL from the installed server binaries and removes it at exit. It uses the schema\n"+
 		demoSchema+" unless --schema or DB_SCHEMA names another.", stderr)
-	demoConn := withDefaults(connSettings, map[string]string{"DB_SCHEMA": demoSchema, "LOG_LEVEL": "error", "LOG_FORMAT": "console"})
+	demoConn := settings.WithDefaults(connSettings, map[string]string{"DB_SCHEMA": demoSchema, "LOG_LEVEL": "error", "LOG_FORMAT": "console"})
 	// Retries within a reader's attention span.
-	demoWorker := withDefaults(workerSettings, map[string]string{"RETRY_BACKOFF": "1s"})
-	v := newValues(fs, demoConn, demoWorker, only(executorSettings, "RABBITMQ_URL"))
+	demoWorker := settings.WithDefaults(workerSettings, map[string]string{"RETRY_BACKOFF": "1s"})
+	v := settings.New(fs, demoConn, demoWorker, settings.Only(executorSettings, "RABBITMQ_URL"))
 	count := fs.Int("count", 0, "stop after this many attempts (0: run until Ctrl-C)")
 	interval := fs.Duration("interval", 500*time.Millisecond, "pause between the tour's inserts")
 	if err := parse(fs, args); err != nil {
@@ -35,7 +36,7 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return errors.New("--count must not be negative and --interval must be above 0")
 	}
 
-	dbURL, psqlURL := v.databaseURL(), ""
+	dbURL, psqlURL := databaseURL(v), ""
 	if dbURL == "" {
 		fmt.Fprintln(stdout, "No DATABASE_URL: starting a throwaway PostgreSQL from the installed server binaries...")
 		cluster, err := pgcluster.Start(ctx, pgcluster.Options{Durable: true})
@@ -65,20 +66,7 @@ func demoCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	return demo.Run(ctx, demo.Config{
-		Worker: cfg, DatabaseURL: dbURL, PsqlURL: psqlURL, RabbitMQURL: v.str("RABBITMQ_URL"),
+		Worker: cfg, DatabaseURL: dbURL, PsqlURL: psqlURL, RabbitMQURL: v.Str("RABBITMQ_URL"),
 		Out: stdout, Count: *count, Interval: *interval,
 	})
-}
-
-// only returns the settings of settings named by names.
-func only(settings []setting, names ...string) []setting {
-	var out []setting
-	for _, s := range settings {
-		for _, n := range names {
-			if s.env == n {
-				out = append(out, s)
-			}
-		}
-	}
-	return out
 }

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
@@ -16,36 +17,36 @@ import (
 )
 
 // The executors' settings, for run.
-var executorSettings = []setting{
-	{env: "HTTP_SIGNING_SECRET", help: "sign `http_callback` requests per Standard Webhooks with this base64 secret (`whsec_` prefix optional; make one with `echo \"whsec_$(openssl rand -base64 32)\"`)"},
-	{env: "HTTP_ALLOW_HOSTS", flag: "http-allow-hosts", help: "comma-separated hosts `http_callback` may reach by name: exact names, IPs (`10.0.0.5`, `[::1]`), or `*.example.com`; empty: any name. `HTTP_ALLOW_NETWORKS` applies too"},
-	{env: "HTTP_ALLOW_NETWORKS", flag: "http-allow-networks", def: httpcallback.NetworksPublic, help: "comma-separated networks `http_callback` may dial, checked on the address of every connection after DNS: CIDRs, IPs, and `public`, `private` or `loopback` ([http_callback](#http_callback))"},
-	{env: "HTTP_MAX_CONNECTIONS_PER_HOST", flag: "http-max-connections-per-host", def: strconv.Itoa(httpcallback.DefaultMaxConnsPerHost), help: "requests, and so connections, a worker has open to one host (name and port) at once; `http_callback` jobs beyond it wait for one within their own timeout"},
-	{env: "RABBITMQ_URL", help: "the `rabbitmq` executor's broker, `amqp://user:password@host:5672/vhost`"},
-	{env: "SMTP_HOST", flag: "smtp-host", help: "the `email` executor's SMTP server"},
-	{env: "SMTP_PORT", flag: "smtp-port", help: "the SMTP server's port; empty: 25, 587 or 465 by `SMTP_TLS`"},
-	{env: "SMTP_USERNAME", flag: "smtp-username", help: "user for AUTH PLAIN; empty: no AUTH"},
-	{env: "SMTP_PASSWORD", help: "password for AUTH PLAIN"},
-	{env: "SMTP_TLS", flag: "smtp-tls", def: "starttls", help: "`none`, `starttls` (required) or `tls` (implicit, SMTPS); `none` with `SMTP_USERNAME` needs `SMTP_ALLOW_PLAINTEXT_AUTH`"},
-	{env: "SMTP_FROM", flag: "smtp-from", help: "sender of `email` jobs whose payload has no `from`; a payload may always name its address"},
-	{env: "SMTP_ALLOW_FROM", flag: "smtp-allow-from", help: "comma-separated other senders a payload's `from` may name: addresses, or domains for any address at them; `*` allows any. Empty: `SMTP_FROM`'s address only"},
-	{env: "SMTP_MAX_RECIPIENTS", flag: "smtp-max-recipients", def: strconv.Itoa(email.DefaultMaxRecipients), help: "most recipients of one `email` job, in `to`, `cc` and `bcc` together"},
-	{env: "SMTP_ALLOW_PLAINTEXT_AUTH", flag: "smtp-allow-plaintext-auth", def: "false", help: "`true` lets `SMTP_TLS=none` send the username and password unencrypted; without it `run` refuses that setting"},
-	{env: "SMTP_MAX_CONNECTIONS", flag: "smtp-max-connections", def: strconv.Itoa(email.DefaultMaxConnections), help: "SMTP sessions a worker opens at once; `email` jobs beyond it wait for one within their own timeout"},
+var executorSettings = []settings.Setting{
+	{Env: "HTTP_SIGNING_SECRET", Help: "sign `http_callback` requests per Standard Webhooks with this base64 secret (`whsec_` prefix optional; make one with `echo \"whsec_$(openssl rand -base64 32)\"`)"},
+	{Env: "HTTP_ALLOW_HOSTS", Flag: "http-allow-hosts", Help: "comma-separated hosts `http_callback` may reach by name: exact names, IPs (`10.0.0.5`, `[::1]`), or `*.example.com`; empty: any name. `HTTP_ALLOW_NETWORKS` applies too"},
+	{Env: "HTTP_ALLOW_NETWORKS", Flag: "http-allow-networks", Default: httpcallback.NetworksPublic, Help: "comma-separated networks `http_callback` may dial, checked on the address of every connection after DNS: CIDRs, IPs, and `public`, `private` or `loopback` ([http_callback](#http_callback))"},
+	{Env: "HTTP_MAX_CONNECTIONS_PER_HOST", Flag: "http-max-connections-per-host", Default: strconv.Itoa(httpcallback.DefaultMaxConnsPerHost), Help: "requests, and so connections, a worker has open to one host (name and port) at once; `http_callback` jobs beyond it wait for one within their own timeout"},
+	{Env: "RABBITMQ_URL", Help: "the `rabbitmq` executor's broker, `amqp://user:password@host:5672/vhost`"},
+	{Env: "SMTP_HOST", Flag: "smtp-host", Help: "the `email` executor's SMTP server"},
+	{Env: "SMTP_PORT", Flag: "smtp-port", Help: "the SMTP server's port; empty: 25, 587 or 465 by `SMTP_TLS`"},
+	{Env: "SMTP_USERNAME", Flag: "smtp-username", Help: "user for AUTH PLAIN; empty: no AUTH"},
+	{Env: "SMTP_PASSWORD", Help: "password for AUTH PLAIN"},
+	{Env: "SMTP_TLS", Flag: "smtp-tls", Default: "starttls", Help: "`none`, `starttls` (required) or `tls` (implicit, SMTPS); `none` with `SMTP_USERNAME` needs `SMTP_ALLOW_PLAINTEXT_AUTH`"},
+	{Env: "SMTP_FROM", Flag: "smtp-from", Help: "sender of `email` jobs whose payload has no `from`; a payload may always name its address"},
+	{Env: "SMTP_ALLOW_FROM", Flag: "smtp-allow-from", Help: "comma-separated other senders a payload's `from` may name: addresses, or domains for any address at them; `*` allows any. Empty: `SMTP_FROM`'s address only"},
+	{Env: "SMTP_MAX_RECIPIENTS", Flag: "smtp-max-recipients", Default: strconv.Itoa(email.DefaultMaxRecipients), Help: "most recipients of one `email` job, in `to`, `cc` and `bcc` together"},
+	{Env: "SMTP_ALLOW_PLAINTEXT_AUTH", Flag: "smtp-allow-plaintext-auth", Default: "false", Help: "`true` lets `SMTP_TLS=none` send the username and password unencrypted; without it `run` refuses that setting"},
+	{Env: "SMTP_MAX_CONNECTIONS", Flag: "smtp-max-connections", Default: strconv.Itoa(email.DefaultMaxConnections), Help: "SMTP sessions a worker opens at once; `email` jobs beyond it wait for one within their own timeout"},
 }
 
 // buildRegistry registers the built-in executors that the settings
 // configure. A kind whose settings are missing is still registered, and
 // fails its jobs with a message that says what to set. close releases the
 // executors' connections.
-func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executors.Registry, close func(), err error) {
+func buildRegistry(v *settings.Values, logger *zap.Logger, workerID string) (reg *executors.Registry, close func(), err error) {
 	reg = executors.NewRegistry()
 	var errs []error
 
 	httpExec, err := httpcallback.New(httpcallback.Config{
-		SigningSecret: v.str("HTTP_SIGNING_SECRET"), AllowHosts: list(v.str("HTTP_ALLOW_HOSTS")),
-		AllowNetworks:   list(v.str("HTTP_ALLOW_NETWORKS")),
-		MaxConnsPerHost: max(v.positiveInt("HTTP_MAX_CONNECTIONS_PER_HOST", &errs), 0), // a bad value is reported once
+		SigningSecret: v.Str("HTTP_SIGNING_SECRET"), AllowHosts: list(v.Str("HTTP_ALLOW_HOSTS")),
+		AllowNetworks:   list(v.Str("HTTP_ALLOW_NETWORKS")),
+		MaxConnsPerHost: max(v.PositiveInt("HTTP_MAX_CONNECTIONS_PER_HOST", &errs), 0), // a bad value is reported once
 		Logger:          logger,
 	})
 	if err != nil {
@@ -55,7 +56,7 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 	}
 
 	close = func() {}
-	if u := v.str("RABBITMQ_URL"); u != "" {
+	if u := v.Str("RABBITMQ_URL"); u != "" {
 		rabbit, err := rabbitmq.New(rabbitmq.Config{URL: u, Name: "pgdispatch " + workerID, Logger: logger})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("invalid RABBITMQ_URL: %w", err))
@@ -67,15 +68,15 @@ func buildRegistry(v *values, logger *zap.Logger, workerID string) (reg *executo
 		reg.Register(rabbitmq.Kind, executors.NotConfigured{Kind: rabbitmq.Kind, Setting: "RABBITMQ_URL"})
 	}
 
-	if host := v.str("SMTP_HOST"); host != "" {
-		port, err := strconv.Atoi(cmp.Or(v.str("SMTP_PORT"), "0"))
-		errs = append(errs, refuse(err != nil, "invalid SMTP_PORT %q: want a port number", v.str("SMTP_PORT")))
-		plaintext, err := strconv.ParseBool(v.str("SMTP_ALLOW_PLAINTEXT_AUTH"))
-		errs = append(errs, refuse(err != nil, "invalid SMTP_ALLOW_PLAINTEXT_AUTH %q: want true or false", v.str("SMTP_ALLOW_PLAINTEXT_AUTH")))
+	if host := v.Str("SMTP_HOST"); host != "" {
+		port, err := strconv.Atoi(cmp.Or(v.Str("SMTP_PORT"), "0"))
+		errs = append(errs, refuse(err != nil, "invalid SMTP_PORT %q: want a port number", v.Str("SMTP_PORT")))
+		plaintext, err := strconv.ParseBool(v.Str("SMTP_ALLOW_PLAINTEXT_AUTH"))
+		errs = append(errs, refuse(err != nil, "invalid SMTP_ALLOW_PLAINTEXT_AUTH %q: want true or false", v.Str("SMTP_ALLOW_PLAINTEXT_AUTH")))
 		mailer, err := email.New(email.Config{
-			Host: host, Port: port, Username: v.str("SMTP_USERNAME"), Password: v.str("SMTP_PASSWORD"),
-			TLS: v.str("SMTP_TLS"), From: v.str("SMTP_FROM"), MaxConnections: v.positiveInt("SMTP_MAX_CONNECTIONS", &errs),
-			AllowFrom: list(v.str("SMTP_ALLOW_FROM")), MaxRecipients: max(v.positiveInt("SMTP_MAX_RECIPIENTS", &errs), 0),
+			Host: host, Port: port, Username: v.Str("SMTP_USERNAME"), Password: v.Str("SMTP_PASSWORD"),
+			TLS: v.Str("SMTP_TLS"), From: v.Str("SMTP_FROM"), MaxConnections: v.PositiveInt("SMTP_MAX_CONNECTIONS", &errs),
+			AllowFrom: list(v.Str("SMTP_ALLOW_FROM")), MaxRecipients: max(v.PositiveInt("SMTP_MAX_RECIPIENTS", &errs), 0),
 			AllowPlaintextAuth: plaintext,
 		})
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
@@ -106,9 +107,9 @@ func env(extra ...string) []string {
 }
 
 func isSetting(name string) bool {
-	for _, g := range [][]setting{connSettings, workerSettings, executorSettings, serveSettings, atWorkerSettings} {
+	for _, g := range [][]settings.Setting{connSettings, workerSettings, executorSettings, serveSettings, atWorkerSettings} {
 		for _, s := range g {
-			if s.env == name {
+			if s.Env == name {
 				return true
 			}
 		}

@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/tracing"
@@ -36,10 +37,10 @@ import (
 
 const referencePath = "../../docs/reference.md"
 
-// settingGroups are the settings the commands read. A []setting variable
+// settingGroups are the settings the commands read. A []settings.Setting variable
 // missing here fails TestReference/settings, so that a new group cannot
 // escape the check.
-var settingGroups = map[string][]setting{
+var settingGroups = map[string][]settings.Setting{
 	"connSettings":     connSettings,
 	"workerSettings":   workerSettings,
 	"executorSettings": executorSettings,
@@ -106,8 +107,8 @@ func TestReference(t *testing.T) {
 		envName := regexp.MustCompile(`\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b`)
 		for _, g := range settingGroups {
 			for _, s := range g {
-				variables[s.env] = true
-				for _, v := range envName.FindAllString(s.help, -1) { // DATABASE_URL's DB_HOST and friends
+				variables[s.Env] = true
+				for _, v := range envName.FindAllString(s.Help, -1) { // DATABASE_URL's DB_HOST and friends
 					variables[v] = true
 				}
 			}
@@ -243,13 +244,13 @@ func checkSettings(t *testing.T, ref doc) {
 		b.WriteString("| variable | flag | default | meaning |\n|---|---|---|---|")
 		for _, s := range g {
 			flag, def := "(environment only)", " "
-			if s.flag != "" {
-				flag = "`--" + s.flag + "`"
+			if s.Flag != "" {
+				flag = "`--" + s.Flag + "`"
 			}
-			if s.def != "" {
-				def = " `" + s.def + "` "
+			if s.Default != "" {
+				def = " `" + s.Default + "` "
 			}
-			fmt.Fprintf(&b, "\n| `%s` | %s |%s| %s |", s.env, flag, def, s.help)
+			fmt.Fprintf(&b, "\n| `%s` | %s |%s| %s |", s.Env, flag, def, s.Help)
 		}
 		if m[2] != b.String() {
 			p.addf("the table of %s is not the code's: run go test -run TestReference -update ./cmd/pgdispatch", m[1])
@@ -268,7 +269,7 @@ func checkSettings(t *testing.T, ref doc) {
 	p.report(t, "generated setting tables")
 }
 
-// checkGroupsAreListed fails when the package declares a []setting variable
+// checkGroupsAreListed fails when the package declares a []settings.Setting variable
 // that settingGroups does not hold.
 func checkGroupsAreListed(t *testing.T) {
 	t.Helper()
@@ -311,8 +312,12 @@ func isSettingSlice(e ast.Expr) bool {
 	if !ok {
 		return false
 	}
-	id, ok := arr.Elt.(*ast.Ident)
-	return ok && id.Name == "setting"
+	sel, ok := arr.Elt.(*ast.SelectorExpr)
+	if !ok {
+		return false
+	}
+	pkg, ok := sel.X.(*ast.Ident)
+	return ok && pkg.Name == "settings" && sel.Sel.Name == "Setting"
 }
 
 // cmdFlag is a flag of one command, as its --help prints it.
@@ -395,8 +400,8 @@ func checkCommandFlags(t *testing.T, ref doc, flags []cmdFlag) {
 	settingFlags := map[string]string{}
 	for _, g := range settingGroups {
 		for _, s := range g {
-			if s.flag != "" {
-				settingFlags[s.flag] = "($" + s.env + ")"
+			if s.Flag != "" {
+				settingFlags[s.Flag] = "($" + s.Env + ")"
 			}
 		}
 	}
@@ -456,7 +461,7 @@ func checkSchemaAndMetrics(t *testing.T, ref doc) map[string]bool {
 
 	// The executors as run builds them, so that those that are collectors
 	// are registered as in production.
-	registry, closeExecutors, err := buildRegistry(newValues(flag.NewFlagSet("reference", flag.ContinueOnError), executorSettings),
+	registry, closeExecutors, err := buildRegistry(settings.New(flag.NewFlagSet("reference", flag.ContinueOnError), executorSettings),
 		zap.NewNop(), "reference")
 	require.NoError(t, err)
 	defer closeExecutors()

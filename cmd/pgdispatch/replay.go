@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 )
@@ -19,7 +20,7 @@ import (
 // deadFlags are the filters of jobs retry --all-dead.
 type deadFlags struct {
 	queue, kind, host string
-	since, until      agoTime
+	since, until      admin.Moment
 	yes               bool
 }
 
@@ -30,8 +31,8 @@ func addDeadFlags(fs *flag.FlagSet) *deadFlags {
 	d := &deadFlags{}
 	fs.StringVar(&d.queue, "queue", "", "with --all-dead: only this queue")
 	fs.StringVar(&d.kind, "kind", "", "with --all-dead: only this kind")
-	fs.Var(&d.since, "since", "with --all-dead: only jobs that died at or after this `time`: RFC 3339 (2026-05-01T10:00:00Z) or a duration ago (2h)")
-	fs.Var(&d.until, "until", "with --all-dead: only jobs that died before this `time`: RFC 3339 or a duration ago")
+	fs.TextVar(&d.since, "since", admin.Moment{}, "with --all-dead: only jobs that died at or after this `time`: RFC 3339 (2026-05-01T10:00:00Z) or a duration ago (2h)")
+	fs.TextVar(&d.until, "until", admin.Moment{}, "with --all-dead: only jobs that died before this `time`: RFC 3339 or a duration ago")
 	fs.StringVar(&d.host, "host", "", "with --all-dead: only http_callback jobs whose url has this host (name or IP, any case; with :port, that port too)")
 	fs.BoolVar(&d.yes, "yes", false, "with --all-dead: retry the jobs; without it, only count them")
 	return d
@@ -39,7 +40,7 @@ func addDeadFlags(fs *flag.FlagSet) *deadFlags {
 
 // filtered reports whether a filter of --all-dead was given.
 func (d *deadFlags) filtered() bool {
-	return d.queue != "" || d.kind != "" || d.host != "" || d.since.set || d.until.set
+	return d.queue != "" || d.kind != "" || d.host != "" || !d.since.IsZero() || !d.until.IsZero()
 }
 
 // check refuses what is wrong before a connection is made.
@@ -57,21 +58,16 @@ func (d *deadFlags) check() error {
 }
 
 // retryAllDead counts the dead jobs d selects, or with --yes retries them.
-func retryAllDead(ctx context.Context, v *values, fs *flag.FlagSet, d *deadFlags, stdout io.Writer) error {
+func retryAllDead(ctx context.Context, v *settings.Values, fs *flag.FlagSet, d *deadFlags, stdout io.Writer) error {
 	if err := d.check(); err != nil {
 		return usageError(fs, "%v", err)
 	}
 	return withAdmin(ctx, v, func(a *admin.Admin) error {
-		f := admin.DeadFilter{Queue: d.queue, Kind: d.kind, Host: d.host}
-		if d.since.ago || d.until.ago {
-			now, err := a.Now(ctx)
-			if err != nil {
-				return err
-			}
-			f.Since, f.Until = d.since.at(now), d.until.at(now)
-		} else {
-			f.Since, f.Until = d.since.t, d.until.t
+		window, err := a.Resolve(ctx, d.since, d.until)
+		if err != nil {
+			return err
 		}
+		f := admin.DeadFilter{Queue: d.queue, Kind: d.kind, Host: d.host, Since: window[0], Until: window[1]}
 		if !f.Since.IsZero() && !f.Until.IsZero() && !f.Since.Before(f.Until) {
 			return usageError(fs, "--since (%s) must be before --until (%s)", stamp(f.Since), stamp(f.Until))
 		}
@@ -142,51 +138,4 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// agoTime is a flag that takes an RFC 3339 time or a duration ago.
-type agoTime struct {
-	set bool
-	ago bool          // d is the time before now
-	t   time.Time     // when !ago
-	d   time.Duration // when ago
-}
-
-var errAgoTime = errors.New("want an RFC 3339 time (2026-05-01T10:00:00Z) or a duration ago (2h, 90m)")
-
-func (a *agoTime) Set(s string) error {
-	if t, err := time.Parse(time.RFC3339, s); err == nil {
-		*a = agoTime{set: true, t: t}
-		return nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return errAgoTime
-	}
-	if d < 0 {
-		return errors.New("a duration ago must not be negative")
-	}
-	*a = agoTime{set: true, ago: true, d: d}
-	return nil
-}
-
-func (a *agoTime) String() string {
-	switch {
-	case a == nil || !a.set:
-		return ""
-	case a.ago:
-		return a.d.String()
-	}
-	return stamp(a.t)
-}
-
-// at is the time a means at now; zero when it is unset.
-func (a *agoTime) at(now time.Time) time.Time {
-	switch {
-	case !a.set:
-		return time.Time{}
-	case a.ago:
-		return now.Add(-a.d)
-	}
-	return a.t
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
@@ -36,14 +37,14 @@ type conn struct {
 }
 
 // openConn validates the connection settings, connects and pings.
-func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
+func openConn(ctx context.Context, v *settings.Values, dbURL string) (*conn, error) {
 	var errs []error
-	timeout := v.positiveDuration("STATEMENT_TIMEOUT", &errs)
-	schema := v.str("DB_SCHEMA")
+	timeout := v.PositiveDuration("STATEMENT_TIMEOUT", &errs)
+	schema := v.Str("DB_SCHEMA")
 	if schema == "" {
 		errs = append(errs, errors.New("invalid DB_SCHEMA: must not be empty"))
 	}
-	logger, err := newLogger(v.str("LOG_LEVEL"), v.str("LOG_FORMAT"), v.fs.Output())
+	logger, err := newLogger(v.Str("LOG_LEVEL"), v.Str("LOG_FORMAT"), v.Output())
 	errs = append(errs, err)
 	if dbURL == "" {
 		errs = append(errs, errors.New("no database: set DATABASE_URL (or DB_HOST and friends), or pass --database-url"))
@@ -51,10 +52,10 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	direct := v.str("LISTEN_DATABASE_URL")
+	direct := v.Str("LISTEN_DATABASE_URL")
 	pc := pgdispatch.PoolConfig{StatementTimeout: timeout, ListenURL: direct}
-	if v.has("SYNCHRONOUS_COMMIT") { // the worker commands: their own bookkeeping only
-		pc.SynchronousCommit = v.str("SYNCHRONOUS_COMMIT")
+	if v.Has("SYNCHRONOUS_COMMIT") { // the worker commands: their own bookkeeping only
+		pc.SynchronousCommit = v.Str("SYNCHRONOUS_COMMIT")
 	}
 	pool, err := newPool(ctx, dbURL, "DATABASE_URL", pc)
 	if err != nil {
@@ -67,8 +68,8 @@ func openConn(ctx context.Context, v *values, dbURL string) (*conn, error) {
 }
 
 // withConn connects as v says, runs f, and closes the connection.
-func withConn(ctx context.Context, v *values, f func(c *conn) error) error {
-	c, err := openConn(ctx, v, v.databaseURL())
+func withConn(ctx context.Context, v *settings.Values, f func(c *conn) error) error {
+	c, err := openConn(ctx, v, databaseURL(v))
 	if err != nil {
 		return err
 	}
@@ -86,12 +87,12 @@ func newPool(ctx context.Context, url, setting string, cfg pgdispatch.PoolConfig
 }
 
 // workerConfig builds the worker's config from its settings.
-func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
+func workerConfig(v *settings.Values, c *conn) (pgdispatch.Config, error) {
 	var errs []error
 	cfg := pgdispatch.Config{Pool: c.pool, Schema: c.schema, StatementTimeout: c.timeout, Logger: c.logger}
 	for _, s := range workerSettings {
-		if s.apply != nil {
-			s.apply(v, &cfg, &errs)
+		if s.Apply != nil {
+			s.Apply(v, &cfg, &errs)
 		}
 	}
 	errs = append(errs,
@@ -107,7 +108,7 @@ func workerConfig(v *values, c *conn) (pgdispatch.Config, error) {
 
 func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	fs := newFlagSet("run", "Serve the queues until SIGINT or SIGTERM, then shut down gracefully.", stderr)
-	v := newValues(fs, connSettings, workerSettings, executorSettings, serveSettings, atWorkerSettings)
+	v := settings.New(fs, connSettings, workerSettings, executorSettings, serveSettings, atWorkerSettings)
 	migrate := fs.Bool("migrate", false, "create or upgrade the schema before starting")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -116,7 +117,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	c, err := openConn(ctx, v, v.databaseURL())
+	c, err := openConn(ctx, v, databaseURL(v))
 	if err != nil {
 		return err
 	}
@@ -153,7 +154,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 		m  *metrics.Metrics
 		ml net.Listener
 	)
-	if addr := v.str("METRICS_ADDR"); addr != "" {
+	if addr := v.Str("METRICS_ADDR"); addr != "" {
 		if ml, err = metrics.Listen(addr); err != nil {
 			return err
 		}
@@ -174,17 +175,7 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	if m != nil {
-		// The endpoints outlive the worker's shutdown, and stop after it.
-		m.Attach(w)
-		serveCtx, stopServing := context.WithCancel(context.WithoutCancel(ctx))
-		served := make(chan error, 1)
-		go func() { served <- m.Serve(serveCtx, ml, c.logger) }()
-		defer func() {
-			stopServing()
-			if err := <-served; err != nil {
-				c.logger.Warn("metrics server", zap.Error(err))
-			}
-		}()
+		return m.Run(ctx, w, ml, c.logger)
 	}
 	return w.Run(ctx)
 }
@@ -192,9 +183,9 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 // logExecutors logs the executors the registry holds, pgdispatch's own
 // first, and the ones the settings leave out, each with the setting it
 // needs (buildRegistry registers those to fail their jobs, saying so).
-func logExecutors(logger *zap.Logger, v *values, reg *executors.Registry) {
+func logExecutors(logger *zap.Logger, v *settings.Values, reg *executors.Registry) {
 	configured, missing := reg.Describe(httpcallback.Kind, rabbitmq.Kind, email.Kind)
-	if i := slices.Index(configured, httpcallback.Kind); i >= 0 && v.str("HTTP_SIGNING_SECRET") != "" {
+	if i := slices.Index(configured, httpcallback.Kind); i >= 0 && v.Str("HTTP_SIGNING_SECRET") != "" {
 		configured[i] += " (signed)"
 	} else if i >= 0 {
 		configured[i] += " (unsigned)"
@@ -213,7 +204,7 @@ func (c *conn) checkSchema(ctx context.Context) error {
 
 func migrateCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("migrate", "Create or upgrade the schema. Safe to run from many processes at once.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -238,7 +229,7 @@ func runMigrate(ctx context.Context, c *conn) error {
 
 func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("enqueue", "Add a job and print its id (the existing job's id on a dedup-key conflict, with a warning when that job differs).", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	kind := fs.String("kind", "", "the job's kind: http_callback, rabbitmq, email, noop or a custom one (required)")
 	payload := fs.String("payload", "{}", "the job's payload, as JSON")
 	queue := fs.String("queue", pgdispatch.DefaultQueue, "the queue")

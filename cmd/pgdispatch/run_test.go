@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
@@ -146,7 +147,7 @@ func TestRetainDoneZeroDeletesAtOnce(t *testing.T) {
 	t.Parallel()
 	for retain, deleteDone := range map[string]bool{"0": true, "0s": true, "1h": false} {
 		fs := newFlagSet("run", "", io.Discard)
-		v := newValues(fs, connSettings, workerSettings)
+		v := settings.New(fs, connSettings, workerSettings)
 		require.NoError(t, fs.Parse([]string{"--retain-done", retain}))
 		cfg, err := workerConfig(v, &conn{pool: pgtest.Pool(t), schema: "s", timeout: time.Second, logger: zap.NewNop()})
 		require.NoError(t, err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
@@ -84,7 +85,7 @@ func oneName(fs *flag.FlagSet, args []string, noun string) (string, error) {
 
 func schedulesAdd(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("schedules add", "Declare a schedule, or change the one of that name: pgdispatch schedules add NAME --cron EXPR --kind K [flags]", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	cron := fs.String("cron", "", "five fields (minute hour day-of-month month day-of-week) or @hourly, @daily, @weekly, @monthly, @yearly")
 	every := fs.Duration("every", 0, "an interval of whole seconds instead of --cron, such as 30s or 1h (slots at its multiples since 1970-01-01 UTC)")
 	tz := fs.String("time-zone", "", "the IANA time zone --cron is read in, such as Europe/Berlin; empty: UTC for a new schedule")
@@ -142,7 +143,7 @@ func schedulesAdd(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 func schedulesList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("schedules list", "List the schedules: their timing, job, next and last run, and missed and caught-up slots.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON")
 	reveal := fs.Bool("reveal", false, revealHelp)
 	if err := parse(fs, args); err != nil {
@@ -226,7 +227,7 @@ func printSchedules(w io.Writer, list []admin.Schedule, details bool) error {
 
 func schedulesRemove(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("schedules remove", "Delete a schedule; the jobs it created stay: pgdispatch schedules remove NAME", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	name, err := oneName(fs, args, "schedule")
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
@@ -36,7 +37,7 @@ func triggersAdd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	fs := newFlagSet("triggers add", "Attach a dispatch trigger to a table: each changed row becomes a job whose payload is\n"+
 		"--payload with the event (operation, schema, table, new and old row, event id) merged in:\n"+
 		"under \"data\" for http_callback, \"body\" for rabbitmq, \"event\" for other kinds.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	var s triggers.Spec
 	fs.StringVar(&s.Table, "table", "", `the table, as SQL reads it: public.orders, or 'public."Odd name"' (required)`)
 	on := fs.String("on", "insert", "comma-separated events: insert, update, delete")
@@ -81,7 +82,7 @@ func triggersAdd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 
 func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("triggers list", "List the dispatch triggers.", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	asJSON := fs.Bool("json", false, "print JSON")
 	reveal := fs.Bool("reveal", false, "show the payloads' secrets as they are: URL user info and query values, and the values of keys such as Authorization or X-Api-Key")
 	if err := parse(fs, args); err != nil {
@@ -121,7 +122,7 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 func triggersRemove(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("triggers remove", "Drop a dispatch trigger: pgdispatch triggers remove [flags] NAME", stderr)
-	v := newValues(fs, connSettings)
+	v := settings.New(fs, connSettings)
 	wait := fs.Duration("lock-wait", triggers.DefaultLockWait, "how long to wait for the table's lock")
 	names, err := parseNames(fs, args)
 	if err != nil {
@@ -142,7 +143,7 @@ func triggersRemove(ctx context.Context, args []string, stdout, stderr io.Writer
 
 // onDatabase connects as v says and runs f with a context bounded by the
 // statement timeout plus extra (a lock wait), then closes the connection.
-func onDatabase(ctx context.Context, v *values, extra time.Duration, f func(ctx context.Context, c *conn) error) error {
+func onDatabase(ctx context.Context, v *settings.Values, extra time.Duration, f func(ctx context.Context, c *conn) error) error {
 	return withConn(ctx, v, func(c *conn) error {
 		callCtx, cancel := context.WithTimeout(ctx, c.timeout+extra)
 		defer cancel()

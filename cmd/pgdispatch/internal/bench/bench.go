@@ -7,7 +7,8 @@
 // workers built from the caller's pgdispatch.Config with a no-op executor
 // that records when each job started (http: a webhook receiver on loopback
 // that records when each request arrived), and drops the schema again. Run
-// returns the figures; the bench command prints them.
+// returns the figures, and Print writes them as text. AddFlags gives the
+// bench command its flags for the Options.
 package bench
 
 import (

@@ -1,0 +1,86 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Flags are the bench command's flags for the scenarios and their sizes.
+type Flags struct {
+	o                  Options
+	scenarios, writers string
+}
+
+// AddFlags registers the flags on fs, with DefaultOptions as their
+// defaults.
+func AddFlags(fs *flag.FlagSet) *Flags {
+	f := &Flags{o: DefaultOptions()}
+	o := &f.o
+	fs.StringVar(&f.scenarios, "scenario", strings.Join(o.Scenarios, ","), "comma-separated scenarios: "+strings.Join(Scenarios, ", ")+
+		" (soak is not in the default set)")
+	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency: jobs inserted one per transaction")
+	fs.DurationVar(&o.Spacing, "spacing", o.Spacing, "latency: pause between those inserts")
+	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
+	fs.StringVar(&f.writers, "writers", joinInts(o.Writers), "sustained and writers: writer connection counts, comma-separated")
+	fs.DurationVar(&o.Duration, "duration", o.Duration, "sustained: length of each run; writers: the time each side gets, in four turns")
+	fs.DurationVar(&o.IdleDuration, "idle-duration", o.IdleDuration, "idle: how long to count transactions")
+	fs.DurationVar(&o.SoakDuration, "soak-duration", o.SoakDuration, "soak: how long writers and the worker run")
+	fs.IntVar(&o.SoakWriters, "soak-writers", o.SoakWriters, "soak: writer connections")
+	return f
+}
+
+// Options are the options the parsed flags give, checked, with errors
+// that name the flags.
+func (f *Flags) Options() (Options, error) {
+	o := f.o
+	o.Scenarios, o.Writers = nil, nil
+	for _, s := range strings.Split(f.scenarios, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(Scenarios, s) {
+			return Options{}, fmt.Errorf("--scenario %q: want some of %s", s, strings.Join(Scenarios, ", "))
+		}
+		o.Scenarios = append(o.Scenarios, s)
+	}
+	for _, w := range strings.Split(f.writers, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(w), &n); err != nil || n <= 0 {
+			return Options{}, fmt.Errorf("--writers %q: want positive whole numbers", f.writers)
+		}
+		o.Writers = append(o.Writers, n)
+	}
+	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 {
+		return Options{}, errors.New("--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration and --soak-writers must be above 0")
+	}
+	return o, nil
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	return strings.Join(s, ",")
+}
+
+// Print writes results as text: a line on the machine and on pool's
+// server, then each scenario's conditions and figures.
+func Print(ctx context.Context, w io.Writer, pool *pgxpool.Pool, results []*Result) {
+	var version, syncCommit string
+	_ = pool.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('synchronous_commit')").Scan(&version, &syncCommit)
+	fmt.Fprintf(w, "pgdispatch bench on %d CPUs, PostgreSQL %s, synchronous_commit=%s\n", runtime.NumCPU(), version, syncCommit)
+	for _, r := range results {
+		fmt.Fprintf(w, "\n%s (%s)\n", r.Scenario, r.Conditions)
+		for _, name := range r.Names() {
+			fmt.Fprintf(w, "  %-24s %12.3f\n", name, r.Figures[name])
+		}
+	}
+}

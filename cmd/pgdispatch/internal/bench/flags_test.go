@@ -1,0 +1,43 @@
+package bench
+
+import (
+	"flag"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The flags give DefaultOptions when none is set, what they say when set,
+// and refuse what Run would, naming the flag.
+func TestFlags(t *testing.T) {
+	t.Parallel()
+	parse := func(args ...string) (Options, error) {
+		fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		f := AddFlags(fs)
+		require.NoError(t, fs.Parse(args))
+		return f.Options()
+	}
+	o, err := parse()
+	require.NoError(t, err)
+	require.Equal(t, DefaultOptions(), o)
+
+	o, err = parse("--scenario", "soak, latency", "--writers", "2, 8", "--jobs", "7", "--soak-duration", "3s")
+	require.NoError(t, err)
+	require.Equal(t, []string{"soak", "latency"}, o.Scenarios)
+	require.Equal(t, []int{2, 8}, o.Writers)
+	require.Equal(t, 7, o.Jobs)
+	require.Equal(t, 3*time.Second, o.SoakDuration)
+
+	for args, want := range map[[2]string]string{
+		{"--scenario", "latency,nope"}: `--scenario "nope": want some of latency, drain, floor, http, sustained, writers, idle, soak`,
+		{"--writers", "4,0"}:           `--writers "4,0": want positive whole numbers`,
+		{"--writers", "four"}:          `--writers "four": want positive whole numbers`,
+		{"--drain-jobs", "0"}:          "--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration and --soak-writers must be above 0",
+	} {
+		_, err := parse(args[0], args[1])
+		require.EqualError(t, err, want)
+	}
+}
