@@ -28,7 +28,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	v := newValues(fs, benchConn, workerSettings)
 	o := bench.DefaultOptions()
 	scenarios := fs.String("scenario", strings.Join(o.Scenarios, ","), "comma-separated scenarios: "+strings.Join(bench.Scenarios, ", ")+
-		" (soak is not in the default set)")
+		" (soak and xmin are not in the default set)")
 	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency: jobs inserted one per transaction")
 	fs.DurationVar(&o.Spacing, "spacing", o.Spacing, "latency: pause between those inserts")
 	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
@@ -37,6 +37,10 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&o.IdleDuration, "idle-duration", o.IdleDuration, "idle: how long to count transactions")
 	fs.DurationVar(&o.SoakDuration, "soak-duration", o.SoakDuration, "soak: how long writers and the worker run")
 	fs.IntVar(&o.SoakWriters, "soak-writers", o.SoakWriters, "soak: writer connections")
+	fs.IntVar(&o.XminJobs, "xmin-jobs", o.XminJobs, "xmin: jobs of each drain, with a transaction held open and without")
+	fs.IntVar(&o.XminLone, "xmin-lone", o.XminLone, "xmin: lone jobs inserted 20 ms apart after each drain")
+	fs.IntVar(&o.XminPairs, "xmin-pairs", o.XminPairs, "xmin: pairs of drains, held and free, alternated")
+	xminDead := fs.String("xmin-dead", joinInts(o.XminDead), "xmin: dead claim-index entries in front of the due jobs at which claims are timed, ascending, comma-separated")
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	latencies := fs.String("latencies", "", "latency and sustained: write each job's commit and start times to this CSV file, to see when the slowest ones ran")
@@ -58,8 +62,20 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		o.Writers = append(o.Writers, n)
 	}
-	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 {
-		return errors.New("--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration and --soak-writers must be above 0")
+	o.XminDead = nil
+	for _, w := range strings.Split(*xminDead, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(w), &n); err != nil || n < 0 {
+			return fmt.Errorf("--xmin-dead %q: want whole numbers, ascending", *xminDead)
+		}
+		o.XminDead = append(o.XminDead, n)
+	}
+	if !slices.IsSorted(o.XminDead) {
+		return fmt.Errorf("--xmin-dead %q: want whole numbers, ascending", *xminDead)
+	}
+	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 ||
+		o.XminJobs <= 0 || o.XminLone <= 0 || o.XminPairs <= 0 {
+		return errors.New("--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration, --soak-writers, --xmin-jobs, --xmin-lone and --xmin-pairs must be above 0")
 	}
 
 	if *cpuProfile != "" {
