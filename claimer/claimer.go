@@ -9,6 +9,7 @@
 //
 //	loop.go, internal/machine  the claim loop and its states (below)
 //	claim.go                   the claim statement
+//	cursor.go                  where each claim starts: after the last job taken, or the front
 //	internal/runners           the goroutines the jobs run on
 //	internal/attempt           one attempt: the executor, the outcome's decision, the watchdog
 //	internal/completer         the outcomes, written in batches in id order
@@ -145,6 +146,7 @@ func (o verdictObserver) JobFinished(job *executors.Job, v runstate.Verdict, too
 // Stats are counters of a claimer's life, for logs and metrics.
 type Stats struct {
 	Claims    int64 // claim statements run
+	Fronts    int64 // of which from the front of the queue, not from the cursor (cursor.go)
 	Claimed   int64 // jobs claimed
 	Completed int64 // outcomes written
 	Ticks     int64 // fallback ticks
@@ -158,7 +160,11 @@ type Claimer struct {
 	cfg      Config
 	logger   *zap.Logger
 	claimSQL string
-	poolSize int // the pool's MaxConns, read once: Pool.Config copies the whole config
+	// claimCursorSQL is claimSQL from the cursor, where the last claim
+	// ended; cursor is that place (cursor.go). Only the claim loop uses them.
+	claimCursorSQL string
+	cursor         cursor
+	poolSize       int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	runs      *runstate.Tracker
 	attempts  *attempt.Attempts
@@ -172,8 +178,8 @@ type Claimer struct {
 	claimSent func(queue string) // the test hook, set by the claim loop
 	lost      *giveback.Lost     // the claims whose replies were lost, their jobs not given back yet
 
-	claims, claimed, ticks, tickHits, sleeps atomic.Int64
-	paused                                   atomic.Bool
+	claims, fronts, claimed, ticks, tickHits, sleeps atomic.Int64
+	paused                                           atomic.Bool
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -192,7 +198,8 @@ func New(cfg Config) (*Claimer, error) {
 	}
 	return &Claimer{
 		cfg: cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
-		poolSize: poolSize, runs: runs,
+		claimCursorSQL: pinned.WithSchema(claimCursorSQL, cfg.Schema),
+		poolSize:       poolSize, runs: runs,
 		attempts: attempt.New(attempt.Config{
 			Runs: runs, Registry: cfg.Registry, MaxJobTimeout: cfg.MaxJobTimeout, WorkerID: cfg.WorkerID,
 			Policy:   attempt.Policy{JobTimeout: cfg.JobTimeout, Backoff: cfg.RetryBackoff},
@@ -231,6 +238,7 @@ func (c *Claimer) Running() int { return c.runs.Executing() }
 func (c *Claimer) Stats() Stats {
 	return Stats{
 		Claims:    c.claims.Load(),
+		Fronts:    c.fronts.Load(),
 		Claimed:   c.claimed.Load(),
 		Completed: c.completer.Completed(),
 		Ticks:     c.ticks.Load(),
