@@ -109,6 +109,11 @@ type Config struct {
 	RetainDone time.Duration
 	// RetainDead is how long dead and cancelled jobs are kept. Default: 7 days.
 	RetainDead time.Duration
+	// OldestXminWarn is the age of the database's oldest snapshot past which
+	// the sweeper warns, once each time it rises past it: a transaction
+	// that holds back vacuum slows every claim while it lasts (see
+	// sweeper.Sweeper.OldestXmin). Default: 5 minutes.
+	OldestXminWarn time.Duration
 	// ScheduleFallback is the longest the scheduler sleeps without a
 	// wake-up: it sleeps until the next slot of the schedules table, and a
 	// change to the table wakes it. Default: 5 minutes.
@@ -221,7 +226,7 @@ func NewWorker(cfg Config) (*Worker, error) {
 	w.sweeper, err = sweeper.New(sweeper.Config{
 		Pool: cfg.Pool, Schema: cfg.Schema, Interval: cfg.SweepInterval,
 		RetainDone: cfg.RetainDone, RetainDead: cfg.RetainDead,
-		MaxAttempts: cfg.MaxAttempts, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+		MaxAttempts: cfg.MaxAttempts, StatementTimeout: cfg.StatementTimeout, OldestXminWarn: cfg.OldestXminWarn, Logger: logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgdispatch: %w", err)

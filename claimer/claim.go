@@ -19,7 +19,8 @@ import (
 
 // claimSQL claims up to $2 due jobs of queue $1 for worker $3, under a lease
 // of $4 seconds ($5: the attempts of a job whose max_attempts is NULL), in
-// (priority, run_at, id) order, until their payloads' size passes $6 bytes
+// (priority, run_at, id) order from the front of the queue (from the
+// cursor: internal/cursor), until their payloads' size passes $6 bytes
 // (one job at least; a compressed payload is measured decompressed).
 // attempts stops at 1,000,000, the constraint's bound, so that no row the
 // table accepts makes the claim fail. Its updated_at, now(), marks the claim:
@@ -82,17 +83,21 @@ SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at
        u.updated_at, n.next_in, n.stranded, n.paused, u.traceparent, u.tracestate
 FROM n LEFT JOIN u ON true`
 
-// claim takes up to limit due jobs, leases them, and starts them on jobs.
-func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) machine.Result {
+// claim takes up to limit due jobs, leases them, and starts them on jobs;
+// ev is the event that made the loop claim. It claims from the cursor or
+// from the front (internal/cursor).
+func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *runners.Runners) machine.Result {
 	r := machine.Result{Limit: limit}
 	if c.lost.Pending() {
 		c.giveBack(ctx)
+		c.cursor.Reset() // the jobs given back may be behind it
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
 	c.claims.Add(1)
 	conn, err := c.cfg.Pool.Acquire(ctx)
 	if err != nil {
+		c.cursor.Reset()
 		return machine.Result{Limit: limit, Err: fmt.Errorf("claim jobs: %w", err)}
 	}
 	defer conn.Release()
@@ -101,8 +106,13 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 	if c.trace != nil {
 		sent = time.Now()
 	}
-	results := pinned.Send(ctx, conn, pinned.ClaimPlanSQL, c.claimSQL,
-		c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes)
+	sql, args := c.claimSQL, []any{c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes}
+	if c.cursor.FromFront(ev, c.cursor.Clock()) {
+		c.fronts.Add(1)
+	} else {
+		sql, args = c.claimCursorSQL, append(args, c.cursor.Priority, c.cursor.RunAt, c.cursor.ID)
+	}
+	results := pinned.Send(ctx, conn, pinned.ClaimPlanSQL, sql, args...)
 	if c.claimSent != nil {
 		c.claimSent(c.cfg.Queue)
 	}
@@ -112,6 +122,7 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 		err = fmt.Errorf("claim jobs: %w", closeErr)
 	}
 	if err != nil {
+		c.cursor.Reset()
 		if c.trace != nil {
 			c.trace.Forget(runs)
 		}
@@ -123,6 +134,7 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 		}
 		return machine.Result{Limit: limit, Err: err}
 	}
+	c.cursor.Claimed(limit, runs)
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {
 		return r

@@ -9,6 +9,7 @@
 //
 //	loop.go, internal/machine  the claim loop and its states (below)
 //	claim.go                   the claim statement
+//	internal/cursor            where each claim starts: after the last job taken, or the front
 //	internal/runners           the goroutines the jobs run on
 //	internal/attempt           one attempt: the executor, the outcome's decision, the watchdog
 //	internal/completer         the outcomes, written in batches in id order
@@ -91,6 +92,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/attempt"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/completer"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/cursor"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/giveback"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/jobtrace"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/lease"
@@ -145,6 +147,7 @@ func (o verdictObserver) JobFinished(job *executors.Job, v runstate.Verdict, too
 // Stats are counters of a claimer's life, for logs and metrics.
 type Stats struct {
 	Claims    int64 // claim statements run
+	Fronts    int64 // of which from the front of the queue, not from the cursor (internal/cursor)
 	Claimed   int64 // jobs claimed
 	Completed int64 // outcomes written
 	Ticks     int64 // fallback ticks
@@ -158,7 +161,11 @@ type Claimer struct {
 	cfg      Config
 	logger   *zap.Logger
 	claimSQL string
-	poolSize int // the pool's MaxConns, read once: Pool.Config copies the whole config
+	// claimCursorSQL is claimSQL from the cursor, where the last claim
+	// ended; cursor is that place (internal/cursor). Only the claim loop uses them.
+	claimCursorSQL string
+	cursor         cursor.Cursor
+	poolSize       int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	runs      *runstate.Tracker
 	attempts  *attempt.Attempts
@@ -172,8 +179,8 @@ type Claimer struct {
 	claimSent func(queue string) // the test hook, set by the claim loop
 	lost      *giveback.Lost     // the claims whose replies were lost, their jobs not given back yet
 
-	claims, claimed, ticks, tickHits, sleeps atomic.Int64
-	paused                                   atomic.Bool
+	claims, fronts, claimed, ticks, tickHits, sleeps atomic.Int64
+	paused                                           atomic.Bool
 }
 
 // New checks cfg, fills defaults and returns a Claimer.
@@ -192,7 +199,8 @@ func New(cfg Config) (*Claimer, error) {
 	}
 	return &Claimer{
 		cfg: cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
-		poolSize: poolSize, runs: runs,
+		claimCursorSQL: pinned.WithSchema(cursor.SQL(claimSQL), cfg.Schema),
+		poolSize:       poolSize, runs: runs,
 		attempts: attempt.New(attempt.Config{
 			Runs: runs, Registry: cfg.Registry, MaxJobTimeout: cfg.MaxJobTimeout, WorkerID: cfg.WorkerID,
 			Policy:   attempt.Policy{JobTimeout: cfg.JobTimeout, Backoff: cfg.RetryBackoff},
@@ -231,6 +239,7 @@ func (c *Claimer) Running() int { return c.runs.Executing() }
 func (c *Claimer) Stats() Stats {
 	return Stats{
 		Claims:    c.claims.Load(),
+		Fronts:    c.fronts.Load(),
 		Claimed:   c.claimed.Load(),
 		Completed: c.completer.Completed(),
 		Ticks:     c.ticks.Load(),

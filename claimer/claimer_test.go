@@ -86,12 +86,18 @@ func runClaimer(ctx context.Context, t *testing.T, c *Claimer) (stop func() erro
 // them: the runners are closed at once.
 func claimNow(ctx context.Context, t *testing.T, c *Claimer, limit int) ([]*runstate.Run, machine.Result) {
 	t.Helper()
+	return claimOn(ctx, t, c, machine.EventTimer, limit)
+}
+
+// claimOn is claimNow as event ev makes the loop claim.
+func claimOn(ctx context.Context, t *testing.T, c *Claimer, ev machine.Event, limit int) ([]*runstate.Run, machine.Result) {
+	t.Helper()
 	var (
 		mu   sync.Mutex
 		runs []*runstate.Run
 	)
 	jobs := runners.New(func(r *runstate.Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
-	r := c.claim(ctx, limit, jobs)
+	r := c.claim(ctx, ev, limit, jobs)
 	<-jobs.Wait()
 	jobs.Close(true)
 	require.NoError(t, r.Err)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/completer"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/cursor"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/giveback"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/lease"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
@@ -72,7 +73,11 @@ func checkPlans(t *testing.T, setup []string) {
 	}
 	idArray := "'{" + strings.Join(ids, ",") + "}'"
 	statements := map[string]struct{ sql, types, args string }{
-		"claim":       {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
+		"claim": {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000"},
+		"claim_cursor": {
+			cursor.SQL(claimSQL), "text, int, text, float8, int, bigint, smallint, timestamptz, bigint",
+			"'default', 1000, 'w', 30, 5, 16000000, 0, now() - interval '1 minute', 100",
+		},
 		"heartbeat":   {lease.SQL, "bigint[], timestamptz[], text, float8", idArray + ", array_fill(now(), ARRAY[1000]), 'w', 30"},
 		"give_back":   {giveback.SQL, "text, text, float8, bigint[], int4[]", "'default', 'w', 30, " + idArray + ", '{1}'"},
 		"delete_done": {completer.DeleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
@@ -104,6 +109,11 @@ func checkPlans(t *testing.T, setup []string) {
 		switch name {
 		case "claim":
 			require.Contains(t, plan, "Tid Scan on jobs", "claim plan:\n%s", plan)
+		case "claim_cursor":
+			// The scan starts at the cursor, in the claim index.
+			require.Contains(t, plan, "Tid Scan on jobs", "claim_cursor plan:\n%s", plan)
+			require.Regexp(t, `Index Scan using jobs_claim_idx on jobs [^\n]*\n\s+Index Cond: \(\(queue = \$1\) AND \(ROW\(priority, run_at, id\) > ROW\(\$7, \$8, \$9\)\)`,
+				plan, "claim_cursor plan:\n%s", plan)
 		case "give_back":
 			// The running rows by their lease, then each by its key.
 			require.Contains(t, plan, "jobs_lease_idx", "give_back plan:\n%s", plan)

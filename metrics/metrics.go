@@ -310,6 +310,11 @@ var (
 		"Jobs whose lease expired, given back by the sweeper: to pending, or dead when their attempts were used up.", []string{"result"}, nil)
 	descPurged = prometheus.NewDesc(namespace+"_jobs_purged_total",
 		"Finished jobs the sweeper deleted after their retention.", nil, nil)
+	descXminAge = prometheus.NewDesc(namespace+"_oldest_xmin_age_seconds",
+		"How long the database's oldest snapshot (the session or replication slot that holds back vacuum) has been held, read after each sweep; "+
+			"a slot's, a standby's and an unreadable session's counted from when the sweeper first saw it. Absent until read.", nil, nil)
+	descXminXids = prometheus.NewDesc(namespace+"_oldest_xmin_age_xids",
+		"The age in transaction ids (age(xmin)) of the database's oldest snapshot, read after each sweep. Absent until read.", nil, nil)
 	descDepth = prometheus.NewDesc(namespace+"_queue_jobs",
 		"Jobs in the table by queue and status (pending, running, dead), sampled at most every 10s.", []string{"queue", "status"}, nil)
 	descDepthUp = prometheus.NewDesc(namespace+"_queue_jobs_sample_ok",
@@ -345,7 +350,7 @@ type workerCollector struct{ m *Metrics }
 func (c workerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		descClaimed, descClaims, descInFlight, descTicks, descTickHits, descSleeps, descPaused,
-		descNotifications, descConnected, descRescued, descPurged, descDepth, descDepthUp,
+		descNotifications, descConnected, descRescued, descPurged, descXminAge, descXminXids, descDepth, descDepthUp,
 		descNotifyUsage, descInserts, descScheduleNext, descScheduleLast, descScheduleRuns, descScheduleMissed,
 		descScheduleCaughtUp, descScheduleTaken, descScheduleFailing, descSchedulerCreated, descSchedulerPasses,
 	} {
@@ -383,6 +388,10 @@ func (c workerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descRescued, prometheus.CounterValue, float64(sw.Rescued), "pending")
 	ch <- prometheus.MustNewConstMetric(descRescued, prometheus.CounterValue, float64(sw.Killed), "dead")
 	ch <- prometheus.MustNewConstMetric(descPurged, prometheus.CounterValue, float64(sw.Purged))
+	if h := w.Sweeper().OldestXmin(); h.Known {
+		ch <- prometheus.MustNewConstMetric(descXminAge, prometheus.GaugeValue, h.Age.Seconds())
+		ch <- prometheus.MustNewConstMetric(descXminXids, prometheus.GaugeValue, float64(h.Xids))
+	}
 	sc := w.Scheduler().Stats()
 	ch <- prometheus.MustNewConstMetric(descSchedulerCreated, prometheus.CounterValue, float64(sc.Created))
 	ch <- prometheus.MustNewConstMetric(descSchedulerPasses, prometheus.CounterValue, float64(sc.Passes))

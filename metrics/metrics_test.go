@@ -198,6 +198,11 @@ func TestMetricsAfterRealJobs(t *testing.T) {
 	require.True(t, usage >= 0 && usage < 1, "notification queue usage %v", usage)
 	_, hasPending := findSeries(f, "pgdispatch_queue_jobs", "pending")
 	require.False(t, hasPending, "no pending jobs are left")
+	// The sweeper's first pass, at the start, read the oldest xmin: ages
+	// are never negative (the server is shared: what holds it varies).
+	require.True(t, w.Sweeper().OldestXmin().Known)
+	require.GreaterOrEqual(t, value(t, f, "pgdispatch_oldest_xmin_age_seconds", nil), 0.0)
+	require.GreaterOrEqual(t, value(t, f, "pgdispatch_oldest_xmin_age_xids", nil), 0.0)
 
 	// A job left running by a worker that died is rescued by the sweeper.
 	_, err = pool.Exec(context.Background(), `INSERT INTO `+jobs+` (kind, status, attempts, max_attempts, locked_by, locked_until)

@@ -11,6 +11,10 @@
 //     heartbeat renewed the lease keeps its job;
 //   - done jobs older than RetainDone, and dead or cancelled jobs older than
 //     RetainDead, are deleted in batches.
+//
+// After each pass, every worker's sweeper, with the lock or without, looks
+// at what holds back the database's xmin horizon (horizon.go) and warns
+// when it is older than OldestXminWarn.
 package sweeper
 
 import (
@@ -63,6 +67,10 @@ type Config struct {
 	// StatementTimeout bounds each pass's transaction. Default:
 	// pgdispatch.DefaultStatementTimeout (10s).
 	StatementTimeout time.Duration
+	// OldestXminWarn is the age of the database's oldest snapshot (the
+	// xmin horizon, see Sweeper.OldestXmin) past which the sweeper warns,
+	// once each time it rises past it. Default: 5 minutes.
+	OldestXminWarn time.Duration
 	// Logger receives the sweeper's logs. Default: no logging.
 	Logger *zap.Logger
 }
@@ -73,7 +81,7 @@ func (c *Config) validate() error {
 		return errors.New("sweeper: Pool is required")
 	case c.Schema == "":
 		return errors.New("sweeper: Schema is required")
-	case c.Interval < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.StatementTimeout < 0:
+	case c.Interval < 0, c.RetainDead < 0, c.MaxAttempts < 0, c.StatementTimeout < 0, c.OldestXminWarn < 0:
 		return errors.New("sweeper: durations and counts must not be negative")
 	}
 	return nil
@@ -101,6 +109,7 @@ type Sweeper struct {
 	batchSize int
 
 	rescued, killed, purged atomic.Int64
+	horizon                 horizon
 }
 
 // Stats is what every pass so far did, in total.
@@ -118,6 +127,7 @@ func New(cfg Config) (*Sweeper, error) {
 	cfg.RetainDead = cmp.Or(cfg.RetainDead, DefaultRetainDead)
 	cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
+	cfg.OldestXminWarn = cmp.Or(cfg.OldestXminWarn, DefaultOldestXminWarn)
 	jobs := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Sweeper{
 		cfg:    cfg,
@@ -180,8 +190,8 @@ WITH d AS (
 )
 DELETE FROM {jobs} j WHERE j.id = ANY(ARRAY(SELECT id FROM d))`
 
-// Run sweeps every Interval until ctx ends, starting at once. It returns nil
-// when ctx is cancelled.
+// Run sweeps every Interval until ctx ends, starting at once, and looks at
+// the xmin horizon after each pass. It returns nil when ctx is cancelled.
 //
 // A pass that meets a dead connection is run again at once, up to the
 // pool's size in a row (retry.Backoff): after a restart or a mass
@@ -208,6 +218,9 @@ func (s *Sweeper) Run(ctx context.Context) error {
 			}
 		} else {
 			backoff = retry.New(s.poolSize)
+		}
+		if ctx.Err() == nil {
+			s.LookAtHorizon(ctx)
 		}
 		t.Reset(next)
 	}

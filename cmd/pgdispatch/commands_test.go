@@ -77,9 +77,10 @@ func TestBenchRuns(t *testing.T) {
 	// (another package's tests) cannot pass for this one's leftovers.
 	dbURL, drop := exampledb.New()
 	t.Cleanup(drop)
-	p := start(t, env("DATABASE_URL="+withParam(dbURL, "pool_max_conns=8")), "bench", "--json", "--scenario", "latency,drain,floor,http,sustained,writers,idle,soak",
+	p := start(t, env("DATABASE_URL="+withParam(dbURL, "pool_max_conns=8")), "bench", "--json", "--scenario", "latency,drain,floor,http,sustained,writers,idle,soak,xmin",
 		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "1s", "--idle-duration", "200ms",
-		"--soak-duration", "1s", "--soak-writers", "2", "--latencies", latencies)
+		"--soak-duration", "1s", "--soak-writers", "2", "--latencies", latencies,
+		"--xmin-jobs", "300", "--xmin-lone", "3", "--xmin-pairs", "1", "--xmin-dead", "0,1000")
 	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
 	var results []struct {
 		Scenario   string             `json:"scenario"`
@@ -108,6 +109,9 @@ func TestBenchRuns(t *testing.T) {
 	require.Positive(t, got["drain"]["jobs_per_claim"])
 	require.GreaterOrEqual(t, got["writers"]["notified_share"], 0.0)
 	require.Positive(t, got["soak"]["jobs_written"])
+	require.Positive(t, got["xmin_drain"]["ratio"])
+	require.Positive(t, got["xmin_lone"]["held_p50_ms"])
+	require.Positive(t, got["xmin_claim"]["dead_1000_claim_p50_ms"])
 	require.Positive(t, got["soak"]["table_mb_end"])
 
 	// --latencies: a row per job of the latency and sustained scenarios.

@@ -81,6 +81,8 @@ var workerSettings = []settings.Setting{
 		func(c *pgdispatch.Config) *int { return &c.ClaimBytes }),
 	settings.Duration("RETAIN_DEAD", "retain-dead", sweeper.DefaultRetainDead, "how long dead and cancelled jobs are kept",
 		func(c *pgdispatch.Config) *time.Duration { return &c.RetainDead }),
+	settings.Duration("OLDEST_XMIN_WARN", "oldest-xmin-warn", sweeper.DefaultOldestXminWarn, "warn, once each time, when the database's oldest snapshot (the transaction or replication slot that holds back vacuum) is older than this; checked after each sweep",
+		func(c *pgdispatch.Config) *time.Duration { return &c.OldestXminWarn }),
 	settings.Duration("SHUTDOWN_TIMEOUT", "shutdown-timeout", claimer.DefaultShutdownTimeout, "how long running jobs may finish after SIGINT or SIGTERM before they are given back",
 		func(c *pgdispatch.Config) *time.Duration { return &c.ShutdownTimeout }),
 	{Env: "SYNCHRONOUS_COMMIT", Flag: "synchronous-commit", Default: "on", Help: "`synchronous_commit` of the worker's own connections, never the writers': `on`, `off`, `local`, `remote_write` or `remote_apply`. Claims always commit without waiting for their WAL flush; `off` does the same for outcomes, heartbeats and sweeps. After a server crash, jobs whose claim or outcome was not yet flushed run again; nothing is lost either way"},

@@ -481,6 +481,7 @@ func checkSchemaAndMetrics(t *testing.T, ref doc) map[string]bool {
 	job := &executors.Job{ID: 1, Queue: pgdispatch.DefaultQueue, Kind: "noop", Attempt: 1, RunAt: time.Now()}
 	m.JobStarted(job)
 	m.JobFinished(job, "done", time.Millisecond)
+	w.Sweeper().LookAtHorizon(ctx)
 
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))

@@ -31,9 +31,9 @@ import (
 // DefaultScenarios are the scenarios of a run that names none.
 var DefaultScenarios = []string{"latency", "drain", "floor", "http", "sustained", "writers", "idle"}
 
-// Scenarios are every scenario, in the order a run lists them. soak is
-// left out of the default set: it runs for minutes.
-var Scenarios = append(slices.Clone(DefaultScenarios), "soak")
+// Scenarios are every scenario, in the order a run lists them. soak and
+// xmin are left out of the default set: they run for minutes.
+var Scenarios = append(slices.Clone(DefaultScenarios), "soak", "xmin")
 
 // Options says which scenarios run, and how big each is. Every count and
 // duration must be above 0; DefaultOptions has the sizes of a full run.
@@ -59,6 +59,16 @@ type Options struct {
 	// connections the soak scenario runs.
 	SoakDuration time.Duration
 	SoakWriters  int
+	// XminJobs is how many jobs each drain of the xmin scenario inserts,
+	// XminLone how many lone jobs follow each drain, 20 ms apart, and
+	// XminPairs how many pairs of drains (a transaction held open, and
+	// not) it alternates. XminDead are the counts of dead claim-index
+	// entries in front of the due jobs at which it times claims, in
+	// ascending order.
+	XminJobs  int
+	XminLone  int
+	XminPairs int
+	XminDead  []int
 	// Latencies, when set, receives a CSV row per job of the latency and
 	// sustained scenarios: its commit and start times.
 	Latencies io.Writer
@@ -79,6 +89,10 @@ func DefaultOptions() Options {
 		IdleDuration: 60 * time.Second,
 		SoakDuration: 10 * time.Minute,
 		SoakWriters:  4,
+		XminJobs:     50000,
+		XminLone:     200,
+		XminPairs:    2,
+		XminDead:     []int{0, 100000, 200000, 500000},
 	}
 }
 
@@ -100,6 +114,12 @@ func (o Options) validate(worker pgdispatch.Config) error {
 	}
 	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 {
 		errs = append(errs, errors.New("the options' Jobs, DrainJobs, Duration, IdleDuration, SoakDuration and SoakWriters must be above 0"))
+	}
+	if o.XminJobs <= 0 || o.XminLone <= 0 || o.XminPairs <= 0 {
+		errs = append(errs, errors.New("the options' XminJobs, XminLone and XminPairs must be above 0"))
+	}
+	if len(o.XminDead) == 0 || slices.ContainsFunc(o.XminDead, func(n int) bool { return n < 0 }) || !slices.IsSorted(o.XminDead) {
+		errs = append(errs, fmt.Errorf("xmin dead entries %v: want whole numbers, ascending", o.XminDead))
 	}
 	if o.Spacing < 0 {
 		errs = append(errs, errors.New("the options' Spacing must not be negative"))
@@ -183,6 +203,8 @@ func Run(ctx context.Context, worker pgdispatch.Config, o Options) ([]*Result, e
 			rs, err = b.idle(ctx)
 		case "soak":
 			rs, err = b.soak(ctx)
+		case "xmin":
+			rs, err = b.xmin(ctx)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("bench %s: %w", s, err)

@@ -292,3 +292,29 @@ func TestResultLeavesOutWhatIsNotANumber(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"scenario": "s", "conditions": "c; inf not computable; nan not computable", "figures": {"a": 1, "b": 3}}`, string(out))
 }
+
+func TestXmin(t *testing.T) {
+	t.Parallel()
+	o := tiny("xmin")
+	o.XminJobs, o.XminLone, o.XminPairs, o.XminDead = 300, 3, 1, []int{0, 2000}
+	results, log := run(t, o)
+	got := byScenario(results)
+	require.Len(t, got["xmin_drain"], 2, "done jobs deleted, then kept")
+	require.Len(t, got["xmin_lone"], 2)
+	for i, retain := range []string{"RETAIN_DONE=0 (done jobs deleted)", "RETAIN_DONE=24h (done jobs kept)"} {
+		d := got["xmin_drain"][i]
+		require.Contains(t, d.Conditions, "300 jobs, one worker, CONCURRENCY=7, "+retain+", 1 pairs alternated")
+		require.Positive(t, d.Figures["jobs_per_s_free"])
+		require.Positive(t, d.Figures["jobs_per_s_held"])
+		require.InDelta(t, d.Figures["jobs_per_s_held"]/d.Figures["jobs_per_s_free"], d.Figures["ratio"], 1e-9)
+		requirePercentiles(t, got["xmin_lone"][i], "free")
+		requirePercentiles(t, got["xmin_lone"][i], "held")
+	}
+	require.Len(t, got["xmin_claim"], 1)
+	c := got["xmin_claim"][0]
+	require.Equal(t, "claim round trips draining 700 jobs behind N dead claim-index entries, a transaction held open, CONCURRENCY=7", c.Conditions)
+	requirePercentiles(t, c, "dead_0_claim")
+	requirePercentiles(t, c, "dead_2000_claim")
+	require.Positive(t, c.Figures["p50_last_to_first"])
+	require.Contains(t, log, "bench: xmin: 2000 dead entries: ")
+}

@@ -17,7 +17,7 @@ import (
 // Flags are the bench command's flags for the scenarios and their sizes.
 type Flags struct {
 	o                  Options
-	scenarios, writers string
+	scenarios, writers, xminDead string
 }
 
 // AddFlags registers the flags on fs, with DefaultOptions as their
@@ -26,7 +26,7 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{o: DefaultOptions()}
 	o := &f.o
 	fs.StringVar(&f.scenarios, "scenario", strings.Join(o.Scenarios, ","), "comma-separated scenarios: "+strings.Join(Scenarios, ", ")+
-		" (soak is not in the default set)")
+		" (soak and xmin are not in the default set)")
 	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency: jobs inserted one per transaction")
 	fs.DurationVar(&o.Spacing, "spacing", o.Spacing, "latency: pause between those inserts")
 	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
@@ -35,6 +35,10 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	fs.DurationVar(&o.IdleDuration, "idle-duration", o.IdleDuration, "idle: how long to count transactions")
 	fs.DurationVar(&o.SoakDuration, "soak-duration", o.SoakDuration, "soak: how long writers and the worker run")
 	fs.IntVar(&o.SoakWriters, "soak-writers", o.SoakWriters, "soak: writer connections")
+	fs.IntVar(&o.XminJobs, "xmin-jobs", o.XminJobs, "xmin: jobs of each drain, with a transaction held open and without")
+	fs.IntVar(&o.XminLone, "xmin-lone", o.XminLone, "xmin: lone jobs inserted 20 ms apart after each drain")
+	fs.IntVar(&o.XminPairs, "xmin-pairs", o.XminPairs, "xmin: pairs of drains, held and free, alternated")
+	fs.StringVar(&f.xminDead, "xmin-dead", joinInts(o.XminDead), "xmin: dead claim-index entries in front of the due jobs at which claims are timed, ascending, comma-separated")
 	return f
 }
 
@@ -57,8 +61,20 @@ func (f *Flags) Options() (Options, error) {
 		}
 		o.Writers = append(o.Writers, n)
 	}
-	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 {
-		return Options{}, errors.New("--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration and --soak-writers must be above 0")
+	o.XminDead = nil
+	for _, w := range strings.Split(f.xminDead, ",") {
+		var n int
+		if _, err := fmt.Sscan(strings.TrimSpace(w), &n); err != nil || n < 0 {
+			return Options{}, fmt.Errorf("--xmin-dead %q: want whole numbers, ascending", f.xminDead)
+		}
+		o.XminDead = append(o.XminDead, n)
+	}
+	if !slices.IsSorted(o.XminDead) {
+		return Options{}, fmt.Errorf("--xmin-dead %q: want whole numbers, ascending", f.xminDead)
+	}
+	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 ||
+		o.XminJobs <= 0 || o.XminLone <= 0 || o.XminPairs <= 0 {
+		return Options{}, errors.New("--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration, --soak-writers, --xmin-jobs, --xmin-lone and --xmin-pairs must be above 0")
 	}
 	return o, nil
 }

@@ -1,0 +1,158 @@
+package claimer
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/cursor"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
+)
+
+func ids(runs []*runstate.Run) []int64 {
+	out := make([]int64, len(runs))
+	for i, r := range runs {
+		out[i] = r.Job.ID
+	}
+	return out
+}
+
+// A claim that took every slot it asked for sets the cursor at its last
+// job, and the next claim starts there; a higher-priority job and one with
+// an earlier run_at, inserted behind the cursor, are claimed first at the
+// next claim from the front, before the jobs still ahead of the cursor: the
+// fallback tick's, the one after a claim from the cursor came up short,
+// and the first a second after the last claim from the front.
+func TestCursorJobsBehindItAreClaimedFirstFromTheFront(t *testing.T) {
+	t.Parallel()
+	for name, next := range map[string]func(ctx context.Context, c *Claimer) machine.Event{
+		"fallback tick": func(context.Context, *Claimer) machine.Event { return machine.EventTick },
+		"a second on": func(_ context.Context, c *Claimer) machine.Event {
+			c.cursor.Every = 0 // cursor.FrontEvery: the last claim from the front is as far back as that
+			c.cursor.LastFront = c.cursor.LastFront.Add(-cursor.FrontEvery)
+			return machine.EventSlotFreed
+		},
+		"after a short claim from the cursor": func(ctx context.Context, c *Claimer) machine.Event {
+			c.cursor.Set = true
+			c.cursor.ID = 1 << 62 // past every job: the claim from the cursor finds none
+			_, r := claimNow(ctx, t, c, 1)
+			require.Zero(t, r.Claimed)
+			return machine.EventTimer
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, pool, jobs := newTestClaimer(ctx, t, Config{})
+			c.cursor.Every = time.Hour // no claim is from the front for the time it takes
+			ahead := insertJobs(ctx, t, pool, jobs, 5)
+			runs, _ := claimNow(ctx, t, c, 2)
+			require.ElementsMatch(t, ahead[:2], ids(runs), "the first claim is from the front")
+			require.True(t, c.cursor.Set)
+			require.Equal(t, ahead[1], c.cursor.ID, "the cursor is at the claim's last job")
+
+			var urgent, early int64
+			require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&urgent))
+			require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() - interval '1 hour') RETURNING id").Scan(&early))
+
+			fronts := c.fronts.Load()
+			runs, _ = claimNow(ctx, t, c, 1)
+			require.Equal(t, ahead[2:3], ids(runs), "a claim from the cursor takes the next job ahead of it")
+			require.Equal(t, fronts, c.fronts.Load())
+
+			runs, r := claimOn(ctx, t, c, next(ctx, c), 2)
+			require.ElementsMatch(t, []int64{urgent, early}, ids(runs), "the claim from the front takes the jobs behind the cursor first")
+			require.Equal(t, 2, r.Claimed)
+			require.Positive(t, c.fronts.Load()-fronts)
+			runs, _ = claimNow(ctx, t, c, 5)
+			require.ElementsMatch(t, ahead[3:], ids(runs))
+		})
+	}
+}
+
+// The claim after this claimer gave back a lost claim's jobs, and after a
+// failed claim, is from the front.
+func TestCursorResetByGiveBackAndFailure(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	c.cursor.Every = time.Hour
+	insertJobs(ctx, t, pool, jobs, 3)
+	claimNow(ctx, t, c, 1)
+	require.True(t, c.cursor.Set)
+	c.lost.Note(0) // a session that is gone: nothing to wait for
+	fronts := c.fronts.Load()
+	claimNow(ctx, t, c, 1)
+	require.Equal(t, fronts+1, c.fronts.Load(), "after a give-back, from the front")
+
+	require.True(t, c.cursor.Set)
+	canceled, cancelNow := context.WithCancel(ctx)
+	cancelNow()
+	r := c.claim(canceled, machine.EventTimer, 1, nil)
+	require.Error(t, r.Err)
+	require.False(t, c.cursor.Set, "after a failed claim, from the front")
+}
+
+// A claimer that stays saturated claims from its cursor, and from the
+// front at least every cursor.FrontEvery however busy it is: a job that lands
+// behind the cursor meanwhile (here a higher priority) runs then, not after
+// the whole backlog. The cursor's clock is the test's, and moves on 100 ms
+// at each claim.
+func TestCursorBusyClaimerLooksFromTheFrontEverySecond(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		mu     sync.Mutex
+		order  []int64
+		urgent atomic.Int64
+		pool   *pgxpool.Pool
+		jobs   string
+	)
+	reg := executors.NewRegistry()
+	reg.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		mu.Lock()
+		order = append(order, job.ID)
+		n := len(order)
+		mu.Unlock()
+		if n == 3 { // the cursor is set: behind it, a job of a higher priority
+			var id int64
+			if err := pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&id); err != nil {
+				return err
+			}
+			urgent.Store(id)
+		}
+		return nil
+	}))
+	c, p, j := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 1, PollInterval: time.Hour}})
+	pool, jobs = p, j
+	clock := time.Now()
+	c.cursor.Now = func() time.Time { clock = clock.Add(100 * time.Millisecond); return clock } // the claim loop's alone
+	const backlog = 60
+	insertJobs(ctx, t, pool, jobs, backlog)
+	runClaimer(ctx, t, c)
+	wait.For(t, 30*time.Second, "every job to run", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == backlog+1
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	at := slices.Index(order, urgent.Load())
+	require.Positive(t, at)
+	require.Less(t, at, 3+int(cursor.FrontEvery/(100*time.Millisecond))+2,
+		"the job behind the cursor runs at the first claim from the front a second on, not after the backlog: %v", order)
+	require.Positive(t, c.Stats().Fronts)
+	require.Less(t, c.Stats().Fronts, c.Stats().Claims/2, "most claims of a saturated claimer are from the cursor")
+}

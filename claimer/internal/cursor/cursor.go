@@ -1,0 +1,128 @@
+// Package cursor says where a claimer's next claim starts in its queue's
+// (priority, run_at, id) order: after the last job of its last full claim,
+// or the front.
+package cursor
+
+import (
+	"strings"
+	"time"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
+)
+
+// FrontEvery is the longest a claimer claims from its cursor without a
+// claim from the front, by the wall clock, however busy it is.
+const FrontEvery = time.Second
+
+// cursorCond bounds a claim to the rows after the cursor ($7, $8, $9) in
+// (priority, run_at, id) order: a row comparison that starts the scan of
+// jobs_claim_idx (queue, priority, run_at, id) there.
+const cursorCond = ` AND (priority, run_at, id) > ($7::smallint, $8::timestamptz, $9::bigint)`
+
+// SQL is the claim statement sql from the cursor: it adds cursorCond to
+// the claim's scan and to its count of skipped due rows, so both start
+// after the last job of the claimer's last claim. It panics if sql no
+// longer reads as it expects.
+func SQL(sql string) string {
+	for _, where := range []string{
+		"WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused FROM p)\n",
+		"WHERE status = 'pending' AND queue = $1 AND run_at <= now()\n",
+	} {
+		if strings.Count(sql, where) != 1 {
+			panic("claimer: the claim statement's scan is not where cursor.SQL looks for it: " + where)
+		}
+		sql = strings.Replace(sql, where, strings.TrimSuffix(where, "\n")+cursorCond+"\n", 1)
+	}
+	return sql
+}
+
+// cursor is where the claimer's next claim starts in its queue's
+// (priority, run_at, id) order. The claim index, jobs_claim_idx, keeps an
+// entry for every pending version of a row until vacuum removes it, and
+// while a transaction holds an old snapshot vacuum can remove none: a
+// claim from the front of the queue walks, at every claim, over the entries
+// of every job claimed since the snapshot was taken (0.2 to 0.8 µs each). A
+// claim from the cursor starts after the last job the claimer took, past
+// them.
+//
+// The cursor is set only by a claim that took every slot it asked for (the
+// rows after its last one may hold more), and only such a chain of claims
+// claims from it. Every other claim is from the front:
+//   - the first, and any after a claim that came up short (the range ahead
+//     of the cursor is exhausted), failed or found the queue paused, which
+//     includes every look of a claimer that is not saturated, and every
+//     claim woken by a notification while drowsy or asleep;
+//   - the fallback tick's;
+//   - the claim after this claimer gave back the jobs of a lost claim;
+//   - the first claim at least FrontEvery after the last claim from the
+//     front, by the wall clock, whatever else happened meanwhile.
+//
+// So a row that becomes due behind the cursor (a higher priority than the
+// last job taken, an earlier run_at, a lease the sweeper gave back, a job
+// released by another worker's shutdown, a row that was locked when the
+// claim passed it) waits at most until the next claim from the front:
+// at once when the claimer is not saturated, within about FrontEvery and a
+// claim's time when it is.
+type Cursor struct {
+	Set       bool // else the next claim is from the front
+	Priority  int16
+	RunAt     time.Time
+	ID        int64
+	LastFront time.Time        // when the last claim from the front was sent
+	Every     time.Duration    // FrontEvery, but in tests; 0: FrontEvery
+	Now       func() time.Time // time.Now, but in tests; nil: time.Now
+}
+
+// Clock is the time now.
+func (k *Cursor) Clock() time.Time {
+	if k.Now != nil {
+		return k.Now()
+	}
+	return time.Now()
+}
+
+// FromFront reports whether the claim that ev starts at now is from the
+// front, and notes when it is.
+func (k *Cursor) FromFront(ev machine.Event, now time.Time) bool {
+	every := k.Every
+	if every == 0 {
+		every = FrontEvery
+	}
+	if !k.Set || ev == machine.EventTick || now.Sub(k.LastFront) >= every {
+		k.LastFront = now
+		return true
+	}
+	return false
+}
+
+// Reset makes the next claim from the front.
+func (k *Cursor) Reset() { k.Set = false }
+
+// Claimed moves the cursor after a claim that asked for limit jobs and
+// took runs: to the last of them in (priority, run_at, id) order when it
+// took limit, else nowhere.
+func (k *Cursor) Claimed(limit int, runs []*runstate.Run) {
+	if len(runs) < limit || len(runs) == 0 {
+		k.Set = false
+		return
+	}
+	k.Set = false
+	for _, r := range runs {
+		j := r.Job
+		if !k.Set || after(j.Priority, j.RunAt, j.ID, k.Priority, k.RunAt, k.ID) {
+			k.Set, k.Priority, k.RunAt, k.ID = true, j.Priority, j.RunAt, j.ID
+		}
+	}
+}
+
+// after reports whether (p, t, id) comes after (p2, t2, id2).
+func after(p int16, t time.Time, id int64, p2 int16, t2 time.Time, id2 int64) bool {
+	switch {
+	case p != p2:
+		return p > p2
+	case !t.Equal(t2):
+		return t.After(t2)
+	}
+	return id > id2
+}

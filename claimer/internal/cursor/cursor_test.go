@@ -1,0 +1,33 @@
+package cursor
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
+	"github.com/pgdispatch/pgdispatch/executors"
+)
+
+// The cursor is the last job in (priority, run_at, id) order, whatever
+// order the claim returned its rows in.
+func TestCursorIsTheLastInClaimOrder(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	run := func(p int16, at time.Time, id int64) *runstate.Run {
+		return &runstate.Run{Job: &executors.Job{Priority: p, RunAt: at, ID: id}}
+	}
+	var k Cursor
+	k.Claimed(3, []*runstate.Run{run(1, now, 5), run(0, now.Add(time.Hour), 9), run(1, now, 4)})
+	require.True(t, k.Set)
+	require.Equal(t, int16(1), k.Priority)
+	require.Equal(t, int64(5), k.ID)
+	k.Claimed(3, []*runstate.Run{run(0, now, 1), run(0, now.Add(-time.Second), 2), run(0, now, 3)})
+	require.Equal(t, int64(3), k.ID)
+	require.True(t, k.RunAt.Equal(now))
+	k.Claimed(3, []*runstate.Run{run(0, now, 1)})
+	require.False(t, k.Set, "a claim that came up short leaves no cursor")
+	require.True(t, k.FromFront(machine.EventTimer, now))
+}
