@@ -32,10 +32,12 @@ func TestFlags(t *testing.T) {
 	require.Equal(t, 3*time.Second, o.SoakDuration)
 
 	for args, want := range map[[2]string]string{
-		{"--scenario", "latency,nope"}: `--scenario "nope": want some of latency, drain, floor, http, sustained, writers, idle, soak`,
+		{"--scenario", "latency,nope"}: `--scenario "nope": want some of latency, drain, floor, http, sustained, writers, idle, soak, xmin`,
 		{"--writers", "4,0"}:           `--writers "4,0": want positive whole numbers`,
 		{"--writers", "four"}:          `--writers "four": want positive whole numbers`,
-		{"--drain-jobs", "0"}:          "--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration and --soak-writers must be above 0",
+		{"--drain-jobs", "0"}:          "--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration, --soak-writers, --xmin-jobs, --xmin-lone and --xmin-pairs must be above 0",
+		{"--xmin-dead", "5,1"}:         `--xmin-dead "5,1": want whole numbers, ascending`,
+		{"--xmin-dead", "-1"}:          `--xmin-dead "-1": want whole numbers, ascending`,
 	} {
 		_, err := parse(args[0], args[1])
 		require.EqualError(t, err, want)
