@@ -157,8 +157,9 @@ var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 // of the next page (nil on the last). Keyset pagination: each page is read
 // from the sort's index where the previous one ended. Sorting by run_at
 // lists pending jobs (jobs_claim_idx, a queue and priority at a time,
-// merged; of a kind, jobs_kind_idx, a queue at a time); by finished_at, finished jobs, one branch per status
-// (jobs_finished_idx), merged.
+// merged; of a kind, jobs_kind_idx, a queue at a time, merged); by
+// finished_at, finished jobs, one branch per status (jobs_finished_idx),
+// merged.
 func (a *Admin) Page(ctx context.Context, f JobFilter) ([]Job, *Cursor, error) {
 	stmt, args, err := f.page()
 	if err != nil {
@@ -253,11 +254,11 @@ func (f JobFilter) page() (string, []any, error) {
 }
 
 // pendingByRunAt is the statement of a page of pending jobs by run_at, and
-// its arguments. No index has run_at first, and one would cost every claim
-// and insert: jobs_claim_idx (queue, priority, run_at, id) holds pending
-// jobs in this order within a queue and a priority, a lane, and
-// jobs_kind_idx (kind, queue, run_at, id) within a kind and a queue. where,
-// order and limit are the page's, and args its arguments.
+// its arguments. No index has run_at first: jobs_claim_idx (queue,
+// priority, run_at, id) holds pending jobs in this order within a queue
+// and a priority, a lane, and jobs_kind_idx (kind, queue, run_at, id)
+// within a kind and a queue. where, order and limit are the page's, and
+// args its arguments.
 func (f JobFilter) pendingByRunAt(where, order, limit string, args []any) (string, []any) {
 	timeField := cmp.Or(f.TimeField, "created_at")
 	switch {
