@@ -17,8 +17,8 @@ import (
 )
 
 // Sorts are the orders Page lists jobs in. Each is backed by an index: id
-// by the primary key, run_at (pending jobs) by jobs_claim_idx and
-// finished_at (finished jobs) by jobs_finished_idx.
+// by the primary key, run_at (pending jobs) by jobs_claim_idx (of a kind,
+// jobs_kind_idx) and finished_at (finished jobs) by jobs_finished_idx.
 var Sorts = []string{"id", "run_at", "finished_at"}
 
 // TimeFields are the columns a JobFilter's time range may bound.
@@ -157,8 +157,9 @@ var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 // of the next page (nil on the last). Keyset pagination: each page is read
 // from the sort's index where the previous one ended. Sorting by run_at
 // lists pending jobs (jobs_claim_idx, a queue and priority at a time,
-// merged); by finished_at, finished jobs, one branch per status
-// (jobs_finished_idx), merged.
+// merged; of a kind, jobs_kind_idx, a queue at a time, merged); by
+// finished_at, finished jobs, one branch per status (jobs_finished_idx),
+// merged.
 func (a *Admin) Page(ctx context.Context, f JobFilter) ([]Job, *Cursor, error) {
 	stmt, args, err := f.page()
 	if err != nil {
@@ -230,7 +231,8 @@ func (f JobFilter) page() (string, []any, error) {
 	limitArg := " LIMIT $" + strconv.Itoa(len(args))
 	stmt := `SELECT ` + jobColumns + ` FROM {jobs} WHERE ` + where + ` ORDER BY ` + order + limitArg
 	if sort == "run_at" && len(branches) == 1 {
-		return f.pendingByRunAt(where, order, limitArg), args, nil
+		stmt, args := f.pendingByRunAt(where, order, limitArg, args)
+		return stmt, args, nil
 	}
 	if branches != nil {
 		// Each branch reads its status's index in order; the merge sorts
@@ -251,21 +253,48 @@ func (f JobFilter) page() (string, []any, error) {
 	return stmt, args, nil
 }
 
-// pendingByRunAt is the statement of a page of pending jobs by run_at.
-// No index has run_at first, and one would cost every claim and insert;
-// jobs_claim_idx (queue, priority, run_at, id) holds them in this order
-// within a queue and a priority, a lane. where, order and limit are the
-// page's.
-func (f JobFilter) pendingByRunAt(where, order, limit string) string {
+// pendingByRunAt is the statement of a page of pending jobs by run_at, and
+// its arguments. No index has run_at first: jobs_claim_idx (queue,
+// priority, run_at, id) holds pending jobs in this order within a queue
+// and a priority, a lane, and jobs_kind_idx (kind, queue, run_at, id)
+// within a kind and a queue. where, order and limit are the page's, and
+// args its arguments.
+func (f JobFilter) pendingByRunAt(where, order, limit string, args []any) (string, []any) {
 	timeField := cmp.Or(f.TimeField, "created_at")
-	if f.Kind != "" || f.ErrorText != "" || f.ID != 0 || (timeField != "run_at" && (!f.Since.IsZero() || !f.Until.IsZero())) {
-		// A condition the index does not check would have a lane that
+	switch {
+	case f.Kind != "" && f.Queue != "":
+		// One range of jobs_kind_idx, read in order.
+		return `SELECT ` + jobColumns + ` FROM {jobs} WHERE ` + where + ` AND status = 'pending' ORDER BY ` + order + limit, args
+	case f.Kind != "":
+		// A skip scan finds the kind's queues in jobs_kind_idx, an index
+		// probe each; a page of each queue is read from it where the
+		// cursor points; the merge sorts at most limit rows of each. A
+		// condition the index does not check reads at most the kind's
+		// pending jobs.
+		args = append(args, f.Kind)
+		kind := "$" + strconv.Itoa(len(args))
+		return `WITH RECURSIVE lanes(queue) AS (
+		    (SELECT queue FROM {jobs} WHERE kind = ` + kind + ` AND status = 'pending' ORDER BY queue LIMIT 1)
+		    UNION ALL
+		    SELECT n.queue FROM lanes CROSS JOIN LATERAL (
+		        SELECT queue FROM {jobs}
+		        WHERE kind = ` + kind + ` AND status = 'pending' AND queue > lanes.queue
+		        ORDER BY queue LIMIT 1
+		    ) n
+		)
+		SELECT p.* FROM lanes CROSS JOIN LATERAL (
+		    SELECT ` + jobColumns + ` FROM {jobs}
+		    WHERE queue = lanes.queue AND ` + where + ` AND status = 'pending'
+		    ORDER BY ` + order + limit + `
+		) p ORDER BY ` + order + limit, args
+	case f.ErrorText != "" || f.ID != 0 || (timeField != "run_at" && (!f.Since.IsZero() || !f.Until.IsZero())):
+		// A condition jobs_claim_idx does not check would have a lane that
 		// lacks it read to its end, in the index's order: every pending
 		// job is read once instead, in the table's order (a bitmap scan),
 		// and the page is the first of their ids sorted.
 		return `SELECT ` + jobColumns + ` FROM {jobs} WHERE id = ANY(ARRAY(
 		    SELECT id FROM {jobs} WHERE ` + where + ` AND status = 'pending' ORDER BY ` + order + limit + `
-		)) ORDER BY ` + order
+		)) ORDER BY ` + order, args
 	}
 	// A skip scan finds the lanes, an index probe each; a page of each
 	// lane is read from the index where the cursor points; the merge sorts
@@ -283,7 +312,7 @@ func (f JobFilter) pendingByRunAt(where, order, limit string) string {
 	    SELECT ` + jobColumns + ` FROM {jobs}
 	    WHERE queue = lanes.queue AND priority = lanes.priority AND ` + where + ` AND status = 'pending'
 	    ORDER BY ` + order + limit + `
-	) p ORDER BY ` + order + limit
+	) p ORDER BY ` + order + limit, args
 }
 
 // listed is the statuses f's sort lists, within f.Statuses if it names

@@ -28,9 +28,11 @@ func BenchmarkPages(b *testing.B) {
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	start := time.Now()
 	// 70% done, 15% pending (a third of them due later), 10% dead, 4%
-	// cancelled, 1% running; 10 queues, 20 kinds; created over a week.
+	// cancelled, 1% running; 10 queues, 20 kinds; created over a week. Two
+	// rare kinds, pending only: 1 pending job in 1,000 (150, three pages)
+	// and 1 in 10,000 (15, less than a page, so the page reads to the end).
 	_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (queue, kind, status, run_at, created_at, finished_at, last_error, locked_by, locked_until)
-		SELECT 'q' || (i % 10), 'k' || (i % 20), s,
+		SELECT 'q' || (i % 10), CASE WHEN i % 66700 = 77 THEN 'rare' WHEN i % 6670 = 77 THEN 'scarce' ELSE 'k' || (i % 20) END, s,
 		       CASE WHEN s = 'pending' AND i % 3 = 0 THEN now() + interval '1 hour' ELSE c END, c,
 		       CASE WHEN s IN ('done', 'dead', 'cancelled') THEN c + interval '2 seconds' END,
 		       CASE WHEN s = 'dead' THEN CASE WHEN i % 7 = 0 THEN 'dial tcp: connection refused' ELSE 'receiver answered 500' END END,
@@ -56,7 +58,11 @@ func BenchmarkPages(b *testing.B) {
 		{"pending_by_run_at", admin.JobFilter{Sort: "run_at", Asc: true}},
 		{"pending_by_run_at_desc", admin.JobFilter{Sort: "run_at"}},
 		{"kind_pending_by_run_at", admin.JobFilter{Kind: "k3", Sort: "run_at", Asc: true}},
+		{"kind_pending_by_run_at_desc", admin.JobFilter{Kind: "k3", Sort: "run_at"}},
+		{"scarce_kind_pending_by_run_at", admin.JobFilter{Kind: "scarce", Sort: "run_at", Asc: true}},
+		{"rare_kind_pending_by_run_at", admin.JobFilter{Kind: "rare", Sort: "run_at", Asc: true}},
 		{"queue_kind_pending_by_run_at", admin.JobFilter{Queue: "q3", Kind: "k3", Sort: "run_at", Asc: true}},
+		{"queue_scarce_kind_pending_by_run_at", admin.JobFilter{Queue: "q3", Kind: "scarce", Sort: "run_at", Asc: true}}, // none: read to the end
 		{"queue_pending_by_run_at", admin.JobFilter{Queue: "q3", Sort: "run_at", Asc: true}},
 		{"queue_pending_by_run_at_desc", admin.JobFilter{Queue: "q3", Sort: "run_at"}},
 		{"finished_by_finished_at", admin.JobFilter{Sort: "finished_at"}},

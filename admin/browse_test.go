@@ -75,16 +75,29 @@ func TestPages(t *testing.T) {
 	}
 
 	// By run_at, the pages merge the queues' and priorities' into the
-	// order of the table, with a filter no index checks (kind) or without.
-	for _, kind := range []string{"", "k"} {
+	// order of the table: without a filter (jobs_claim_idx's lanes), of a
+	// kind (jobs_kind_idx's queues), of a kind and a queue (a range of
+	// jobs_kind_idx), and with a filter no index checks (a time range).
+	for _, c := range []struct {
+		f    admin.JobFilter
+		cond string
+	}{
+		{admin.JobFilter{}, "true"},
+		{admin.JobFilter{Kind: "k"}, "kind = 'k'"},
+		{admin.JobFilter{Kind: "k", Queue: "even"}, "kind = 'k' AND queue = 'even'"},
+		{admin.JobFilter{TimeField: "created_at", Since: time.Unix(0, 0)}, "true"},
+	} {
 		for _, asc := range []bool{false, true} {
 			dir := map[bool]string{false: " DESC", true: ""}[asc]
 			rows, err := pgtest.Pool(t).Query(context.Background(), `SELECT id FROM `+pgx.Identifier{schema, "jobs"}.Sanitize()+
-				` WHERE status = 'pending' ORDER BY run_at`+dir+`, id`+dir)
+				` WHERE status = 'pending' AND `+c.cond+` ORDER BY run_at`+dir+`, id`+dir)
 			require.NoError(t, err)
 			want, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 			require.NoError(t, err)
-			require.Equal(t, want, pages(t, a, admin.JobFilter{Sort: "run_at", Asc: asc, Kind: kind, Limit: 3}), "kind %q, asc %v", kind, asc)
+			require.NotEmpty(t, want)
+			f := c.f
+			f.Sort, f.Asc, f.Limit = "run_at", asc, 3
+			require.Equal(t, want, pages(t, a, f), "%s, asc %v", c.cond, asc)
 		}
 	}
 

@@ -117,6 +117,8 @@ CREATE UNIQUE INDEX jobs_dedup_key_idx ON pgdispatch.jobs USING btree (dedup_key
 
 CREATE INDEX jobs_finished_idx ON pgdispatch.jobs USING btree (status, finished_at) WHERE (finished_at IS NOT NULL);
 
+CREATE INDEX jobs_kind_idx ON pgdispatch.jobs USING btree (kind, queue, run_at, id) WHERE (status = 'pending'::text);
+
 CREATE INDEX jobs_lease_idx ON pgdispatch.jobs USING btree (locked_until) WHERE (status = 'running'::text);
 
 CREATE UNIQUE INDEX jobs_pkey ON pgdispatch.jobs USING btree (id);
