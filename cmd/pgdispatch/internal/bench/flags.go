@@ -16,7 +16,7 @@ import (
 
 // Flags are the bench command's flags for the scenarios and their sizes.
 type Flags struct {
-	o                  Options
+	o                            Options
 	scenarios, writers, xminDead string
 }
 
