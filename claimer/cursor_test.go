@@ -156,3 +156,87 @@ func TestCursorBusyClaimerLooksFromTheFrontEverySecond(t *testing.T) {
 	require.Positive(t, c.Stats().Fronts)
 	require.Less(t, c.Stats().Fronts, c.Stats().Claims/2, "most claims of a saturated claimer are from the cursor")
 }
+
+// A claim from the cursor in the second after a claim from the front gives
+// a freed slot to the next job ahead of the cursor, though a due job of a
+// higher priority waits behind it, and the job it takes then holds that
+// slot for as long as it runs. The job behind the cursor is claimed at the
+// first claim a second on, and a saturated claimer claims only as slots
+// free: here, when a job that ran after it was due ends. Two slots, four
+// slow jobs of priority 5 that run until the test lets them end, and one
+// of priority 0 inserted behind the cursor; the cursor's clock stands
+// still, so every claim is within the second after the first.
+func TestCursorSlotFreedGoesToTheJobBehindTheCursor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		mu      sync.Mutex
+		started []int64
+		release = map[int64]chan struct{}{}
+		changed = make(chan struct{}, 1)
+	)
+	reg := executors.NewRegistry()
+	reg.Register("slow", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		mu.Lock()
+		started = append(started, job.ID)
+		done := release[job.ID]
+		mu.Unlock()
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return nil
+	}))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	clock := time.Now()
+	c.cursor.Now = func() time.Time { return clock } // the claim loop's alone
+	insert := func(priority int) int64 {
+		t.Helper()
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('slow', $1) RETURNING id", priority).Scan(&id))
+		mu.Lock()
+		release[id] = make(chan struct{})
+		mu.Unlock()
+		return id
+	}
+	startedN := func(n int) func() (bool, <-chan struct{}) {
+		return func() (bool, <-chan struct{}) {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(started) >= n, changed
+		}
+	}
+	var slow []int64
+	for range 4 {
+		slow = append(slow, insert(5))
+	}
+	runClaimer(ctx, t, c)
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ch := range release {
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
+		}
+	}()
+	wait.On(t, 20*time.Second, "the first claim's two jobs to start", startedN(2))
+	urgent := insert(0)
+	mu.Lock()
+	require.ElementsMatch(t, slow[:2], started)
+	close(release[slow[0]])
+	mu.Unlock()
+	wait.On(t, 20*time.Second, "the freed slot's job to start", startedN(3))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, urgent, started[2],
+		"the slot freed went to %d, of priority 5, while %d, of priority 0, was due: it now waits until %d or %d ends (started: %v)",
+		started[2], urgent, slow[1], started[2], started)
+}
