@@ -15,6 +15,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
@@ -239,4 +240,47 @@ func TestCursorSlotFreedGoesToTheJobBehindTheCursor(t *testing.T) {
 	require.Equal(t, urgent, started[2],
 		"the slot freed went to %d, of priority 5, while %d, of priority 0, was due: it now waits until %d or %d ends (started: %v)",
 		started[2], urgent, slow[1], started[2], started)
+}
+
+// Under a transaction held open long enough, a claim from the front walks
+// millions of dead entries and takes a second or more (1M: 0.3 to 1.5 s,
+// EXPLAIN ANALYZE on PostgreSQL 15). A saturated claimer must still claim
+// from its cursor between its claims from the front, else each claim is a
+// second or more after the start of the last claim from the front, every
+// claim is from the front, and the cursor saves nothing just when the hold
+// has grown longest. The cursor's clock moves on 10 ms at each look, and
+// 1.5 s while a claim from the front runs.
+func TestCursorSlowClaimsFromTheFrontLeaveTheCursorItsTurn(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := executors.NewRegistry()
+	reg.Register("noop", executors.Func(func(context.Context, *executors.Job) error { return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	var (
+		mu     sync.Mutex
+		clock  = time.Now()
+		fronts int64
+	)
+	c.cursor.Now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(10 * time.Millisecond)
+		return clock
+	}
+	hooks := &testhook.Hooks{ClaimSent: func(string) { // on the claim loop, as the claim runs
+		mu.Lock()
+		defer mu.Unlock()
+		if f := c.fronts.Load(); f != fronts {
+			fronts = f
+			clock = clock.Add(1500 * time.Millisecond)
+		}
+	}}
+	const backlog = 60
+	insertJobs(ctx, t, pool, jobs, backlog)
+	stop := runClaimer(testhook.With(ctx, hooks), t, c)
+	wait.For(t, 20*time.Second, "every job to be claimed", func() bool { return c.Stats().Claimed == backlog })
+	require.NoError(t, stop())
+	s := c.Stats()
+	require.Less(t, s.Fronts, s.Claims/2, "most claims of a saturated claimer are from the cursor, however long a claim from the front takes: %+v", s)
 }
