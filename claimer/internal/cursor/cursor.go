@@ -12,7 +12,10 @@ import (
 )
 
 // FrontEvery is the longest a claimer claims from its cursor without a
-// claim from the front, by the wall clock, however busy it is.
+// claim from the front, by the wall clock, however busy it is: counted
+// from the end of the last claim from the front, so that a claim from the
+// front that takes longer (one that walks millions of dead entries under
+// a long hold) still leaves the cursor its second.
 const FrontEvery = time.Second
 
 // cursorCond bounds a claim to the rows after the cursor ($7, $8, $9) in
@@ -56,7 +59,7 @@ func SQL(sql string) string {
 //   - the fallback tick's;
 //   - the claim after this claimer gave back the jobs of a lost claim;
 //   - the first claim at least FrontEvery after the last claim from the
-//     front, by the wall clock, whatever else happened meanwhile.
+//     front ended, by the wall clock, whatever else happened meanwhile.
 //
 // So a row that becomes due behind the cursor (a higher priority than the
 // last job taken, an earlier run_at, a lease the sweeper gave back, a job
@@ -69,7 +72,7 @@ type Cursor struct {
 	Priority  int16
 	RunAt     time.Time
 	ID        int64
-	LastFront time.Time        // when the last claim from the front was sent
+	LastFront time.Time        // when the last claim from the front ended
 	Every     time.Duration    // FrontEvery, but in tests; 0: FrontEvery
 	Now       func() time.Time // time.Now, but in tests; nil: time.Now
 }
@@ -83,18 +86,18 @@ func (k *Cursor) Clock() time.Time {
 }
 
 // FromFront reports whether the claim that ev starts at now is from the
-// front, and notes when it is.
+// front. The claimer calls FrontEnded when such a claim has ended.
 func (k *Cursor) FromFront(ev machine.Event, now time.Time) bool {
 	every := k.Every
 	if every == 0 {
 		every = FrontEvery
 	}
-	if !k.Set || ev == machine.EventTick || now.Sub(k.LastFront) >= every {
-		k.LastFront = now
-		return true
-	}
-	return false
+	return !k.Set || ev == machine.EventTick || now.Sub(k.LastFront) >= every
 }
+
+// FrontEnded notes that a claim from the front ended at now, whether or
+// not it succeeded.
+func (k *Cursor) FrontEnded(now time.Time) { k.LastFront = now }
 
 // Reset makes the next claim from the front.
 func (k *Cursor) Reset() { k.Set = false }
