@@ -107,7 +107,8 @@ func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *
 		sent = time.Now()
 	}
 	sql, args := c.claimSQL, []any{c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes}
-	front := c.cursor.FromFront(ev, c.cursor.Clock())
+	at := c.cursor.Clock()
+	front := c.cursor.FromFront(ev, at)
 	if front {
 		c.fronts.Add(1)
 	} else {
@@ -123,7 +124,7 @@ func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *
 		err = fmt.Errorf("claim jobs: %w", closeErr)
 	}
 	if front {
-		c.cursor.FrontEnded(c.cursor.Clock())
+		c.cursor.FrontEnded(at, c.cursor.Clock())
 	}
 	if err != nil {
 		c.cursor.Reset()
