@@ -158,16 +158,15 @@ func TestCursorBusyClaimerLooksFromTheFrontEverySecond(t *testing.T) {
 	require.Less(t, c.Stats().Fronts, c.Stats().Claims/2, "most claims of a saturated claimer are from the cursor")
 }
 
-// A claim from the cursor in the second after a claim from the front gives
-// a freed slot to the next job ahead of the cursor, though a due job of a
-// higher priority waits behind it, and the job it takes then holds that
-// slot for as long as it runs. The job behind the cursor is claimed at the
-// first claim a second on, and a saturated claimer claims only as slots
-// free: here, when a job that ran after it was due ends. Two slots, four
-// slow jobs of priority 5 that run until the test lets them end, and one
-// of priority 0 inserted behind the cursor; the cursor's clock stands
-// still, so every claim is within the second after the first.
-func TestCursorSlotFreedGoesToTheJobBehindTheCursor(t *testing.T) {
+// A saturated claimer claims only as slots free: a slot that frees within
+// the second after a claim from the front goes to the next job ahead of
+// the cursor, though a due job of a higher priority waits behind it, and
+// that job holds the slot while it runs. The job behind the cursor is
+// claimed at the first slot freed a second or more after the claim from
+// the front. Two slots, four slow jobs of priority 5 that run until the
+// test lets them end, and one of priority 0 inserted behind the cursor;
+// the cursor's clock stands still until the test moves it on.
+func TestCursorSlotFreedWithinTheSecondGoesAheadOfTheCursor(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -176,6 +175,7 @@ func TestCursorSlotFreedGoesToTheJobBehindTheCursor(t *testing.T) {
 		started []int64
 		release = map[int64]chan struct{}{}
 		changed = make(chan struct{}, 1)
+		clock   = time.Now()
 	)
 	reg := executors.NewRegistry()
 	reg.Register("slow", executors.Func(func(ctx context.Context, job *executors.Job) error {
@@ -194,8 +194,7 @@ func TestCursorSlotFreedGoesToTheJobBehindTheCursor(t *testing.T) {
 		return nil
 	}))
 	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
-	clock := time.Now()
-	c.cursor.Now = func() time.Time { return clock } // the claim loop's alone
+	c.cursor.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
 	insert := func(priority int) int64 {
 		t.Helper()
 		var id int64
@@ -211,6 +210,11 @@ func TestCursorSlotFreedGoesToTheJobBehindTheCursor(t *testing.T) {
 			defer mu.Unlock()
 			return len(started) >= n, changed
 		}
+	}
+	end := func(id int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		close(release[id])
 	}
 	var slow []int64
 	for range 4 {
@@ -230,16 +234,17 @@ func TestCursorSlotFreedGoesToTheJobBehindTheCursor(t *testing.T) {
 	}()
 	wait.On(t, 20*time.Second, "the first claim's two jobs to start", startedN(2))
 	urgent := insert(0)
-	mu.Lock()
-	require.ElementsMatch(t, slow[:2], started)
-	close(release[slow[0]])
-	mu.Unlock()
+	end(slow[0])
 	wait.On(t, 20*time.Second, "the freed slot's job to start", startedN(3))
 	mu.Lock()
+	require.Equal(t, slow[2], started[2], "within the second, the freed slot goes to the next job ahead of the cursor: %v", started)
+	clock = clock.Add(time.Hour) // no slot frees: no claim, however long
+	mu.Unlock()
+	end(slow[1])
+	wait.On(t, 20*time.Second, "the next freed slot's job to start", startedN(4))
+	mu.Lock()
 	defer mu.Unlock()
-	require.Equal(t, urgent, started[2],
-		"the slot freed went to %d, of priority 5, while %d, of priority 0, was due: it now waits until %d or %d ends (started: %v)",
-		started[2], urgent, slow[1], started[2], started)
+	require.Equal(t, urgent, started[3], "the first slot freed a second on goes to the job behind the cursor: %v", started)
 }
 
 // Under a transaction held open long enough, a claim from the front walks

@@ -69,12 +69,13 @@ func SQL(sql string) string {
 //     by the wall clock, whatever else happened meanwhile.
 //
 // So a row that becomes due behind the cursor (a higher priority than the
-// last job taken, an earlier run_at, a lease the sweeper gave back, a job
-// released by another worker's shutdown, a row that was locked when the
-// claim passed it) waits at most until the next claim from the front:
-// at once when the claimer is not saturated, within about FrontEvery and a
-// claim's time when it is (more only when a claim from the front takes
-// more than FrontEvery/FrontShare).
+// last job taken, an earlier run_at, a lost claim's job given back, a row
+// that was locked when the claim passed it) waits until the next claim
+// from the front: at once when the claimer is not saturated, and when it
+// is, until its first claim FrontEvery (or FrontShare times the last claim
+// from the front's time) after the last. A saturated claimer claims as
+// slots free: the jobs it takes from the cursor meanwhile keep their slots
+// while they run, and long ones make that wait longer.
 type Cursor struct {
 	Set       bool // else the next claim is from the front
 	Priority  int16
