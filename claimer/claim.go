@@ -107,7 +107,9 @@ func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *
 		sent = time.Now()
 	}
 	sql, args := c.claimSQL, []any{c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes}
-	if c.cursor.FromFront(ev, c.cursor.Clock()) {
+	at := c.cursor.Clock()
+	front := c.cursor.FromFront(ev, at)
+	if front {
 		c.fronts.Add(1)
 	} else {
 		sql, args = c.claimCursorSQL, append(args, c.cursor.Priority, c.cursor.RunAt, c.cursor.ID)
@@ -120,6 +122,9 @@ func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
+	}
+	if front {
+		c.cursor.FrontEnded(at, c.cursor.Clock())
 	}
 	if err != nil {
 		c.cursor.Reset()

@@ -15,6 +15,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
@@ -155,4 +156,136 @@ func TestCursorBusyClaimerLooksFromTheFrontEverySecond(t *testing.T) {
 		"the job behind the cursor runs at the first claim from the front a second on, not after the backlog: %v", order)
 	require.Positive(t, c.Stats().Fronts)
 	require.Less(t, c.Stats().Fronts, c.Stats().Claims/2, "most claims of a saturated claimer are from the cursor")
+}
+
+// A saturated claimer claims only as slots free: a slot that frees within
+// the second after a claim from the front goes to the next job ahead of
+// the cursor, though a due job of a higher priority waits behind it, and
+// that job holds the slot while it runs. The job behind the cursor is
+// claimed at the first slot freed a second or more after the claim from
+// the front. Two slots, four slow jobs of priority 5 that run until the
+// test lets them end, and one of priority 0 inserted behind the cursor;
+// the cursor's clock stands still until the test moves it on.
+func TestCursorSlotFreedWithinTheSecondGoesAheadOfTheCursor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var (
+		mu      sync.Mutex
+		started []int64
+		release = map[int64]chan struct{}{}
+		changed = make(chan struct{}, 1)
+		clock   = time.Now()
+	)
+	reg := executors.NewRegistry()
+	reg.Register("slow", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		mu.Lock()
+		started = append(started, job.ID)
+		done := release[job.ID]
+		mu.Unlock()
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		return nil
+	}))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	c.cursor.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	insert := func(priority int) int64 {
+		t.Helper()
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('slow', $1) RETURNING id", priority).Scan(&id))
+		mu.Lock()
+		release[id] = make(chan struct{})
+		mu.Unlock()
+		return id
+	}
+	startedN := func(n int) func() (bool, <-chan struct{}) {
+		return func() (bool, <-chan struct{}) {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(started) >= n, changed
+		}
+	}
+	end := func(id int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		close(release[id])
+	}
+	var slow []int64
+	for range 4 {
+		slow = append(slow, insert(5))
+	}
+	runClaimer(ctx, t, c)
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, ch := range release {
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
+		}
+	}()
+	wait.On(t, 20*time.Second, "the first claim's two jobs to start", startedN(2))
+	urgent := insert(0)
+	end(slow[0])
+	wait.On(t, 20*time.Second, "the freed slot's job to start", startedN(3))
+	mu.Lock()
+	require.Equal(t, slow[2], started[2], "within the second, the freed slot goes to the next job ahead of the cursor: %v", started)
+	clock = clock.Add(time.Hour) // no slot frees: no claim, however long
+	mu.Unlock()
+	end(slow[1])
+	wait.On(t, 20*time.Second, "the next freed slot's job to start", startedN(4))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, urgent, started[3], "the first slot freed a second on goes to the job behind the cursor: %v", started)
+}
+
+// Under a transaction held open long enough, a claim from the front walks
+// millions of dead entries and takes a second or more (1M: 0.3 to 1.5 s,
+// EXPLAIN ANALYZE on PostgreSQL 15). A saturated claimer must still claim
+// from its cursor between its claims from the front, else each claim is a
+// second or more after the start of the last claim from the front, every
+// claim is from the front, and the cursor saves nothing just when the hold
+// has grown longest. The cursor's clock moves on 10 ms at each look, and
+// 1.5 s while a claim from the front runs.
+func TestCursorSlowClaimsFromTheFrontLeaveTheCursorItsTurn(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reg := executors.NewRegistry()
+	reg.Register("noop", executors.Func(func(context.Context, *executors.Job) error { return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	var (
+		mu     sync.Mutex
+		clock  = time.Now()
+		fronts int64
+	)
+	c.cursor.Now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(10 * time.Millisecond)
+		return clock
+	}
+	hooks := &testhook.Hooks{ClaimSent: func(string) { // on the claim loop, as the claim runs
+		mu.Lock()
+		defer mu.Unlock()
+		if f := c.fronts.Load(); f != fronts {
+			fronts = f
+			clock = clock.Add(1500 * time.Millisecond)
+		}
+	}}
+	const backlog = 60
+	insertJobs(ctx, t, pool, jobs, backlog)
+	stop := runClaimer(testhook.With(ctx, hooks), t, c)
+	wait.For(t, 20*time.Second, "every job to be claimed", func() bool { return c.Stats().Claimed == backlog })
+	require.NoError(t, stop())
+	s := c.Stats()
+	require.Less(t, s.Fronts, s.Claims/2, "most claims of a saturated claimer are from the cursor, however long a claim from the front takes: %+v", s)
 }

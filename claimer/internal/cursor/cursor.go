@@ -12,8 +12,17 @@ import (
 )
 
 // FrontEvery is the longest a claimer claims from its cursor without a
-// claim from the front, by the wall clock, however busy it is.
+// claim from the front, by the wall clock, however busy it is: counted
+// from the end of the last claim from the front, so that a claim from the
+// front that takes longer (one that walks millions of dead entries under
+// a long hold) still leaves the cursor its second.
 const FrontEvery = time.Second
+
+// FrontShare is how many times as long as the last claim from the front
+// took a claimer claims from its cursor before the next, when that is
+// longer than FrontEvery: claims from the front, however slow a long hold
+// makes them, take at most a fifth of a saturated claimer's time.
+const FrontShare = 4
 
 // cursorCond bounds a claim to the rows after the cursor ($7, $8, $9) in
 // (priority, run_at, id) order: a row comparison that starts the scan of
@@ -56,20 +65,24 @@ func SQL(sql string) string {
 //   - the fallback tick's;
 //   - the claim after this claimer gave back the jobs of a lost claim;
 //   - the first claim at least FrontEvery after the last claim from the
-//     front, by the wall clock, whatever else happened meanwhile.
+//     front ended (FrontShare times as long as it took, if that is longer),
+//     by the wall clock, whatever else happened meanwhile.
 //
 // So a row that becomes due behind the cursor (a higher priority than the
-// last job taken, an earlier run_at, a lease the sweeper gave back, a job
-// released by another worker's shutdown, a row that was locked when the
-// claim passed it) waits at most until the next claim from the front:
-// at once when the claimer is not saturated, within about FrontEvery and a
-// claim's time when it is.
+// last job taken, an earlier run_at, a lost claim's job given back, a row
+// that was locked when the claim passed it) waits until the next claim
+// from the front: at once when the claimer is not saturated, and when it
+// is, until its first claim FrontEvery (or FrontShare times the last claim
+// from the front's time) after the last. A saturated claimer claims as
+// slots free: the jobs it takes from the cursor meanwhile keep their slots
+// while they run, and long ones make that wait longer.
 type Cursor struct {
 	Set       bool // else the next claim is from the front
 	Priority  int16
 	RunAt     time.Time
 	ID        int64
-	LastFront time.Time        // when the last claim from the front was sent
+	LastFront time.Time        // when the last claim from the front ended
+	FrontTook time.Duration    // how long it took
 	Every     time.Duration    // FrontEvery, but in tests; 0: FrontEvery
 	Now       func() time.Time // time.Now, but in tests; nil: time.Now
 }
@@ -83,18 +96,18 @@ func (k *Cursor) Clock() time.Time {
 }
 
 // FromFront reports whether the claim that ev starts at now is from the
-// front, and notes when it is.
+// front. The claimer calls FrontEnded when such a claim has ended.
 func (k *Cursor) FromFront(ev machine.Event, now time.Time) bool {
 	every := k.Every
 	if every == 0 {
 		every = FrontEvery
 	}
-	if !k.Set || ev == machine.EventTick || now.Sub(k.LastFront) >= every {
-		k.LastFront = now
-		return true
-	}
-	return false
+	return !k.Set || ev == machine.EventTick || now.Sub(k.LastFront) >= max(every, FrontShare*k.FrontTook)
 }
+
+// FrontEnded notes that a claim from the front sent at sent ended at now,
+// whether or not it succeeded.
+func (k *Cursor) FrontEnded(sent, now time.Time) { k.LastFront, k.FrontTook = now, now.Sub(sent) }
 
 // Reset makes the next claim from the front.
 func (k *Cursor) Reset() { k.Set = false }

@@ -31,3 +31,30 @@ func TestCursorIsTheLastInClaimOrder(t *testing.T) {
 	require.False(t, k.Set, "a claim that came up short leaves no cursor")
 	require.True(t, k.FromFront(machine.EventTimer, now))
 }
+
+// The second between claims from the front is counted from the end of the
+// last one, however long it took.
+func TestCursorSecondCountsFromTheEndOfTheClaimFromTheFront(t *testing.T) {
+	t.Parallel()
+	sent := time.Now()
+	k := Cursor{Set: true}
+	require.True(t, k.FromFront(machine.EventTimer, sent), "never from the front yet")
+	ended := sent.Add(FrontEvery / FrontShare) // a walk over hundreds of thousands of dead entries
+	k.FrontEnded(sent, ended)
+	require.False(t, k.FromFront(machine.EventTimer, ended.Add(FrontEvery-time.Millisecond)))
+	require.True(t, k.FromFront(machine.EventTimer, ended.Add(FrontEvery)))
+	require.True(t, k.FromFront(machine.EventTick, ended), "the fallback tick's claim is from the front")
+}
+
+// A claim from the front that took longer than FrontEvery/FrontShare is
+// followed by FrontShare times as long from the cursor: claims from the
+// front take at most a fifth of a saturated claimer's time.
+func TestCursorSlowClaimFromTheFrontIsFollowedByItsShareFromTheCursor(t *testing.T) {
+	t.Parallel()
+	sent := time.Now()
+	k := Cursor{Set: true}
+	ended := sent.Add(3 * FrontEvery) // a walk over millions of dead entries
+	k.FrontEnded(sent, ended)
+	require.False(t, k.FromFront(machine.EventTimer, ended.Add(FrontShare*3*FrontEvery-time.Millisecond)))
+	require.True(t, k.FromFront(machine.EventTimer, ended.Add(FrontShare*3*FrontEvery)))
+}
