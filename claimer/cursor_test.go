@@ -56,6 +56,7 @@ func TestCursorJobsBehindItAreClaimedFirstFromTheFront(t *testing.T) {
 			defer cancel()
 			c, pool, jobs := newTestClaimer(ctx, t, Config{})
 			c.cursor.Every = time.Hour // no claim is from the front for the time it takes
+			c.cursor.Slow = -1         // every claim from the front counts as slow: the cursor is used
 			ahead := insertJobs(ctx, t, pool, jobs, 5)
 			runs, _ := claimNow(ctx, t, c, 2)
 			require.ElementsMatch(t, ahead[:2], ids(runs), "the first claim is from the front")
@@ -89,6 +90,7 @@ func TestCursorResetByGiveBackAndFailure(t *testing.T) {
 	defer cancel()
 	c, pool, jobs := newTestClaimer(ctx, t, Config{})
 	c.cursor.Every = time.Hour
+	c.cursor.Slow = -1
 	insertJobs(ctx, t, pool, jobs, 3)
 	claimNow(ctx, t, c, 1)
 	require.True(t, c.cursor.Set)
@@ -158,16 +160,24 @@ func TestCursorBusyClaimerLooksFromTheFrontEverySecond(t *testing.T) {
 	require.Less(t, c.Stats().Fronts, c.Stats().Claims/2, "most claims of a saturated claimer are from the cursor")
 }
 
-// A saturated claimer claims only as slots free: a slot that frees within
-// the second after a claim from the front goes to the next job ahead of
-// the cursor, though a due job of a higher priority waits behind it, and
-// that job holds the slot while it runs. The job behind the cursor is
-// claimed at the first slot freed a second or more after the claim from
+// A saturated claimer claims only as slots free. While its claims from the
+// front are quick, each claim is one, and a freed slot goes to the due job
+// of the highest priority. While they are slow (a hold), a slot that frees
+// within the second after a claim from the front goes to the next job
+// ahead of the cursor, though a due job of a higher priority waits behind
+// it, and that job holds the slot while it runs; the job behind the cursor
+// is claimed at the first slot freed a second or more after the claim from
 // the front. Two slots, four slow jobs of priority 5 that run until the
 // test lets them end, and one of priority 0 inserted behind the cursor;
-// the cursor's clock stands still until the test moves it on.
-func TestCursorSlotFreedWithinTheSecondGoesAheadOfTheCursor(t *testing.T) {
+// the cursor's clock stands still until the test moves it on, so a claim
+// from the front takes no time on it.
+func TestCursorSlotFreedGoesAheadOfTheCursorOnlyWhileClaimsFromTheFrontAreSlow(t *testing.T) {
 	t.Parallel()
+	t.Run("quick", func(t *testing.T) { t.Parallel(); testSlotFreed(t, false) })
+	t.Run("slow", func(t *testing.T) { t.Parallel(); testSlotFreed(t, true) })
+}
+
+func testSlotFreed(t *testing.T, slowFronts bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var (
@@ -195,6 +205,9 @@ func TestCursorSlotFreedWithinTheSecondGoesAheadOfTheCursor(t *testing.T) {
 	}))
 	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
 	c.cursor.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	if slowFronts {
+		c.cursor.Slow = -1
+	}
 	insert := func(priority int) int64 {
 		t.Helper()
 		var id int64
@@ -237,6 +250,11 @@ func TestCursorSlotFreedWithinTheSecondGoesAheadOfTheCursor(t *testing.T) {
 	end(slow[0])
 	wait.On(t, 20*time.Second, "the freed slot's job to start", startedN(3))
 	mu.Lock()
+	if !slowFronts {
+		defer mu.Unlock()
+		require.Equal(t, urgent, started[2], "claims from the front are quick: the freed slot goes to the due job of the highest priority: %v", started)
+		return
+	}
 	require.Equal(t, slow[2], started[2], "within the second, the freed slot goes to the next job ahead of the cursor: %v", started)
 	clock = clock.Add(time.Hour) // no slot frees: no claim, however long
 	mu.Unlock()

@@ -24,6 +24,14 @@ const FrontEvery = time.Second
 // makes them, take at most a fifth of a saturated claimer's time.
 const FrontShare = 4
 
+// SlowFront is how long the last claim from the front must have taken for
+// a claimer to claim from its cursor at all. A claim from the front of an
+// ordinary queue takes a few milliseconds, and then every claim is from the
+// front, in strict (priority, run_at, id) order; one that walks the dead
+// entries a transaction holding back vacuum keeps alive takes tens of
+// milliseconds at 50,000 of them and grows with every job run since.
+const SlowFront = 20 * time.Millisecond
+
 // cursorCond bounds a claim to the rows after the cursor ($7, $8, $9) in
 // (priority, run_at, id) order: a row comparison that starts the scan of
 // jobs_claim_idx (queue, priority, run_at, id) there.
@@ -46,7 +54,7 @@ func SQL(sql string) string {
 	return sql
 }
 
-// cursor is where the claimer's next claim starts in its queue's
+// Cursor is where the claimer's next claim starts in its queue's
 // (priority, run_at, id) order. The claim index, jobs_claim_idx, keeps an
 // entry for every pending version of a row until vacuum removes it, and
 // while a transaction holds an old snapshot vacuum can remove none: a
@@ -55,9 +63,12 @@ func SQL(sql string) string {
 // claim from the cursor starts after the last job the claimer took, past
 // them.
 //
-// The cursor is set only by a claim that took every slot it asked for (the
-// rows after its last one may hold more), and only such a chain of claims
-// claims from it. Every other claim is from the front:
+// A claimer claims from its cursor only while its last claim from the
+// front took SlowFront or longer: then the dead entries cost more than the
+// strict order is worth. The cursor is set only by a claim that took every
+// slot it asked for (the rows after its last one may hold more), and only
+// such a chain of claims claims from it. Every other claim is from the
+// front:
 //   - the first, and any after a claim that came up short (the range ahead
 //     of the cursor is exhausted), failed or found the queue paused, which
 //     includes every look of a claimer that is not saturated, and every
@@ -83,6 +94,7 @@ type Cursor struct {
 	ID        int64
 	LastFront time.Time        // when the last claim from the front ended
 	FrontTook time.Duration    // how long it took
+	Slow      time.Duration    // SlowFront, but in tests (negative: every claim from the front is slow); 0: SlowFront
 	Every     time.Duration    // FrontEvery, but in tests; 0: FrontEvery
 	Now       func() time.Time // time.Now, but in tests; nil: time.Now
 }
@@ -102,7 +114,12 @@ func (k *Cursor) FromFront(ev machine.Event, now time.Time) bool {
 	if every == 0 {
 		every = FrontEvery
 	}
-	return !k.Set || ev == machine.EventTick || now.Sub(k.LastFront) >= max(every, FrontShare*k.FrontTook)
+	slow := k.Slow
+	if slow == 0 {
+		slow = SlowFront
+	}
+	return !k.Set || ev == machine.EventTick || k.FrontTook < slow ||
+		now.Sub(k.LastFront) >= max(every, FrontShare*k.FrontTook)
 }
 
 // FrontEnded notes that a claim from the front sent at sent ended at now,
