@@ -58,3 +58,17 @@ func TestCursorSlowClaimFromTheFrontIsFollowedByItsShareFromTheCursor(t *testing
 	require.False(t, k.FromFront(machine.EventTimer, ended.Add(FrontShare*3*FrontEvery-time.Millisecond)))
 	require.True(t, k.FromFront(machine.EventTimer, ended.Add(FrontShare*3*FrontEvery)))
 }
+
+// A set cursor is claimed from only while the last claim from the front
+// took SlowFront or longer.
+func TestCursorOnlyWhileClaimsFromTheFrontAreSlow(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	k := Cursor{Set: true}
+	k.FrontEnded(now.Add(-SlowFront/2), now)
+	require.True(t, k.FromFront(machine.EventSlotFreed, now), "a quick claim from the front: the next is from the front too")
+	k.FrontEnded(now.Add(-SlowFront), now)
+	require.False(t, k.FromFront(machine.EventSlotFreed, now), "a slow claim from the front: the next is from the cursor")
+	require.True(t, k.FromFront(machine.EventTick, now), "the tick's claim is from the front")
+	require.True(t, k.FromFront(machine.EventSlotFreed, now.Add(FrontEvery)), "a second on, from the front")
+}
