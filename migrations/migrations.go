@@ -166,17 +166,19 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config, target int32) 
 	if cfg.Schema == "pgdispatch.control" {
 		return 0, 0, fmt.Errorf("migrate: schema name %q is the control channel's, which every schema's workers listen on; choose another name", cfg.Schema)
 	}
-	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)",
-		fmt.Sprintf("%dms", cfg.LockTimeout.Milliseconds())); err != nil {
-		return 0, 0, fmt.Errorf("migrate: set lock_timeout: %w", err)
-	}
 	// One migrator per schema at a time. tern's own lock is global; this one
-	// also covers CREATE SCHEMA, which is not safe to race.
+	// also covers CREATE SCHEMA, which is not safe to race. Another
+	// migrator's whole run is waited for, within Timeout: lock_timeout,
+	// set after, bounds the DDL statements alone.
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock(hashtext('pgdispatch.migrate'), hashtext($1))", cfg.Schema); err != nil {
 		return 0, 0, fmt.Errorf("migrate: wait for migration lock: %w", err)
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), //nolint:errcheck // the connection is closed right after
 		"SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))", cfg.Schema)
+	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)",
+		fmt.Sprintf("%dms", cfg.LockTimeout.Milliseconds())); err != nil {
+		return 0, 0, fmt.Errorf("migrate: set lock_timeout: %w", err)
+	}
 
 	schema := pgx.Identifier{cfg.Schema}.Sanitize()
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+schema); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/timing"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/migrations"
 	"github.com/pgdispatch/pgdispatch/schedule"
 )
@@ -47,6 +48,56 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, migrations.Latest(), from)
 	require.Equal(t, migrations.Latest(), to)
+}
+
+// A migrator waits for another one's whole run, however long it takes,
+// within Config.Timeout: LockTimeout bounds the DDL statements alone. Here
+// another session holds the migration lock (as a migrator building an index
+// on a large table would) until the waiting migrator has waited four times
+// its LockTimeout, by the server's clock.
+func TestMigrateWaitsForAnotherMigratorPastTheLockTimeout(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.EmptySchemaName(t)
+	holder, err := pgtest.Pool(t).Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock(hashtext('pgdispatch.migrate'), hashtext($1))", schema)
+	require.NoError(t, err)
+	unlocked := false
+	defer func() {
+		if !unlocked {
+			_, _ = holder.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))", schema)
+		}
+	}()
+
+	const lockTimeout = 100 * time.Millisecond
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema, LockTimeout: lockTimeout})
+		done <- err
+	}()
+	wait.For(t, 30*time.Second, "the migrator to have waited four times its lock timeout for the migration lock", func() bool {
+		var waited bool
+		err := pgtest.Pool(t).QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_locks
+			WHERE locktype = 'advisory' AND classid = hashtext('pgdispatch.migrate')::oid AND objid = hashtext($1)::oid
+			  AND NOT granted AND waitstart < clock_timestamp() - make_interval(secs => $2))`,
+			schema, 4*lockTimeout.Seconds()).Scan(&waited)
+		select {
+		case err := <-done:
+			require.Fail(t, "the migrator ended while the lock was held", "%v", err)
+		default:
+		}
+		return err == nil && waited
+	})
+	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))", schema)
+	require.NoError(t, err)
+	unlocked = true
+	require.NoError(t, <-done)
+	v, err := migrations.Check(ctx, pgtest.Pool(t), schema)
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), v)
 }
 
 func TestCheckOutdated(t *testing.T) {
