@@ -311,10 +311,10 @@ var (
 	descPurged = prometheus.NewDesc(namespace+"_jobs_purged_total",
 		"Finished jobs the sweeper deleted after their retention.", nil, nil)
 	descXminAge = prometheus.NewDesc(namespace+"_oldest_xmin_age_seconds",
-		"How long the database's oldest snapshot (the session or replication slot that holds back vacuum) has been held, read after each sweep; "+
+		"How long the database's oldest snapshot (the session or replication slot that holds back vacuum) has been held, read at each sweep; "+
 			"a slot's, a standby's and an unreadable session's counted from when the sweeper first saw it. Absent until read.", nil, nil)
 	descXminXids = prometheus.NewDesc(namespace+"_oldest_xmin_age_xids",
-		"The age in transaction ids (age(xmin)) of the database's oldest snapshot, read after each sweep. Absent until read.", nil, nil)
+		"The age in transaction ids (age(xmin)) of the database's oldest snapshot, read at each sweep. Absent until read.", nil, nil)
 	descDepth = prometheus.NewDesc(namespace+"_queue_jobs",
 		"Jobs in the table by queue and status (pending, running, dead), sampled at most every 10s.", []string{"queue", "status"}, nil)
 	descDepthUp = prometheus.NewDesc(namespace+"_queue_jobs_sample_ok",

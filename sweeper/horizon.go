@@ -91,18 +91,24 @@ func (s *Sweeper) OldestXmin() Horizon {
 	return s.horizon.last
 }
 
-// LookAtHorizon reads what holds the horizon back now, as Run does after
-// each pass; it warns once each time the age rises past OldestXminWarn,
+// LookAtHorizon reads what holds the horizon back now, as each pass of Run
+// does in its first transaction; it warns once each time the age rises past OldestXminWarn,
 // and says so once it falls back.
 func (s *Sweeper) LookAtHorizon(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
 	defer cancel()
+	_ = s.noteHorizon(s.cfg.Pool.QueryRow(ctx, horizonSQL))
+}
+
+// noteHorizon reads horizonSQL's row and warns as LookAtHorizon says. It
+// returns the error of a look that failed.
+func (s *Sweeper) noteHorizon(row pgx.Row) error {
 	var (
 		holder, name, db, app, state, xmin pgtype.Text
 		seconds                            pgtype.Float8
 		xids                               pgtype.Int8
 	)
-	err := s.cfg.Pool.QueryRow(ctx, horizonSQL).Scan(&holder, &name, &db, &app, &state, &seconds, &xids, &xmin)
+	err := row.Scan(&holder, &name, &db, &app, &state, &seconds, &xids, &xmin)
 	now := time.Now()
 	h := &s.horizon
 	h.mu.Lock()
@@ -113,7 +119,7 @@ func (s *Sweeper) LookAtHorizon(ctx context.Context) {
 	case err != nil:
 		h.last = Horizon{}
 		s.logger.Debug("could not read the oldest xmin", zap.Error(err))
-		return
+		return err
 	default:
 		if xmin.String != h.xmin {
 			h.xmin, h.firstSeen = xmin.String, now
@@ -137,6 +143,7 @@ func (s *Sweeper) LookAtHorizon(ctx context.Context) {
 		s.logger.Info("the database's oldest snapshot is younger than the warning's threshold again",
 			zap.Duration("threshold", s.cfg.OldestXminWarn), zap.String("holder", l.Holder), zap.Duration("age", l.Age.Round(time.Second)))
 	}
+	return nil
 }
 
 // String says what holds the horizon, for tests and logs.

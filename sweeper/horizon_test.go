@@ -13,7 +13,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/pgdispatch/pgdispatch/internal/stmtcount"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/migrations"
 	"github.com/pgdispatch/pgdispatch/sweeper"
 )
@@ -110,4 +112,30 @@ func TestOldestXminNamesAHeldTransaction(t *testing.T) {
 	require.Len(t, logs.FilterMessageSnippet("oldest snapshot holds back vacuum").AllUntimed(), 2, "warned again: a new crossing")
 	_, err = admin.Exec(ctx, "ROLLBACK")
 	require.NoError(t, err)
+}
+
+// A pass looks at the xmin horizon in its first transaction: on an idle
+// database the look costs no transaction of its own.
+func TestPassLooksAtTheHorizonInItsOwnTransaction(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	var count stmtcount.Counter
+	cfg.ConnConfig.Tracer = &count
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	s, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema})
+	require.NoError(t, err)
+	require.False(t, s.OldestXmin().Known, "no look yet")
+
+	_, err = s.Sweep(ctx)
+	require.NoError(t, err)
+	require.True(t, s.OldestXmin().Known, "the pass looked at the horizon")
+	// Begin is a statement outside a transaction; the look, the lock and
+	// the batches are statements inside it.
+	require.Equal(t, int64(1), count.Transactions.Load(), "one transaction for the pass and its look")
 }

@@ -12,9 +12,9 @@
 //   - done jobs older than RetainDone, and dead or cancelled jobs older than
 //     RetainDead, are deleted in batches.
 //
-// After each pass, every worker's sweeper, with the lock or without, looks
-// at what holds back the database's xmin horizon (horizon.go) and warns
-// when it is older than OldestXminWarn.
+// At each pass, every worker's sweeper, with the lock or without, looks at
+// what holds back the database's xmin horizon (horizon.go), in the pass's
+// first transaction, and warns when it is older than OldestXminWarn.
 package sweeper
 
 import (
@@ -190,8 +190,8 @@ WITH d AS (
 )
 DELETE FROM {jobs} j WHERE j.id = ANY(ARRAY(SELECT id FROM d))`
 
-// Run sweeps every Interval until ctx ends, starting at once, and looks at
-// the xmin horizon after each pass. It returns nil when ctx is cancelled.
+// Run sweeps every Interval until ctx ends, starting at once, each pass
+// looking at the xmin horizon too. It returns nil when ctx is cancelled.
 //
 // A pass that meets a dead connection is run again at once, up to the
 // pool's size in a row (retry.Backoff): after a restart or a mass
@@ -219,18 +219,17 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		} else {
 			backoff = retry.New(s.poolSize)
 		}
-		if ctx.Err() == nil {
-			s.LookAtHorizon(ctx)
-		}
 		t.Reset(next)
 	}
 }
 
-// Sweep runs one pass now.
+// Sweep runs one pass now. Its first transaction also looks at the xmin
+// horizon, so that the look costs an idle database no transaction of its
+// own.
 func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 	var total Result
-	for range maxBatchesPerPass {
-		res, more, err := s.sweepOnce(ctx)
+	for i := range maxBatchesPerPass {
+		res, more, err := s.sweepOnce(ctx, i == 0)
 		total.Locked = total.Locked || res.Locked
 		total.Rescued += res.Rescued
 		total.Killed += res.Killed
@@ -245,9 +244,10 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 	return total, nil
 }
 
-// sweepOnce runs one transaction: one batch of each kind of work. more
+// sweepOnce runs one transaction: one batch of each kind of work, and,
+// when look is set, first a look at the xmin horizon (horizon.go). more
 // reports that a batch was full.
-func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err error) {
+func (s *Sweeper) sweepOnce(ctx context.Context, look bool) (res Result, more bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StatementTimeout)
 	defer cancel()
 	tx, err := s.cfg.Pool.Begin(ctx)
@@ -255,6 +255,12 @@ func (s *Sweeper) sweepOnce(ctx context.Context) (res Result, more bool, err err
 		return res, false, fmt.Errorf("sweep: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit this is a no-op
+
+	if look {
+		if err := s.noteHorizon(tx.QueryRow(ctx, horizonSQL)); err != nil {
+			return res, false, fmt.Errorf("sweep: look at the xmin horizon: %w", err)
+		}
+	}
 
 	if err := tx.QueryRow(ctx, lockSQL, s.cfg.Schema).Scan(&res.Locked, nil, nil, nil); err != nil {
 		return res, false, fmt.Errorf("sweep: take lock: %w", err)

@@ -81,7 +81,7 @@ var workerSettings = []settings.Setting{
 		func(c *pgdispatch.Config) *int { return &c.ClaimBytes }),
 	settings.Duration("RETAIN_DEAD", "retain-dead", sweeper.DefaultRetainDead, "how long dead and cancelled jobs are kept",
 		func(c *pgdispatch.Config) *time.Duration { return &c.RetainDead }),
-	settings.Duration("OLDEST_XMIN_WARN", "oldest-xmin-warn", sweeper.DefaultOldestXminWarn, "warn, once each time, when the database's oldest snapshot (the transaction or replication slot that holds back vacuum) is older than this; checked after each sweep",
+	settings.Duration("OLDEST_XMIN_WARN", "oldest-xmin-warn", sweeper.DefaultOldestXminWarn, "warn, once each time, when the database's oldest snapshot (the transaction or replication slot that holds back vacuum) is older than this; checked at each sweep, in its first transaction",
 		func(c *pgdispatch.Config) *time.Duration { return &c.OldestXminWarn }),
 	settings.Duration("SHUTDOWN_TIMEOUT", "shutdown-timeout", claimer.DefaultShutdownTimeout, "how long running jobs may finish after SIGINT or SIGTERM before they are given back",
 		func(c *pgdispatch.Config) *time.Duration { return &c.ShutdownTimeout }),
