@@ -29,8 +29,9 @@ import (
 // It claims nothing while the queue is paused (a row in the queues table
 // with paused_at set), and says so.
 //
-// When it claims fewer than asked, it also returns the seconds until the
-// earliest future run_at, on the database's clock, and whether it skipped
+// It returns the time of the claim, now(), and when it claims fewer than
+// asked, the seconds until the earliest future run_at, on the database's
+// clock, and whether it skipped
 // due rows: its snapshot sees the rows it claimed as pending, so more due
 // rows than it claimed means some were locked by another transaction.
 //
@@ -80,13 +81,12 @@ WITH p AS (
     FROM k, p
 )
 SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at,
-       u.updated_at, n.next_in, n.stranded, n.paused, u.traceparent, u.tracestate
+       u.updated_at, n.next_in, n.stranded, n.paused, now(), u.traceparent, u.tracestate
 FROM n LEFT JOIN u ON true`
 
-// claim takes up to limit due jobs, leases them, and starts them on jobs;
-// ev is the event that made the loop claim. It claims from the cursor or
-// from the front (internal/cursor).
-func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *runners.Runners) machine.Result {
+// claim takes up to limit due jobs, leases them, and starts them on jobs.
+// It claims from the cursor or from the front (internal/cursor).
+func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) machine.Result {
 	r := machine.Result{Limit: limit}
 	if c.lost.Pending() {
 		c.giveBack(ctx)
@@ -107,24 +107,24 @@ func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *
 		sent = time.Now()
 	}
 	sql, args := c.claimSQL, []any{c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes}
-	at := c.cursor.Clock()
-	front := c.cursor.FromFront(ev, at)
+	if look, ok := c.looker.Looked(); ok {
+		c.cursor.Looked(look)
+	}
+	front := c.cursor.FromFront()
 	if front {
 		c.fronts.Add(1)
 	} else {
 		sql, args = c.claimCursorSQL, append(args, c.cursor.Priority, c.cursor.RunAt, c.cursor.ID)
 	}
+	start := time.Now()
 	results := pinned.Send(ctx, conn, pinned.ClaimPlanSQL, sql, args...)
 	if c.claimSent != nil {
 		c.claimSent(c.cfg.Queue)
 	}
-	runs, err := c.readClaim(results, &r)
+	runs, at, err := c.readClaim(results, &r)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
-	}
-	if front {
-		c.cursor.FrontEnded(at, c.cursor.Clock())
 	}
 	if err != nil {
 		c.cursor.Reset()
@@ -139,7 +139,10 @@ func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *
 		}
 		return machine.Result{Limit: limit, Err: err}
 	}
-	c.cursor.Claimed(limit, runs)
+	c.cursor.Claimed(front, time.Since(start), at, runs)
+	if !front {
+		c.looker.Want() // the jobs behind the cursor
+	}
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {
 		return r
@@ -161,16 +164,17 @@ func (c *Claimer) claim(ctx context.Context, ev machine.Event, limit int, jobs *
 	return r
 }
 
-// readClaim reads a claim's results: the settings', then the claimed jobs,
-// and into r the wait until the next run_at, whether due rows were skipped
-// and whether the queue is paused.
-func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*runstate.Run, error) {
+// readClaim reads a claim's results: the settings', then the claimed jobs
+// and the claim's time on the database's clock, and into r the wait until
+// the next run_at, whether due rows were skipped and whether the queue is
+// paused.
+func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*runstate.Run, time.Time, error) {
 	if _, err := results.Exec(); err != nil {
-		return nil, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, fmt.Errorf("claim jobs: %w", err)
 	}
 	rows, err := results.Query()
 	if err != nil {
-		return nil, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, fmt.Errorf("claim jobs: %w", err)
 	}
 	defer rows.Close()
 	var claimed []*runstate.Run
@@ -183,7 +187,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		priority             pgtype.Int2
 		attempt, maxAttempts pgtype.Int4
 		runAt, createdAt     pgtype.Timestamptz
-		claimedAt            pgtype.Timestamptz
+		claimedAt, at        pgtype.Timestamptz
 		nextIn               pgtype.Float8
 		stranded, paused     pgtype.Bool
 		payload              []byte
@@ -199,8 +203,8 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
-			&claimedAt, &nextIn, &stranded, &paused, traceDest[0], traceDest[1]); err != nil {
-			return nil, fmt.Errorf("claim jobs: scan: %w", err)
+			&claimedAt, &nextIn, &stranded, &paused, &at, traceDest[0], traceDest[1]); err != nil {
+			return nil, time.Time{}, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn.Valid {
 			d := scheduleWait(nextIn.Float64)
@@ -220,9 +224,9 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, fmt.Errorf("claim jobs: %w", err)
 	}
-	return claimed, nil
+	return claimed, at.Time, nil
 }
 
 // scheduleWait turns the seconds until the earliest future run_at into a

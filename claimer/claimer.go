@@ -165,6 +165,7 @@ type Claimer struct {
 	// ended; cursor is that place (internal/cursor). Only the claim loop uses them.
 	claimCursorSQL string
 	cursor         cursor.Cursor
+	looker         *cursor.Looker // looks from the front beside claims from the cursor
 	poolSize       int // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	runs      *runstate.Tracker
@@ -220,6 +221,7 @@ func New(cfg Config) (*Claimer, error) {
 			Pool: cfg.Pool, Schema: cfg.Schema, Queue: cfg.Queue, WorkerID: cfg.WorkerID, Lease: cfg.Lease,
 			StatementTimeout: cfg.StatementTimeout, Logger: logger,
 		}),
+		looker:   cursor.NewLooker(cfg.Pool, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		notified: make(chan struct{}, 1),
 		trace:    tracer,
 	}, nil
@@ -266,9 +268,11 @@ func (c *Claimer) Run(ctx context.Context) error {
 	go func() { defer bg.Done(); c.attempts.Watch(bgCtx, workCtx) }()
 
 	// The sleep key goes back as soon as claiming stops: peers take over.
+	// The looks from the front stop with the claims.
 	sleepCtx, stopSleep := context.WithCancel(ctx)
-	sleepDone := make(chan struct{})
-	go func() { defer close(sleepDone); c.sleep.Run(sleepCtx) }()
+	var beside sync.WaitGroup
+	beside.Go(func() { c.sleep.Run(sleepCtx) })
+	beside.Go(func() { c.looker.Run(sleepCtx, c.Wake) })
 
 	jobs := runners.New(func(r *runstate.Run) { c.attempts.Run(workCtx, r) })
 	c.claimLoop(ctx, jobs)
@@ -276,7 +280,7 @@ func (c *Claimer) Run(ctx context.Context) error {
 		c.giveBack(context.WithoutCancel(ctx))
 	}
 	stopSleep()
-	<-sleepDone
+	beside.Wait()
 
 	jobs.Close(c.shutdown(cancelWork, jobs))
 	stopBackground() // the completer flushes what it holds before it returns

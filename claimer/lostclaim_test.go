@@ -97,43 +97,55 @@ func TestLostClaimReplyGivesItsJobsBack(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	// Armed, the hook waits for the claim to end on the server, and cuts
-	// the connections if it took the noop jobs: their claim committed, and
-	// its reply is lost.
+	// Armed, the hook waits for the claim to take the noop jobs on the
+	// server, and then cuts the connections: the claim committed, and its
+	// reply, which the claim loop reads after the hook, is lost. It is armed
+	// once the claimer sleeps, so that the claim the test's wake-up makes
+	// is the one that takes them.
 	var armed, cut atomic.Bool
-	hooks := &testhook.Hooks{ClaimSent: func(string) {
-		if !armed.Load() {
-			return
-		}
-		for {
-			var active, running int
-			if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'active'",
-				app).Scan(&active); err != nil {
+	asleep := make(chan struct{}, 100)
+	hooks := &testhook.Hooks{
+		ClaimerState: func(_, _, to string) {
+			if to == "asleep" {
+				asleep <- struct{}{}
+			}
+		},
+		ClaimSent: func(string) {
+			if !armed.Load() {
 				return
 			}
-			if active == 0 {
+			armed.Store(false)
+			for {
+				var running int
 				if err := admin.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE kind = 'noop' AND status = 'running' AND locked_by = 'w'").
 					Scan(&running); err != nil {
 					return
 				}
 				if running > 0 {
-					armed.Store(false)
 					cut.Store(true)
 					conns.cut()
+					return
 				}
-				return
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Millisecond):
+				}
 			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(time.Millisecond):
-			}
-		}
-	}}
+		},
+	}
 	stop := runClaimer(testhook.With(ctx, hooks), t, c)
 	releaseHeld := sync.OnceFunc(func() { close(release) })
 	t.Cleanup(releaseHeld) // before the claimer's stop, should the test fail
 	<-held
+	for slept := false; !slept; {
+		select {
+		case <-asleep:
+			slept = true
+		case <-ctx.Done():
+			t.Fatal("the claimer did not go to sleep")
+		}
+	}
 	armed.Store(true)
 	start := time.Now()
 	ids := insertJobs(ctx, t, admin, jobs, 5)

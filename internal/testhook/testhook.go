@@ -20,6 +20,10 @@ type Hooks struct {
 	// ClaimSent is called when a claim of the claimer of queue has been
 	// sent, before its reply is read. It may block: the claim waits.
 	ClaimSent func(queue string)
+	// Looked is called after each look from the front of the claimer of
+	// queue (claimer/internal/cursor), with the id of the first due job it
+	// found, 0 for none.
+	Looked func(queue string, id int64)
 }
 
 type key struct{}

@@ -1,37 +1,24 @@
 // Package cursor says where a claimer's next claim starts in its queue's
-// (priority, run_at, id) order: after the last job of its last full claim,
-// or the front.
+// (priority, run_at, id) order, after the last job it took or at the front,
+// and looks from the front beside the claims for the jobs behind it.
 package cursor
 
 import (
 	"strings"
 	"time"
 
-	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 )
 
-// FrontEvery is the longest a claimer claims from its cursor without a
-// claim from the front, by the wall clock, however busy it is: counted
-// from the end of the last claim from the front, so that a claim from the
-// front that takes longer (one that walks millions of dead entries under
-// a long hold) still leaves the cursor its second.
-const FrontEvery = time.Second
-
-// FrontShare is how many times as long as the last claim from the front
-// took a claimer claims from its cursor before the next, when that is
-// longer than FrontEvery: claims from the front, however slow a long hold
-// makes them, take at most a fifth of a saturated claimer's time.
-const FrontShare = 4
-
-// SlowFront is how long the last claim from the front must have taken for
-// a claimer to claim from its cursor at all. A claim from the front of an
-// ordinary queue takes 1 to 3 ms on a small machine, and then every claim
-// is from the front, in strict (priority, run_at, id) order; one that walks
-// the dead entries a transaction holding back vacuum keeps alive (0.2 to
-// 0.8 µs each) takes 5 ms at about 10,000 of them, and grows with every
-// job run since. At 20 ms, a drain under a hold was held to about 100 jobs
-// each 15 to 20 ms, its claims from the front just too quick for the cursor.
+// SlowFront is how long the last look from the front of the queue (a
+// claim from the front, or a Look) must have taken for a claimer to claim
+// from its cursor at all. A claim from the front of an ordinary queue takes
+// 1 to 3 ms on a small machine, and then every claim is from the front, in
+// strict (priority, run_at, id) order; one that walks the dead entries a
+// transaction holding back vacuum keeps alive (0.2 to 0.8 µs each) takes
+// 5 ms at about 10,000 of them, and grows with every job run since. At
+// 20 ms, a drain under a hold was held to about 100 jobs each 15 to 20 ms,
+// its claims from the front just too quick for the cursor.
 const SlowFront = 5 * time.Millisecond
 
 // cursorCond bounds a claim to the rows after the cursor ($7, $8, $9) in
@@ -65,78 +52,57 @@ func SQL(sql string) string {
 // claim from the cursor starts after the last job the claimer took, past
 // them.
 //
-// A claimer claims from its cursor only while its last claim from the
+// A claimer claims from its cursor only while its last look from the
 // front took SlowFront or longer: then the dead entries cost more than the
-// strict order is worth. The cursor is set only by a claim that took every
-// slot it asked for (the rows after its last one may hold more), and only
-// such a chain of claims claims from it. Every other claim is from the
-// front:
-//   - the first, and any after a claim that came up short (the range ahead
-//     of the cursor is exhausted), failed or found the queue paused, which
-//     includes every look of a claimer that is not saturated, and every
-//     claim woken by a notification while drowsy or asleep;
-//   - the fallback tick's;
-//   - the claim after this claimer gave back the jobs of a lost claim;
-//   - the first claim at least FrontEvery after the last claim from the
-//     front ended (FrontShare times as long as it took, if that is longer),
-//     by the wall clock, whatever else happened meanwhile.
+// strict order is worth, and every claim is from the cursor but the first
+// and those after a failed claim or a give-back (Reset). Looks from the
+// front then run beside the claims, on a connection of their own (Looker),
+// and time the front: a quick one sends the claims back to the front.
 //
-// So a row that becomes due behind the cursor (a higher priority than the
-// last job taken, an earlier run_at, a lost claim's job given back, a row
-// that was locked when the claim passed it) waits until the next claim
-// from the front: at once when the claimer is not saturated, and when it
-// is, until its first claim FrontEvery (or FrontShare times the last claim
-// from the front's time) after the last. A saturated claimer claims as
-// slots free: the jobs it takes from the cursor meanwhile keep their slots
-// while they run, and long ones make that wait longer.
+// Each claim that took jobs moves the cursor to the last of them; one from
+// the front that took none moves it to the claim's time, at the priority
+// of its last place, since every due job before that was taken. A row that
+// becomes due behind the cursor (a higher priority than the last job taken,
+// an earlier run_at, a lost claim's job given back, a row that was locked
+// when a claim passed it) is found by the next look from the front, and the
+// cursor goes back to just before it (Looked).
 type Cursor struct {
 	Set       bool // else the next claim is from the front
 	Priority  int16
 	RunAt     time.Time
 	ID        int64
-	LastFront time.Time        // when the last claim from the front ended
-	FrontTook time.Duration    // how long it took
-	Slow      time.Duration    // SlowFront, but in tests (negative: every claim from the front is slow); 0: SlowFront
-	Every     time.Duration    // FrontEvery, but in tests; 0: FrontEvery
-	Now       func() time.Time // time.Now, but in tests; nil: time.Now
+	FrontTook time.Duration // how long the last look from the front took
+	Slow      time.Duration // SlowFront, but in tests (negative: every look from the front is slow); 0: SlowFront
 }
 
-// Clock is the time now.
-func (k *Cursor) Clock() time.Time {
-	if k.Now != nil {
-		return k.Now()
-	}
-	return time.Now()
-}
+// FromFront reports whether the next claim is from the front.
+func (k *Cursor) FromFront() bool { return !k.Set || !k.slow(k.FrontTook) }
 
-// FromFront reports whether the claim that ev starts at now is from the
-// front. The claimer calls FrontEnded when such a claim has ended.
-func (k *Cursor) FromFront(ev machine.Event, now time.Time) bool {
-	every := k.Every
-	if every == 0 {
-		every = FrontEvery
+// slow reports whether a look from the front that took took is slow.
+func (k *Cursor) slow(took time.Duration) bool {
+	s := k.Slow
+	if s == 0 {
+		s = SlowFront
 	}
-	slow := k.Slow
-	if slow == 0 {
-		slow = SlowFront
-	}
-	return !k.Set || ev == machine.EventTick || k.FrontTook < slow ||
-		now.Sub(k.LastFront) >= max(every, FrontShare*k.FrontTook)
+	return took >= s
 }
-
-// FrontEnded notes that a claim from the front sent at sent ended at now,
-// whether or not it succeeded.
-func (k *Cursor) FrontEnded(sent, now time.Time) { k.LastFront, k.FrontTook = now, now.Sub(sent) }
 
 // Reset makes the next claim from the front.
 func (k *Cursor) Reset() { k.Set = false }
 
-// Claimed moves the cursor after a claim that asked for limit jobs and
-// took runs: to the last of them in (priority, run_at, id) order when it
-// took limit, else nowhere.
-func (k *Cursor) Claimed(limit int, runs []*runstate.Run) {
-	if len(runs) < limit || len(runs) == 0 {
-		k.Set = false
+// Claimed moves the cursor after a claim, from the front or not, that
+// took runs and ran at at on the database's clock; took is how long a claim
+// from the front took.
+func (k *Cursor) Claimed(front bool, took time.Duration, at time.Time, runs []*runstate.Run) {
+	if front {
+		k.FrontTook = took
+	}
+	if len(runs) == 0 {
+		if front {
+			// Every due job before at was taken, but those locked: the
+			// ones claimed meanwhile are behind.
+			k.Set, k.RunAt, k.ID = true, at, 0
+		}
 		return
 	}
 	k.Set = false
@@ -145,6 +111,19 @@ func (k *Cursor) Claimed(limit int, runs []*runstate.Run) {
 		if !k.Set || after(j.Priority, j.RunAt, j.ID, k.Priority, k.RunAt, k.ID) {
 			k.Set, k.Priority, k.RunAt, k.ID = true, j.Priority, j.RunAt, j.ID
 		}
+	}
+}
+
+// Looked takes in a look from the front: its time, and the first due job
+// it found, if that is behind the cursor, as the cursor's new place, just
+// before that job, so that the next claim takes it first.
+func (k *Cursor) Looked(l Look) {
+	if l.Err != nil {
+		return
+	}
+	k.FrontTook = l.Took
+	if l.Found && k.Set && after(k.Priority, k.RunAt, k.ID, l.Priority, l.RunAt, l.ID) {
+		k.Priority, k.RunAt, k.ID = l.Priority, l.RunAt, l.ID-1
 	}
 }
 

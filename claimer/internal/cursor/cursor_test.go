@@ -1,74 +1,96 @@
 package cursor
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 )
 
-// The cursor is the last job in (priority, run_at, id) order, whatever
-// order the claim returned its rows in.
+func run(p int16, at time.Time, id int64) *runstate.Run {
+	return &runstate.Run{Job: &executors.Job{Priority: p, RunAt: at, ID: id}}
+}
+
+// The cursor is the last job of each claim that took any in (priority,
+// run_at, id) order, whatever order the claim returned its rows in; a
+// claim from the front that took none puts it at the claim's time, at the
+// priority of its last place; one from the cursor that took none leaves it.
 func TestCursorIsTheLastInClaimOrder(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	run := func(p int16, at time.Time, id int64) *runstate.Run {
-		return &runstate.Run{Job: &executors.Job{Priority: p, RunAt: at, ID: id}}
-	}
 	var k Cursor
-	k.Claimed(3, []*runstate.Run{run(1, now, 5), run(0, now.Add(time.Hour), 9), run(1, now, 4)})
+	k.Claimed(true, time.Millisecond, now, []*runstate.Run{run(1, now, 5), run(0, now.Add(time.Hour), 9), run(1, now, 4)})
 	require.True(t, k.Set)
 	require.Equal(t, int16(1), k.Priority)
 	require.Equal(t, int64(5), k.ID)
-	k.Claimed(3, []*runstate.Run{run(0, now, 1), run(0, now.Add(-time.Second), 2), run(0, now, 3)})
+	k.Claimed(false, 0, now, []*runstate.Run{run(0, now, 1), run(0, now.Add(-time.Second), 2), run(0, now, 3)})
 	require.Equal(t, int64(3), k.ID)
 	require.True(t, k.RunAt.Equal(now))
-	k.Claimed(3, []*runstate.Run{run(0, now, 1)})
-	require.False(t, k.Set, "a claim that came up short leaves no cursor")
-	require.True(t, k.FromFront(machine.EventTimer, now))
+	k.Claimed(false, 0, now, []*runstate.Run{run(0, now, 7)})
+	require.Equal(t, int64(7), k.ID, "a claim that came up short moves it too")
+	k.Claimed(false, 0, now.Add(time.Minute), nil)
+	require.Equal(t, int64(7), k.ID, "a claim from the cursor that found nothing leaves it")
+	k.Priority = 3
+	k.Claimed(true, time.Millisecond, now.Add(time.Minute), nil)
+	require.True(t, k.Set)
+	require.Equal(t, int16(3), k.Priority)
+	require.True(t, k.RunAt.Equal(now.Add(time.Minute)))
+	require.Zero(t, k.ID, "a claim from the front that found nothing: every due job before its time was taken")
 }
 
-// The second between claims from the front is counted from the end of the
-// last one, however long it took.
-func TestCursorSecondCountsFromTheEndOfTheClaimFromTheFront(t *testing.T) {
-	t.Parallel()
-	sent := time.Now()
-	k := Cursor{Set: true}
-	require.True(t, k.FromFront(machine.EventTimer, sent), "never from the front yet")
-	ended := sent.Add(FrontEvery / FrontShare) // a walk over hundreds of thousands of dead entries
-	k.FrontEnded(sent, ended)
-	require.False(t, k.FromFront(machine.EventTimer, ended.Add(FrontEvery-time.Millisecond)))
-	require.True(t, k.FromFront(machine.EventTimer, ended.Add(FrontEvery)))
-	require.True(t, k.FromFront(machine.EventTick, ended), "the fallback tick's claim is from the front")
-}
-
-// A claim from the front that took longer than FrontEvery/FrontShare is
-// followed by FrontShare times as long from the cursor: claims from the
-// front take at most a fifth of a saturated claimer's time.
-func TestCursorSlowClaimFromTheFrontIsFollowedByItsShareFromTheCursor(t *testing.T) {
-	t.Parallel()
-	sent := time.Now()
-	k := Cursor{Set: true}
-	ended := sent.Add(3 * FrontEvery) // a walk over millions of dead entries
-	k.FrontEnded(sent, ended)
-	require.False(t, k.FromFront(machine.EventTimer, ended.Add(FrontShare*3*FrontEvery-time.Millisecond)))
-	require.True(t, k.FromFront(machine.EventTimer, ended.Add(FrontShare*3*FrontEvery)))
-}
-
-// A set cursor is claimed from only while the last claim from the front
-// took SlowFront or longer.
-func TestCursorOnlyWhileClaimsFromTheFrontAreSlow(t *testing.T) {
+// A set cursor is claimed from only while the last look from the front,
+// a claim or a Look, took SlowFront or longer; a quick look sends the
+// claims back to the front.
+func TestCursorOnlyWhileLooksFromTheFrontAreSlow(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
-	k := Cursor{Set: true}
-	k.FrontEnded(now.Add(-SlowFront/2), now)
-	require.True(t, k.FromFront(machine.EventSlotFreed, now), "a quick claim from the front: the next is from the front too")
-	k.FrontEnded(now.Add(-SlowFront), now)
-	require.False(t, k.FromFront(machine.EventSlotFreed, now), "a slow claim from the front: the next is from the cursor")
-	require.True(t, k.FromFront(machine.EventTick, now), "the tick's claim is from the front")
-	require.True(t, k.FromFront(machine.EventSlotFreed, now.Add(FrontEvery)), "a second on, from the front")
+	var k Cursor
+	require.True(t, k.FromFront(), "no cursor yet")
+	k.Claimed(true, SlowFront/2, now, []*runstate.Run{run(0, now, 1)})
+	require.True(t, k.FromFront(), "a quick claim from the front: the next is from the front too")
+	k.Claimed(true, SlowFront, now, []*runstate.Run{run(0, now, 2)})
+	require.False(t, k.FromFront(), "a slow claim from the front: the next is from the cursor")
+	k.Looked(Look{Took: 10 * SlowFront})
+	require.False(t, k.FromFront(), "a slow look")
+	k.Looked(Look{Took: time.Hour, Err: errTest})
+	k.Looked(Look{Took: SlowFront / 2})
+	require.True(t, k.FromFront(), "a quick look: from the front")
+	k.Reset()
+	require.True(t, k.FromFront())
+}
+
+var errTest = errors.New("test")
+
+// A look that found a due job behind the cursor puts the cursor just
+// before it; one ahead of it, or none, leaves the cursor.
+func TestLookedMovesTheCursorBackToAJobBehindIt(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	k := Cursor{Slow: -1}
+	k.Claimed(true, time.Second, now, []*runstate.Run{run(0, now, 10)})
+	k.Looked(Look{Found: true, Priority: 0, RunAt: now, ID: 11, Took: time.Second})
+	require.Equal(t, int64(10), k.ID, "ahead: the claims reach it anyway")
+	k.Looked(Look{Took: time.Second})
+	require.Equal(t, int64(10), k.ID)
+	k.Looked(Look{Found: true, Priority: 0, RunAt: now.Add(-time.Hour), ID: 12, Took: time.Second})
+	require.Equal(t, Cursor{Set: true, Priority: 0, RunAt: now.Add(-time.Hour), ID: 11, FrontTook: time.Second, Slow: -1}, k)
+	k.Looked(Look{Found: true, Priority: -1, RunAt: now, ID: 20, Took: time.Second})
+	require.Equal(t, int16(-1), k.Priority)
+	require.Equal(t, int64(19), k.ID)
+	require.False(t, k.FromFront())
+}
+
+// Looks keep to LookEvery apart, or LookShare times the last look's time
+// when that is longer: a look that walks millions of dead entries takes
+// at most a fifth of its connection's time.
+func TestLooksKeepTheirShare(t *testing.T) {
+	t.Parallel()
+	ended := time.Now()
+	require.Equal(t, ended.Add(LookEvery), nextLook(ended, 10*time.Millisecond, LookEvery))
+	require.Equal(t, ended.Add(LookShare*3*LookEvery), nextLook(ended, 3*LookEvery, LookEvery))
+	require.Equal(t, ended.Add(time.Millisecond), nextLook(ended, 0, time.Millisecond))
 }

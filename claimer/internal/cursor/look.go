@@ -1,0 +1,181 @@
+package cursor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
+)
+
+// LookEvery is the shortest time between the end of one look from the
+// front and the start of the next: while a claimer claims from its cursor,
+// a job that becomes due behind it is found within about this long.
+const LookEvery = time.Second
+
+// LookShare is how many times as long as the last look took the next waits
+// at least, when that is longer than LookEvery: a look that walks millions
+// of dead entries under a long hold takes a second or more, and the looks
+// then keep to a fifth of one connection's time.
+const LookShare = 4
+
+// lookSQL is the first due job of queue $1 in (priority, run_at, id) order,
+// locked or not: the scan a claim from the front makes, without its locks.
+const lookSQL = `
+SELECT priority, run_at, id FROM {jobs}
+WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+ORDER BY priority, run_at, id
+LIMIT 1`
+
+// Look is what a look from the front found: the first due job of the
+// queue, if any, and how long the look took.
+type Look struct {
+	Found    bool
+	Priority int16
+	RunAt    time.Time
+	ID       int64
+	Took     time.Duration
+	Err      error
+}
+
+// Looker looks from the front of a queue beside its claims, on a
+// connection of the pool's, one look at a time: after a claim from the
+// cursor asks (Want), at LookEvery (or LookShare times the last look's
+// time) after the last look at the soonest, so that a claimer that keeps
+// claiming has a look about every second, and one that has gone to sleep
+// has one more, which sees every job committed before it slept. Create it
+// with NewLooker and run it with Run.
+type Looker struct {
+	pool    *pgxpool.Pool
+	sql     string
+	queue   string
+	timeout time.Duration
+	logger  *zap.Logger
+	Every   time.Duration // LookEvery, but in tests; 0: LookEvery
+
+	want   chan struct{} // capacity 1
+	looked chan Look     // capacity 1: the last look, until the claim loop takes it
+}
+
+// NewLooker returns a Looker of queue in schema, on pool, each look bounded
+// by timeout.
+func NewLooker(pool *pgxpool.Pool, schema, queue string, timeout time.Duration, logger *zap.Logger) *Looker {
+	return &Looker{
+		pool: pool, sql: pinned.WithSchema(lookSQL, schema), queue: queue, timeout: timeout, logger: logger,
+		want: make(chan struct{}, 1), looked: make(chan Look, 1),
+	}
+}
+
+// Want asks for a look. It never blocks; asks fold into one.
+func (l *Looker) Want() {
+	select {
+	case l.want <- struct{}{}:
+	default:
+	}
+}
+
+// Deliver hands the claim loop look, in place of one it has not taken
+// yet. Only Run delivers, but in tests.
+func (l *Looker) Deliver(look Look) {
+	for {
+		select {
+		case l.looked <- look:
+			return
+		default:
+		}
+		select {
+		case <-l.looked:
+		default:
+		}
+	}
+}
+
+// Looked returns the last look the claim loop has not taken yet, if any.
+func (l *Looker) Looked() (Look, bool) {
+	select {
+	case look := <-l.looked:
+		return look, true
+	default:
+		return Look{}, false
+	}
+}
+
+// Run looks when asked, until ctx ends. It calls found after a look that
+// found a due job, so that the claim loop claims and takes the look in.
+func (l *Looker) Run(ctx context.Context, found func()) {
+	var ended time.Time
+	var took time.Duration
+	every := l.Every
+	if every == 0 {
+		every = LookEvery
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.want:
+		}
+		if wait := time.Until(nextLook(ended, took, every)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		look := l.Look(ctx)
+		ended, took = time.Now(), look.Took
+		if look.Err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			l.logger.Warn("look from the front of the queue failed", zap.Error(look.Err))
+			continue
+		}
+		l.Deliver(look)
+		if hook := testhook.From(ctx).Looked; hook != nil {
+			hook(l.queue, look.ID)
+		}
+		if look.Found {
+			found()
+		}
+	}
+}
+
+// nextLook is the soonest time for the next look, after a look that
+// ended at ended and took took.
+func nextLook(ended time.Time, took, every time.Duration) time.Time {
+	return ended.Add(max(every, LookShare*took))
+}
+
+// Look looks from the front once.
+func (l *Looker) Look(ctx context.Context) Look {
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	start := time.Now()
+	var look Look
+	results := pinned.Send(ctx, l.pool, pinned.PlanSQL, l.sql, l.queue)
+	_, err := results.Exec()
+	if err == nil {
+		err = results.QueryRow().Scan(&look.Priority, &look.RunAt, &look.ID)
+		look.Found = err == nil
+		if errors.Is(err, pgx.ErrNoRows) {
+			err = nil
+		}
+	}
+	if closeErr := results.Close(); err == nil {
+		err = closeErr
+	}
+	look.Took = time.Since(start)
+	if err != nil {
+		look.Err = fmt.Errorf("look from the front: %w", err)
+	}
+	return look
+}
