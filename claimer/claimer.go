@@ -166,7 +166,7 @@ type Claimer struct {
 	claimCursorSQL string
 	cursor         cursor.Cursor
 	looker         *cursor.Looker // looks from the front beside claims from the cursor
-	poolSize       int // the pool's MaxConns, read once: Pool.Config copies the whole config
+	poolSize       int            // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	runs      *runstate.Tracker
 	attempts  *attempt.Attempts
