@@ -140,8 +140,8 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 		return machine.Result{Limit: limit, Err: err}
 	}
 	c.cursor.Claimed(front, time.Since(start), at, runs)
-	if !front {
-		c.looker.Want() // the jobs behind the cursor
+	if !front && !r.Paused {
+		c.looker.Want() // the jobs behind the cursor; a paused queue's wait for resume_queue()
 	}
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {

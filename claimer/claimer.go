@@ -9,7 +9,8 @@
 //
 //	loop.go, internal/machine  the claim loop and its states (below)
 //	claim.go                   the claim statement
-//	internal/cursor            where each claim starts: after the last job taken, or the front
+//	internal/cursor            where each claim starts: after the last job taken, or the front;
+//	                           the looks from the front beside claims from the cursor
 //	internal/runners           the goroutines the jobs run on
 //	internal/attempt           one attempt: the executor, the outcome's decision, the watchdog
 //	internal/completer         the outcomes, written in batches in id order

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -169,6 +170,32 @@ func TestCursorLooksFindJobsBehindItWhileTheClaimerRuns(t *testing.T) {
 	require.True(t, at == 2 || at == 3,
 		"the job behind the cursor runs at the claim after the look that found it (the look the second or the third claim asked for): %v", order)
 	require.EqualValues(t, 1, c.Stats().Fronts, "every claim but the first is from the cursor")
+}
+
+// A claim from the cursor asks for a look from the front, but not one that
+// found the queue paused: a paused queue with due jobs behind the cursor
+// would otherwise have a look and a claim every second, each look finding
+// them and waking the claimer to find the queue still paused.
+func TestCursorPausedClaimAsksForNoLook(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	c.cursor.Slow = -1
+	insertJobs(ctx, t, pool, jobs, 3)
+	claimNow(ctx, t, c, 1)
+	require.False(t, c.looker.Wanted(), "the first claim is from the front")
+	fn := func(name string) string { return pgx.Identifier{c.cfg.Schema, name}.Sanitize() + "('default')" }
+	_, err := pool.Exec(ctx, "SELECT "+fn("pause_queue"))
+	require.NoError(t, err)
+	_, r := claimNow(ctx, t, c, 1)
+	require.True(t, r.Paused)
+	require.False(t, c.looker.Wanted(), "no look for a paused queue")
+	_, err = pool.Exec(ctx, "SELECT "+fn("resume_queue"))
+	require.NoError(t, err)
+	runs, _ := claimNow(ctx, t, c, 1)
+	require.Len(t, runs, 1)
+	require.True(t, c.looker.Wanted(), "a claim from the cursor asks for a look")
 }
 
 // A job that lands behind the cursor of a claimer that has gone to sleep

@@ -80,6 +80,9 @@ func (l *Looker) Want() {
 	}
 }
 
+// Wanted reports whether a look is asked for and not begun.
+func (l *Looker) Wanted() bool { return len(l.want) > 0 }
+
 // Deliver hands the claim loop look, in place of one it has not taken
 // yet. Only Run delivers, but in tests.
 func (l *Looker) Deliver(look Look) {

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 )
 
 // loneSpacing is the pause between the xmin scenario's lone jobs.
@@ -63,17 +65,20 @@ func (b *bench) xmin(ctx context.Context) ([]*Result, error) {
 	for _, deleteDone := range []bool{true, false} {
 		drains := map[bool][]float64{}
 		lone := map[bool][]time.Duration{}
+		loneHTTP := map[bool][]time.Duration{}
 		for pair := range b.opts.XminPairs {
 			for i := range 2 {
 				held := (pair+i)%2 == 1
-				rate, lat, err := b.xminDrain(ctx, held, deleteDone)
+				rate, lat, httpLat, err := b.xminDrain(ctx, held, deleteDone)
 				if err != nil {
 					return nil, err
 				}
-				fmt.Fprintf(b.log, "bench: xmin: pair %d, held %v, %s: %.0f jobs/s, lone p50 %.2f ms\n",
-					pair+1, held, retainName(deleteDone), rate, float64(median(lat).Microseconds())/1000)
+				fmt.Fprintf(b.log, "bench: xmin: pair %d, held %v, %s: %.0f jobs/s, lone p50 %.2f ms, http_callback %.2f ms\n",
+					pair+1, held, retainName(deleteDone), rate, float64(median(lat).Microseconds())/1000,
+					float64(median(httpLat).Microseconds())/1000)
 				drains[held] = append(drains[held], rate)
 				lone[held] = append(lone[held], lat...)
+				loneHTTP[held] = append(loneHTTP[held], httpLat...)
 			}
 		}
 		r := &Result{Scenario: "xmin_drain", Conditions: fmt.Sprintf("%d jobs, one worker, CONCURRENCY=%d, %s, %d pairs alternated, held: a transaction with an xid open in the same database for the drain's whole length",
@@ -88,6 +93,11 @@ func (b *bench) xmin(ctx context.Context) ([]*Result, error) {
 		addPercentiles(l, "free_ms", lone[false])
 		addPercentiles(l, "held_ms", lone[true])
 		out = append(out, l)
+		lh := &Result{Scenario: "xmin_lone_http", Conditions: fmt.Sprintf("%d lone http_callback jobs %s apart to a Go receiver on loopback, commit to request, after the lone no-op jobs of each drain of %d jobs (%s), the transaction still held or not, %d pairs",
+			b.opts.XminLone, loneSpacing, b.opts.XminJobs, retainName(deleteDone), b.opts.XminPairs)}
+		addPercentiles(lh, "free_ms", loneHTTP[false])
+		addPercentiles(lh, "held_ms", loneHTTP[true])
+		out = append(out, lh)
 	}
 	curve, err := b.xminCurve(ctx)
 	if err != nil {
@@ -104,25 +114,27 @@ func retainName(deleteDone bool) string {
 }
 
 // xminDrain drains XminJobs jobs with or without a held transaction, then
-// inserts XminLone jobs one at a time, loneSpacing apart, and returns the
-// drain's jobs/s and the lone jobs' commit-to-start latencies.
-func (b *bench) xminDrain(ctx context.Context, held, deleteDone bool) (float64, []time.Duration, error) {
+// inserts XminLone no-op jobs one at a time, loneSpacing apart, then as
+// many http_callback jobs to a receiver on loopback, and returns the
+// drain's jobs/s, the no-op jobs' commit-to-start latencies and the
+// http_callback jobs' commit-to-request latencies.
+func (b *bench) xminDrain(ctx context.Context, held, deleteDone bool) (float64, []time.Duration, []time.Duration, error) {
 	schema, drop, err := b.schema(ctx)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	defer drop()
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	if _, err := b.pool.Exec(ctx, "INSERT INTO "+jobs+" (kind) SELECT 'noop' FROM generate_series(1, $1)", b.opts.XminJobs); err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	if _, err := b.pool.Exec(ctx, "VACUUM ANALYZE "+jobs); err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	var h *hold
 	if held {
 		if h, err = b.holdSnapshot(ctx); err != nil {
-			return 0, nil, err
+			return 0, nil, nil, err
 		}
 		defer h.release(ctx)
 	}
@@ -131,40 +143,67 @@ func (b *bench) xminDrain(ctx context.Context, held, deleteDone bool) (float64, 
 	start := time.Now()
 	stop, err := b.runWorker(ctx, schema, counter, tune)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	select {
 	case <-counter.done:
 	case <-ctx.Done():
 		stop()
-		return 0, nil, ctx.Err()
+		return 0, nil, nil, ctx.Err()
 	}
 	rate := float64(b.opts.XminJobs) / time.Since(start).Seconds()
 	stop()
 	// The lone jobs' worker records start times, which the drain's only
 	// counts: a worker started afresh, on the same table.
-	p := newProbe(0)
-	stop, err = b.runWorker(ctx, schema, p, tune)
+	rcv, err := startReceiver(0)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
+	}
+	defer rcv.close()
+	exec, err := httpcallback.New(httpcallback.Config{AllowNetworks: []string{httpcallback.NetworksLoopback}})
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	p := newProbe(0)
+	stop, err = b.runWorker(ctx, schema, p, func(c *pgdispatch.Config) {
+		tune(c)
+		c.Registry.Register(httpcallback.Kind, exec)
+	})
+	if err != nil {
+		return 0, nil, nil, err
 	}
 	defer stop()
 	conn, err := b.connect(ctx)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	committed := make(map[int64]time.Time, b.opts.XminLone)
-	for range b.opts.XminLone {
-		var id int64
-		if err := conn.QueryRow(ctx, "INSERT INTO "+jobs+" (kind) VALUES ('noop') RETURNING id").Scan(&id); err != nil {
-			return 0, nil, err
+	payload, _ := json.Marshal(map[string]string{"url": rcv.url})
+	insertLone := func(kind string, payload []byte) (map[int64]time.Time, error) {
+		committed := make(map[int64]time.Time, b.opts.XminLone)
+		for range b.opts.XminLone {
+			var id int64
+			if err := conn.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, payload) VALUES ($1, $2) RETURNING id", kind, payload).Scan(&id); err != nil {
+				return nil, err
+			}
+			committed[id] = time.Now()
+			time.Sleep(loneSpacing) // the scenario's pacing, not synchronisation
 		}
-		committed[id] = time.Now()
-		time.Sleep(loneSpacing) // the scenario's pacing, not synchronisation
+		return committed, nil
+	}
+	committed, err := insertLone("noop", []byte("{}"))
+	if err != nil {
+		return 0, nil, nil, err
 	}
 	lat, err := waitLatencies(ctx, p, committed, 60*time.Second)
-	return rate, lat, err
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	if committed, err = insertLone(httpcallback.Kind, payload); err != nil {
+		return 0, nil, nil, err
+	}
+	httpLat, err := waitArrivals(ctx, rcv, committed, 60*time.Second)
+	return rate, lat, httpLat, err
 }
 
 // xminCurve holds a transaction open on a fresh table and, at each count
