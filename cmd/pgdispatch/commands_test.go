@@ -111,6 +111,7 @@ func TestBenchRuns(t *testing.T) {
 	require.Positive(t, got["soak"]["jobs_written"])
 	require.Positive(t, got["xmin_drain"]["ratio"])
 	require.Positive(t, got["xmin_lone"]["held_p50_ms"])
+	require.Positive(t, got["xmin_lone_http"]["held_p50_ms"])
 	require.Positive(t, got["xmin_claim"]["dead_1000_claim_p50_ms"])
 	require.Positive(t, got["soak"]["table_mb_end"])
 
