@@ -6,10 +6,15 @@ GOLANGCI_LINT_VERSION ?= v2.15.0
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# The race detector's runtime sleeps a second at the exit of each test
+# binary (atexit_sleep_ms, 1000 by default), a second a package spent idle.
+# Races are still reported as they happen and fail the package; GORACE in
+# the environment adds to this or overrides it.
+
 .PHONY: test
 test: ## install or start what the tests need (scripts/test-deps), then run every test with the race detector, against a real PostgreSQL (TEST_DATABASE_URL, else 127.0.0.1:5432, else a throwaway cluster)
 	@scripts/test-deps
-	$(GO) test -race -count=1 ./...
+	GORACE="atexit_sleep_ms=0 $$GORACE" $(GO) test -race -count=1 ./...
 
 # Ctrl-C in a terminal interrupts its foreground process group. go run would
 # exit 1 on it, and make, interrupted too, would end with it; so the demo is
