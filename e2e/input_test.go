@@ -398,12 +398,15 @@ func TestBadInput(t *testing.T) {
 	}
 
 	// Idle now, with a job due in the year 9998: the workers must sleep,
-	// not spin.
-	for _, w := range ws {
-		before := cpuTime(t, w)
-		start := time.Now()
-		<-time.After(2 * time.Second)
-		used := cpuTime(t, w) - before
+	// not spin. They are watched over the same 2 s.
+	before := make([]time.Duration, len(ws))
+	for i, w := range ws {
+		before[i] = cpuTime(t, w)
+	}
+	start := time.Now()
+	<-time.After(2 * time.Second)
+	for i, w := range ws {
+		used := cpuTime(t, w) - before[i]
 		idle := time.Since(start).Round(time.Millisecond)
 		// A spinning worker takes a core: half the window is far from
 		// what a sleeping one uses, however loaded the machine.

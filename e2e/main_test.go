@@ -13,7 +13,7 @@
 // within what was in flight at the faults, and every worker still serving.
 // Each prints one summary line (go test -v ./e2e/ | grep summary).
 //
-// E2E_DURATION sets how long each stream runs (default 8s); make soak runs
+// E2E_DURATION sets how long each stream runs (default 4s); make soak runs
 // them longer. go test -short skips the suite, for a quick loop over the
 // other packages; make test runs it.
 package e2e
@@ -38,7 +38,7 @@ var (
 	// cluster is the tests' own server: restarting it harms nothing else.
 	cluster *pgcluster.Cluster
 	// streamFor is how long each scenario's producers run.
-	streamFor = 8 * time.Second
+	streamFor = 4 * time.Second
 )
 
 func TestMain(m *testing.M) {
