@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgcluster"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
 // startLog is an executor that records when each job started, and lets
@@ -74,10 +76,13 @@ func (s *startLog) wait(ids []int64, timeout time.Duration) ([]time.Time, error)
 // an hour away, so that a lost wake-up shows as a job that never starts.
 // Writers in READ COMMITTED and REPEATABLE READ insert single rows, several
 // rows at once, and rows by COPY; one keeps its transaction open after its
-// insert. In each round, every writer writes within 2 ms of the claimer's
-// going to sleep, so that writes land while it sleeps, wakes, takes its
-// sleep key again, or looks once more. The run goes on until the claimer has
-// slept and woken thousands of times.
+// insert until the claimer waits for its sleep key behind it (the writer
+// took the key shared) or has gone to sleep again (the writer found the key
+// taken, and notifies at its commit), and both must happen. In
+// each round, every writer writes within 2 ms of the claimer's going to
+// sleep, so that writes land while it sleeps, wakes, takes its sleep key
+// again, or looks once more. The run goes on until the claimer has slept and
+// woken thousands of times.
 func TestNoWakeUpLost(t *testing.T) {
 	t.Parallel()
 	b := setupUnwatched(t)
@@ -99,6 +104,28 @@ func TestNoWakeUpLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), maxRun)
 	defer cancel()
 
+	pool := pgtest.Pool(t)
+	// The open writer's two windows, by how often it held its transaction
+	// until each: the claimer waited for its key behind the writer, which
+	// had taken the key shared; or the claimer went to sleep again, holding
+	// the key, before the commit of a writer that found the key taken and
+	// notifies at its commit.
+	var behind, slumber atomic.Int64
+	// keyRequested reports whether the claimer's request for its queue's
+	// sleep key waits on the server, behind a writer that holds the key
+	// shared.
+	keyRequested := func(ctx context.Context) (bool, error) {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		var waiting bool
+		err := pool.QueryRow(callCtx, `SELECT EXISTS (SELECT FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted AND mode = 'ExclusiveLock'
+			  AND classid = $1::int4::oid AND objid = hashtext($2)::oid AND objsubid = 2
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`,
+			migrations.SleepKey(b.schema), pgdispatch.DefaultQueue).Scan(&waiting)
+		return waiting, err
+	}
+
 	type write func(ctx context.Context, conn *pgx.Conn) ([]int64, error)
 	insertOne := "INSERT INTO " + b.jobs + " (kind) VALUES ('probe') RETURNING id"
 	insertMany := "INSERT INTO " + b.jobs + " (kind) SELECT 'probe' FROM generate_series(1, 3) RETURNING id"
@@ -115,17 +142,40 @@ func TestNoWakeUpLost(t *testing.T) {
 			if err := tx.QueryRow(ctx, "SELECT count(*) FROM "+b.jobs+" WHERE id < 0").Scan(&n); err != nil {
 				return nil, err
 			}
+			sleeps := c.Stats().Sleeps
 			ids, err := body(tx)
 			if err != nil {
 				return nil, err
 			}
 			if hold > 0 {
 				// The scenario itself: a writer that keeps its transaction
-				// open after the insert.
-				select {
-				case <-time.After(hold):
-				case <-ctx.Done():
-					return nil, ctx.Err()
+				// open after the insert, until the claimer, done with the
+				// round's other jobs, waits for its key behind this writer
+				// or has gone to sleep again; or for hold at most.
+				tick := time.NewTicker(time.Millisecond)
+				defer tick.Stop()
+				end := time.After(hold)
+			holding:
+				for {
+					waiting, err := keyRequested(ctx)
+					if err != nil {
+						return nil, err
+					}
+					if waiting {
+						behind.Add(1)
+						break
+					}
+					if c.Stats().Sleeps > sleeps {
+						slumber.Add(1)
+						break
+					}
+					select {
+					case <-tick.C:
+					case <-end:
+						break holding
+					case <-ctx.Done():
+						return nil, ctx.Err()
+					}
 				}
 			}
 			return ids, tx.Commit(ctx)
@@ -191,8 +241,8 @@ func TestNoWakeUpLost(t *testing.T) {
 		},
 	}
 	// The writer that keeps its transaction open holds every sleep back
-	// until its commit, so it writes only in every 50th round.
-	const long = "repeatable read, open for 300 ms"
+	// until its commit, so it writes only in every 10th round.
+	const long = "repeatable read, open until the claimer waits for the key"
 	writers[long] = inTx(pgx.RepeatableRead, query(insertOne), 300*time.Millisecond)
 
 	conns := map[string]*pgx.Conn{}
@@ -212,7 +262,7 @@ func TestNoWakeUpLost(t *testing.T) {
 		slept.waitAsleep(t, pgdispatch.DefaultQueue)
 		g, gctx := errgroup.WithContext(ctx)
 		for name, write := range writers {
-			if name == long && round%50 != 0 {
+			if name == long && round%10 != 0 {
 				continue
 			}
 			g.Go(func() error {
@@ -243,9 +293,11 @@ func TestNoWakeUpLost(t *testing.T) {
 	}
 	stats := c.Stats()
 	require.Zero(t, stats.TickHits)
+	require.Positive(t, behind.Load(), "the claimer never waited for its key behind the open writer")
+	require.Positive(t, slumber.Load(), "the claimer never went to sleep before the open writer's commit")
 	slices.Sort(delays)
-	t.Logf("%d jobs, %d sleeps, %d notifications; commit to start p50 %s, p99 %s, max %s",
-		jobs, stats.Sleeps, w.Listener().Notifications(),
+	t.Logf("%d jobs, %d sleeps, %d notifications; the open writer committed %d times with the claimer waiting for the key behind it, %d times with it asleep; commit to start p50 %s, p99 %s, max %s",
+		jobs, stats.Sleeps, w.Listener().Notifications(), behind.Load(), slumber.Load(),
 		delays[len(delays)/2], delays[len(delays)*99/100], delays[len(delays)-1])
 }
 
