@@ -37,7 +37,9 @@ var (
 	binary string
 	// cluster is the tests' own server: restarting it harms nothing else.
 	cluster *pgcluster.Cluster
-	// streamFor is how long each scenario's producers run.
+	// streamFor is how long each scenario's producers run. The faults are
+	// spread over it, and strike lets work go on for one more interval
+	// after the last, so each lands mid-stream whatever its length.
 	streamFor = 4 * time.Second
 )
 
