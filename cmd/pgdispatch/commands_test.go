@@ -110,8 +110,11 @@ func TestBenchRuns(t *testing.T) {
 	require.GreaterOrEqual(t, got["writers"]["notified_share"], 0.0)
 	require.Positive(t, got["soak"]["jobs_written"])
 	require.Positive(t, got["xmin_drain"]["ratio"])
-	require.Positive(t, got["xmin_lone"]["held_p50_ms"])
-	require.Positive(t, got["xmin_lone_http"]["held_p50_ms"])
+	// A lone job may start before its INSERT's reply reaches the bench on
+	// a loaded machine, and the bench times it from that reply: the few
+	// lone jobs here can read a negative median.
+	require.NotZero(t, got["xmin_lone"]["held_p50_ms"])
+	require.NotZero(t, got["xmin_lone_http"]["held_p50_ms"])
 	require.Positive(t, got["xmin_claim"]["dead_1000_claim_p50_ms"])
 	require.Positive(t, got["soak"]["table_mb_end"])
 
