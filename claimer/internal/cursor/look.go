@@ -25,9 +25,9 @@ const LookEvery = time.Second
 // then keep to a fifth of one connection's time.
 const LookShare = 4
 
-// lookSQL is the first due job of queue $1 in (priority, run_at, id) order,
+// LookSQL is the first due job of queue $1 in (priority, run_at, id) order,
 // locked or not: the scan a claim from the front makes, without its locks.
-const lookSQL = `
+const LookSQL = `
 SELECT priority, run_at, id FROM {jobs}
 WHERE status = 'pending' AND queue = $1 AND run_at <= now()
 ORDER BY priority, run_at, id
@@ -67,7 +67,7 @@ type Looker struct {
 // by timeout.
 func NewLooker(pool *pgxpool.Pool, schema, queue string, timeout time.Duration, logger *zap.Logger) *Looker {
 	return &Looker{
-		pool: pool, sql: pinned.WithSchema(lookSQL, schema), queue: queue, timeout: timeout, logger: logger,
+		pool: pool, sql: pinned.WithSchema(LookSQL, schema), queue: queue, timeout: timeout, logger: logger,
 		want: make(chan struct{}, 1), looked: make(chan Look, 1),
 	}
 }
