@@ -2,6 +2,7 @@ package claimer
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -11,10 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/cursor"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
@@ -348,4 +352,95 @@ func testSlotFreed(t *testing.T, slowFronts bool) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, urgent, started[3], "the first slot freed after the look goes to the job behind the cursor: %v", started)
+}
+
+// A look from the front that fails is tried again. Only claims from the
+// cursor ask for looks, so the look the last claim of a claimer going to
+// sleep asked for is the only one it has: were a failed look (a
+// connection lost in a restart, a pool with none free, a statement
+// timeout) not tried again, a job behind the cursor committed before the
+// claimer took its sleep key would notify no one, and no look would find
+// it until the fallback tick. Here the first look's connection fails, and
+// no claim follows it.
+func TestCursorFailedLookIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	c.cursor.Slow = -1
+	var fail atomic.Bool
+	failed := make(chan struct{}, 1)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if fail.CompareAndSwap(true, false) {
+			failed <- struct{}{}
+			return false, errors.New("the look's connection failed")
+		}
+		return true, nil
+	}
+	lookPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(lookPool.Close)
+	c.looker = cursor.NewLooker(lookPool, c.cfg.Schema, c.cfg.Queue, c.cfg.StatementTimeout, zap.NewNop())
+	c.looker.Every = time.Millisecond
+
+	first := insertJobs(ctx, t, pool, jobs, 1)
+	runs, _ := claimNow(ctx, t, c, 1)
+	require.Equal(t, first, ids(runs), "from the front: the cursor is at the first job")
+	found := make(chan struct{}, 1)
+	looks, stopLooks := context.WithCancel(ctx)
+	lookerDone := make(chan struct{})
+	go func() {
+		defer close(lookerDone)
+		c.looker.Run(looks, func() { runstate.Signal(found) })
+	}()
+	defer func() { stopLooks(); <-lookerDone }()
+
+	var behind int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&behind))
+	fail.Store(true)
+	runs, _ = claimNow(ctx, t, c, 1)
+	require.Empty(t, runs, "from the cursor: the job behind it is missed")
+	select {
+	case <-failed:
+	case <-ctx.Done():
+		t.Fatal("the claim from the cursor asked for no look")
+	}
+	wait := time.NewTimer(10 * time.Second)
+	defer wait.Stop()
+	select {
+	case <-found:
+	case <-wait.C:
+		t.Fatal("the look that failed was not tried again: the job behind the cursor waits for the next claim")
+	}
+	runs, _ = claimNow(ctx, t, c, 1)
+	require.Equal(t, []int64{behind}, ids(runs))
+}
+
+// A claim from the front that finds the queue paused looked at no job: it
+// must not set the cursor at its time, as one that found the queue empty
+// does (every due job before then was taken), or, once the queue is
+// resumed, the jobs due before the pause would be behind the cursor and a
+// claim from it would take a job of a lower priority first.
+func TestCursorPausedClaimFromTheFrontLeavesTheCursor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	c.cursor.Slow = -1
+	fn := func(name string) string { return pgx.Identifier{c.cfg.Schema, name}.Sanitize() + "('default')" }
+	_, err := pool.Exec(ctx, "SELECT "+fn("pause_queue"))
+	require.NoError(t, err)
+	var urgent, later int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority, run_at) VALUES ('noop', 0, now() - interval '1 hour') RETURNING id").Scan(&urgent))
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 1) RETURNING id").Scan(&later))
+	_, r := claimNow(ctx, t, c, 1)
+	require.True(t, r.Paused)
+	_, err = pool.Exec(ctx, "SELECT "+fn("resume_queue"))
+	require.NoError(t, err)
+	runs, _ := claimNow(ctx, t, c, 1)
+	require.Equal(t, []int64{urgent}, ids(runs), "the job of the highest priority first")
+	runs, _ = claimNow(ctx, t, c, 1)
+	require.Equal(t, []int64{later}, ids(runs))
 }

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
+	"github.com/pgdispatch/pgdispatch/internal/retry"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
 
@@ -49,8 +50,10 @@ type Look struct {
 // cursor asks (Want), at LookEvery (or LookShare times the last look's
 // time) after the last look at the soonest, so that a claimer that keeps
 // claiming has a look about every second, and one that has gone to sleep
-// has one more, which sees every job committed before it slept. Create it
-// with NewLooker and run it with Run.
+// has one more, which sees every job committed before it slept. A look
+// that fails is tried again, no sooner than retry.Delay after it (100 ms
+// doubling to 10 s), until one succeeds: the claim that asked may have
+// been the last. Create it with NewLooker and run it with Run.
 type Looker struct {
 	pool    *pgxpool.Pool
 	sql     string
@@ -114,6 +117,7 @@ func (l *Looker) Looked() (Look, bool) {
 func (l *Looker) Run(ctx context.Context, found func()) {
 	var ended time.Time
 	var took time.Duration
+	failures := 0 // in a row
 	every := l.Every
 	if every == 0 {
 		every = LookEvery
@@ -124,7 +128,11 @@ func (l *Looker) Run(ctx context.Context, found func()) {
 			return
 		case <-l.want:
 		}
-		if wait := time.Until(nextLook(ended, took, every)); wait > 0 {
+		next := nextLook(ended, took, every)
+		if failures > 0 {
+			next = later(next, ended.Add(retry.Delay(failures)))
+		}
+		if wait := time.Until(next); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -139,9 +147,14 @@ func (l *Looker) Run(ctx context.Context, found func()) {
 			if ctx.Err() != nil {
 				return
 			}
-			l.logger.Warn("look from the front of the queue failed", zap.Error(look.Err))
+			failures++
+			l.logger.Warn("look from the front of the queue failed", zap.Error(look.Err), zap.Int("failures", failures))
+			// The claim that asked may have been the claimer's last before
+			// it went to sleep: no other would ask again.
+			l.Want()
 			continue
 		}
+		failures = 0
 		l.Deliver(look)
 		if hook := testhook.From(ctx).Looked; hook != nil {
 			hook(l.queue, look.ID)
@@ -150,6 +163,14 @@ func (l *Looker) Run(ctx context.Context, found func()) {
 			found()
 		}
 	}
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // nextLook is the soonest time for the next look, after a look that
