@@ -444,3 +444,37 @@ func TestCursorPausedClaimFromTheFrontLeavesTheCursor(t *testing.T) {
 	runs, _ = claimNow(ctx, t, c, 1)
 	require.Equal(t, []int64{later}, ids(runs))
 }
+
+// A look times the front of the queue, not its wait for a connection of
+// the pool's: with many queues, or jobs that use the pool, the wait can
+// pass SlowFront while the front is quick, and would keep the claims on
+// the cursor, out of strict order, and the looks going. The pool here
+// makes each acquire wait 10 ms, as a busy pool would.
+func TestCursorLookTimesTheFrontNotThePool(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, _ := newTestClaimer(ctx, t, Config{})
+	var acquired atomic.Int64 // when the last acquire ended, in ns since start
+	start := time.Now()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+		select {
+		case <-time.After(10 * time.Millisecond): // a pool whose connections are busy
+		case <-ctx.Done():
+			return true, ctx.Err()
+		}
+		acquired.Store(int64(time.Since(start)))
+		return true, nil
+	}
+	lookPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(lookPool.Close)
+	looker := cursor.NewLooker(lookPool, c.cfg.Schema, c.cfg.Queue, c.cfg.StatementTimeout, zap.NewNop())
+	look := looker.Look(ctx)
+	returned := time.Since(start)
+	require.NoError(t, look.Err)
+	require.LessOrEqual(t, look.Took, returned-time.Duration(acquired.Load()),
+		"the look's time runs from when it had its connection")
+}

@@ -179,14 +179,21 @@ func nextLook(ended time.Time, took, every time.Duration) time.Time {
 	return ended.Add(max(every, LookShare*took))
 }
 
-// Look looks from the front once.
+// Look looks from the front once. It times the look from when it has its
+// connection: a wait for one of the pool's says nothing of the front.
 func (l *Looker) Look(ctx context.Context) Look {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	start := time.Now()
 	var look Look
-	results := pinned.Send(ctx, l.pool, pinned.PlanSQL, l.sql, l.queue)
-	_, err := results.Exec()
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		look.Err = fmt.Errorf("look from the front: %w", err)
+		return look
+	}
+	defer conn.Release()
+	start := time.Now()
+	results := pinned.Send(ctx, conn, pinned.PlanSQL, l.sql, l.queue)
+	_, err = results.Exec()
 	if err == nil {
 		err = results.QueryRow().Scan(&look.Priority, &look.RunAt, &look.ID)
 		look.Found = err == nil
