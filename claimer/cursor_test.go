@@ -478,3 +478,65 @@ func TestCursorLookTimesTheFrontNotThePool(t *testing.T) {
 	require.LessOrEqual(t, look.Took, returned-time.Duration(acquired.Load()),
 		"the look's time runs from when it had its connection")
 }
+
+// A job of a higher priority whose run_at arrives while the claimer
+// sleeps lands behind its cursor: the claim its timer makes misses it, and
+// the look from the front that claim asks for finds it and wakes the
+// claimer. No writer notifies, and the fallback tick is an hour away.
+func TestCursorJobDueBehindTheCursorOfASleepingClaimerRuns(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ran := make(chan int64, 10)
+	reg := executors.NewRegistry()
+	reg.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	c.cursor.Slow = -1
+	c.looker.Every = time.Millisecond
+	var first, later int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 5) RETURNING id").Scan(&first))
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority, run_at) VALUES ('noop', 0, now() + interval '2 seconds') RETURNING id").Scan(&later))
+	runClaimer(ctx, t, c)
+	require.Equal(t, first, receive(ctx, t, ran))
+	require.Equal(t, later, receive(ctx, t, ran))
+	require.EqualValues(t, 1, c.Stats().Fronts, "every claim but the first is from the cursor")
+}
+
+// A due row that another transaction holds locked as a claim passes it is
+// behind the cursor, and its lock may end with no write that notifies:
+// the looks from the front find it, the cursor goes back before it, and
+// the claim after its lock ended takes it, the claimer asleep meanwhile.
+func TestCursorLockedRowBehindTheCursorRunsOnceUnlocked(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ran := make(chan int64, 10)
+	reg := executors.NewRegistry()
+	reg.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	c.cursor.Slow = -1
+	c.looker.Every = time.Millisecond
+	asleep := make(chan struct{}, 100)
+	hooks := &testhook.Hooks{ClaimerState: func(_, _, to string) {
+		if to == "asleep" {
+			asleep <- struct{}{}
+		}
+	}}
+	var first, locked int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 5) RETURNING id").Scan(&first))
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 0) RETURNING id").Scan(&locked))
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", locked)
+	require.NoError(t, err)
+	runClaimer(testhook.With(ctx, hooks), t, c)
+	require.Equal(t, first, receive(ctx, t, ran))
+	select {
+	case <-asleep:
+	case <-ctx.Done():
+		t.Fatal("the claimer did not go to sleep")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, locked, receive(ctx, t, ran))
+}
