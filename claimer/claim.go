@@ -141,9 +141,14 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 		}
 		return machine.Result{Limit: limit, Err: err}
 	}
-	c.cursor.Claimed(front, time.Since(start), at, runs)
-	if !front && !r.Paused {
-		c.looker.Want() // the jobs behind the cursor; a paused queue's wait for resume_queue()
+	// A claim that found the queue paused read no row: it tells neither
+	// where the due jobs are nor how long the front takes, and it waits
+	// for resume_queue(), not for a look.
+	if !r.Paused {
+		c.cursor.Claimed(front, time.Since(start), at, runs)
+		if !front {
+			c.looker.Want() // the jobs behind the cursor
+		}
 	}
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {

@@ -2,6 +2,7 @@ package claimer
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -11,10 +12,13 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/cursor"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
@@ -348,4 +352,191 @@ func testSlotFreed(t *testing.T, slowFronts bool) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, urgent, started[3], "the first slot freed after the look goes to the job behind the cursor: %v", started)
+}
+
+// A look from the front that fails is tried again. Only claims from the
+// cursor ask for looks, so the look the last claim of a claimer going to
+// sleep asked for is the only one it has: were a failed look (a
+// connection lost in a restart, a pool with none free, a statement
+// timeout) not tried again, a job behind the cursor committed before the
+// claimer took its sleep key would notify no one, and no look would find
+// it until the fallback tick. Here the first look's connection fails, and
+// no claim follows it.
+func TestCursorFailedLookIsTriedAgain(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	c.cursor.Slow = -1
+	var fail atomic.Bool
+	failed := make(chan struct{}, 1)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		if fail.CompareAndSwap(true, false) {
+			failed <- struct{}{}
+			return false, errors.New("the look's connection failed")
+		}
+		return true, nil
+	}
+	lookPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(lookPool.Close)
+	c.looker = cursor.NewLooker(lookPool, c.cfg.Schema, c.cfg.Queue, c.cfg.StatementTimeout, zap.NewNop())
+	c.looker.Every = time.Millisecond
+
+	first := insertJobs(ctx, t, pool, jobs, 1)
+	runs, _ := claimNow(ctx, t, c, 1)
+	require.Equal(t, first, ids(runs), "from the front: the cursor is at the first job")
+	found := make(chan struct{}, 1)
+	looks, stopLooks := context.WithCancel(ctx)
+	lookerDone := make(chan struct{})
+	go func() {
+		defer close(lookerDone)
+		c.looker.Run(looks, func() { runstate.Signal(found) })
+	}()
+	defer func() { stopLooks(); <-lookerDone }()
+
+	var behind int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&behind))
+	fail.Store(true)
+	runs, _ = claimNow(ctx, t, c, 1)
+	require.Empty(t, runs, "from the cursor: the job behind it is missed")
+	select {
+	case <-failed:
+	case <-ctx.Done():
+		t.Fatal("the claim from the cursor asked for no look")
+	}
+	wait := time.NewTimer(10 * time.Second)
+	defer wait.Stop()
+	select {
+	case <-found:
+	case <-wait.C:
+		t.Fatal("the look that failed was not tried again: the job behind the cursor waits for the next claim")
+	}
+	runs, _ = claimNow(ctx, t, c, 1)
+	require.Equal(t, []int64{behind}, ids(runs))
+}
+
+// A claim from the front that finds the queue paused looked at no job: it
+// must not set the cursor at its time, as one that found the queue empty
+// does (every due job before then was taken), or, once the queue is
+// resumed, the jobs due before the pause would be behind the cursor and a
+// claim from it would take a job of a lower priority first.
+func TestCursorPausedClaimFromTheFrontLeavesTheCursor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	c.cursor.Slow = -1
+	fn := func(name string) string { return pgx.Identifier{c.cfg.Schema, name}.Sanitize() + "('default')" }
+	_, err := pool.Exec(ctx, "SELECT "+fn("pause_queue"))
+	require.NoError(t, err)
+	var urgent, later int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority, run_at) VALUES ('noop', 0, now() - interval '1 hour') RETURNING id").Scan(&urgent))
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 1) RETURNING id").Scan(&later))
+	_, r := claimNow(ctx, t, c, 1)
+	require.True(t, r.Paused)
+	_, err = pool.Exec(ctx, "SELECT "+fn("resume_queue"))
+	require.NoError(t, err)
+	runs, _ := claimNow(ctx, t, c, 1)
+	require.Equal(t, []int64{urgent}, ids(runs), "the job of the highest priority first")
+	runs, _ = claimNow(ctx, t, c, 1)
+	require.Equal(t, []int64{later}, ids(runs))
+}
+
+// A look times the front of the queue, not its wait for a connection of
+// the pool's: with many queues, or jobs that use the pool, the wait can
+// pass SlowFront while the front is quick, and would keep the claims on
+// the cursor, out of strict order, and the looks going. The pool here
+// makes each acquire wait 10 ms, as a busy pool would.
+func TestCursorLookTimesTheFrontNotThePool(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, _ := newTestClaimer(ctx, t, Config{})
+	var acquired atomic.Int64 // when the last acquire ended, in ns since start
+	start := time.Now()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+		select {
+		case <-time.After(10 * time.Millisecond): // a pool whose connections are busy
+		case <-ctx.Done():
+			return true, ctx.Err()
+		}
+		acquired.Store(int64(time.Since(start)))
+		return true, nil
+	}
+	lookPool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(lookPool.Close)
+	looker := cursor.NewLooker(lookPool, c.cfg.Schema, c.cfg.Queue, c.cfg.StatementTimeout, zap.NewNop())
+	look := looker.Look(ctx)
+	returned := time.Since(start)
+	require.NoError(t, look.Err)
+	require.LessOrEqual(t, look.Took, returned-time.Duration(acquired.Load()),
+		"the look's time runs from when it had its connection")
+}
+
+// A job of a higher priority whose run_at arrives while the claimer
+// sleeps lands behind its cursor: the claim its timer makes misses it, and
+// the look from the front that claim asks for finds it and wakes the
+// claimer. No writer notifies, and the fallback tick is an hour away.
+func TestCursorJobDueBehindTheCursorOfASleepingClaimerRuns(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ran := make(chan int64, 10)
+	reg := executors.NewRegistry()
+	reg.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	c.cursor.Slow = -1
+	c.looker.Every = time.Millisecond
+	var first, later int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 5) RETURNING id").Scan(&first))
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority, run_at) VALUES ('noop', 0, now() + interval '2 seconds') RETURNING id").Scan(&later))
+	runClaimer(ctx, t, c)
+	require.Equal(t, first, receive(ctx, t, ran))
+	require.Equal(t, later, receive(ctx, t, ran))
+	require.EqualValues(t, 1, c.Stats().Fronts, "every claim but the first is from the cursor")
+}
+
+// A due row that another transaction holds locked as a claim passes it is
+// behind the cursor, and its lock may end with no write that notifies:
+// the looks from the front find it, the cursor goes back before it, and
+// the claim after its lock ended takes it, the claimer asleep meanwhile.
+func TestCursorLockedRowBehindTheCursorRunsOnceUnlocked(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ran := make(chan int64, 10)
+	reg := executors.NewRegistry()
+	reg.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	c.cursor.Slow = -1
+	c.looker.Every = time.Millisecond
+	asleep := make(chan struct{}, 100)
+	hooks := &testhook.Hooks{ClaimerState: func(_, _, to string) {
+		if to == "asleep" {
+			asleep <- struct{}{}
+		}
+	}}
+	var first, locked int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 5) RETURNING id").Scan(&first))
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 0) RETURNING id").Scan(&locked))
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", locked)
+	require.NoError(t, err)
+	runClaimer(testhook.With(ctx, hooks), t, c)
+	require.Equal(t, first, receive(ctx, t, ran))
+	select {
+	case <-asleep:
+	case <-ctx.Done():
+		t.Fatal("the claimer did not go to sleep")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, locked, receive(ctx, t, ran))
 }

@@ -78,6 +78,7 @@ func checkPlans(t *testing.T, setup []string) {
 			cursor.SQL(claimSQL), "text, int, text, float8, int, bigint, smallint, timestamptz, bigint",
 			"'default', 1000, 'w', 30, 5, 16000000, 0, now() - interval '1 minute', 100",
 		},
+		"look":        {cursor.LookSQL, "text", "'default'"},
 		"heartbeat":   {lease.SQL, "bigint[], timestamptz[], text, float8", idArray + ", array_fill(now(), ARRAY[1000]), 'w', 30"},
 		"give_back":   {giveback.SQL, "text, text, float8, bigint[], int4[]", "'default', 'w', 30, " + idArray + ", '{1}'"},
 		"delete_done": {completer.DeleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
@@ -114,6 +115,11 @@ func checkPlans(t *testing.T, setup []string) {
 			require.Contains(t, plan, "Tid Scan on jobs", "claim_cursor plan:\n%s", plan)
 			require.Regexp(t, `Index Scan using jobs_claim_idx on jobs [^\n]*\n\s+Index Cond: \(\(queue = \$1\) AND \(ROW\(priority, run_at, id\) > ROW\(\$7, \$8, \$9\)\)`,
 				plan, "claim_cursor plan:\n%s", plan)
+		case "look":
+			// The claim's scan, in the claim index: the first due row is
+			// the first the index gives, with no sort.
+			require.Regexp(t, `Index (Only )?Scan using jobs_claim_idx on jobs`, plan, "look plan:\n%s", plan)
+			require.NotContains(t, plan, "Sort", "look plan:\n%s", plan)
 		case "give_back":
 			// The running rows by their lease, then each by its key.
 			require.Contains(t, plan, "jobs_lease_idx", "give_back plan:\n%s", plan)

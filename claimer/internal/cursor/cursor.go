@@ -61,7 +61,8 @@ func SQL(sql string) string {
 //
 // Each claim that took jobs moves the cursor to the last of them; one from
 // the front that took none moves it to the claim's time, at the priority
-// of its last place, since every due job before that was taken. A row that
+// of its last place, since every due job before that was taken. A claim
+// that found the queue paused read no row, and moves nothing. A row that
 // becomes due behind the cursor (a higher priority than the last job taken,
 // an earlier run_at, a lost claim's job given back, a row that was locked
 // when a claim passed it) is found by the next look from the front, and the

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
+	"github.com/pgdispatch/pgdispatch/internal/retry"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
 
@@ -25,9 +26,9 @@ const LookEvery = time.Second
 // then keep to a fifth of one connection's time.
 const LookShare = 4
 
-// lookSQL is the first due job of queue $1 in (priority, run_at, id) order,
+// LookSQL is the first due job of queue $1 in (priority, run_at, id) order,
 // locked or not: the scan a claim from the front makes, without its locks.
-const lookSQL = `
+const LookSQL = `
 SELECT priority, run_at, id FROM {jobs}
 WHERE status = 'pending' AND queue = $1 AND run_at <= now()
 ORDER BY priority, run_at, id
@@ -49,8 +50,10 @@ type Look struct {
 // cursor asks (Want), at LookEvery (or LookShare times the last look's
 // time) after the last look at the soonest, so that a claimer that keeps
 // claiming has a look about every second, and one that has gone to sleep
-// has one more, which sees every job committed before it slept. Create it
-// with NewLooker and run it with Run.
+// has one more, which sees every job committed before it slept. A look
+// that fails is tried again, no sooner than retry.Delay after it (100 ms
+// doubling to 10 s), until one succeeds: the claim that asked may have
+// been the last. Create it with NewLooker and run it with Run.
 type Looker struct {
 	pool    *pgxpool.Pool
 	sql     string
@@ -67,7 +70,7 @@ type Looker struct {
 // by timeout.
 func NewLooker(pool *pgxpool.Pool, schema, queue string, timeout time.Duration, logger *zap.Logger) *Looker {
 	return &Looker{
-		pool: pool, sql: pinned.WithSchema(lookSQL, schema), queue: queue, timeout: timeout, logger: logger,
+		pool: pool, sql: pinned.WithSchema(LookSQL, schema), queue: queue, timeout: timeout, logger: logger,
 		want: make(chan struct{}, 1), looked: make(chan Look, 1),
 	}
 }
@@ -114,6 +117,7 @@ func (l *Looker) Looked() (Look, bool) {
 func (l *Looker) Run(ctx context.Context, found func()) {
 	var ended time.Time
 	var took time.Duration
+	failures := 0 // in a row
 	every := l.Every
 	if every == 0 {
 		every = LookEvery
@@ -124,7 +128,11 @@ func (l *Looker) Run(ctx context.Context, found func()) {
 			return
 		case <-l.want:
 		}
-		if wait := time.Until(nextLook(ended, took, every)); wait > 0 {
+		next := nextLook(ended, took, every)
+		if failures > 0 {
+			next = later(next, ended.Add(retry.Delay(failures)))
+		}
+		if wait := time.Until(next); wait > 0 {
 			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
@@ -139,9 +147,14 @@ func (l *Looker) Run(ctx context.Context, found func()) {
 			if ctx.Err() != nil {
 				return
 			}
-			l.logger.Warn("look from the front of the queue failed", zap.Error(look.Err))
+			failures++
+			l.logger.Warn("look from the front of the queue failed", zap.Error(look.Err), zap.Int("failures", failures))
+			// The claim that asked may have been the claimer's last before
+			// it went to sleep: no other would ask again.
+			l.Want()
 			continue
 		}
+		failures = 0
 		l.Deliver(look)
 		if hook := testhook.From(ctx).Looked; hook != nil {
 			hook(l.queue, look.ID)
@@ -152,20 +165,35 @@ func (l *Looker) Run(ctx context.Context, found func()) {
 	}
 }
 
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // nextLook is the soonest time for the next look, after a look that
 // ended at ended and took took.
 func nextLook(ended time.Time, took, every time.Duration) time.Time {
 	return ended.Add(max(every, LookShare*took))
 }
 
-// Look looks from the front once.
+// Look looks from the front once. It times the look from when it has its
+// connection: a wait for one of the pool's says nothing of the front.
 func (l *Looker) Look(ctx context.Context) Look {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	start := time.Now()
 	var look Look
-	results := pinned.Send(ctx, l.pool, pinned.PlanSQL, l.sql, l.queue)
-	_, err := results.Exec()
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		look.Err = fmt.Errorf("look from the front: %w", err)
+		return look
+	}
+	defer conn.Release()
+	start := time.Now()
+	results := pinned.Send(ctx, conn, pinned.PlanSQL, l.sql, l.queue)
+	_, err = results.Exec()
 	if err == nil {
 		err = results.QueryRow().Scan(&look.Priority, &look.RunAt, &look.ID)
 		look.Found = err == nil
