@@ -29,9 +29,11 @@ import (
 // It claims nothing while the queue is paused (a row in the queues table
 // with paused_at set), and says so.
 //
-// It returns the time of the claim, now(), and when it claims fewer than
-// asked, the seconds until the earliest future run_at, on the database's
-// clock, and whether it skipped
+// It returns the time of the claim, now(), the seconds the server took
+// (read once every CTE has run, so that the claim is timed on the server,
+// not across the network), and when it claims fewer than asked, the
+// seconds until the earliest future run_at, on the database's clock, and
+// whether it skipped
 // due rows: its snapshot sees the rows it claimed as pending, so more due
 // rows than it claimed means some were locked by another transaction.
 //
@@ -81,7 +83,8 @@ WITH p AS (
     FROM k, p
 )
 SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at,
-       u.updated_at, n.next_in, n.stranded, n.paused, now(), u.traceparent, u.tracestate
+       u.updated_at, n.next_in, n.stranded, n.paused, now(),
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8, u.traceparent, u.tracestate
 FROM n LEFT JOIN u ON true`
 
 // claim takes up to limit due jobs, leases them, and starts them on jobs.
@@ -116,14 +119,11 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 	} else {
 		sql, args = c.claimCursorSQL, append(args, c.cursor.Priority, c.cursor.RunAt, c.cursor.ID)
 	}
-	start := time.Now()
 	results := pinned.Send(ctx, conn, pinned.ClaimPlanSQL, sql, args...)
 	if c.claimSent != nil {
-		hooked := time.Now()
 		c.claimSent(c.cfg.Queue)
-		start = start.Add(time.Since(hooked)) // a test's hook does not make the claim slow
 	}
-	runs, at, err := c.readClaim(results, &r)
+	runs, at, took, err := c.readClaim(results, &r)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
@@ -144,11 +144,8 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 	// A claim that found the queue paused read no row: it tells neither
 	// where the due jobs are nor how long the front takes, and it waits
 	// for resume_queue(), not for a look.
-	if !r.Paused {
-		c.cursor.Claimed(front, time.Since(start), at, runs)
-		if !front {
-			c.looker.Want() // the jobs behind the cursor
-		}
+	if !r.Paused && c.cursor.Claimed(front, took, at, runs) {
+		c.looker.Want()
 	}
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {
@@ -171,17 +168,18 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 	return r
 }
 
-// readClaim reads a claim's results: the settings', then the claimed jobs
-// and the claim's time on the database's clock, and into r the wait until
+// readClaim reads a claim's results: the settings', then the claimed jobs,
+// the claim's time on the database's clock and how long the server took,
+// and into r the wait until
 // the next run_at, whether due rows were skipped and whether the queue is
 // paused.
-func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*runstate.Run, time.Time, error) {
+func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*runstate.Run, time.Time, time.Duration, error) {
 	if _, err := results.Exec(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, 0, fmt.Errorf("claim jobs: %w", err)
 	}
 	rows, err := results.Query()
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, 0, fmt.Errorf("claim jobs: %w", err)
 	}
 	defer rows.Close()
 	var claimed []*runstate.Run
@@ -195,7 +193,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		attempt, maxAttempts pgtype.Int4
 		runAt, createdAt     pgtype.Timestamptz
 		claimedAt, at        pgtype.Timestamptz
-		nextIn               pgtype.Float8
+		nextIn, took         pgtype.Float8
 		stranded, paused     pgtype.Bool
 		payload              []byte
 		traceParent          pgtype.Text
@@ -210,8 +208,8 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
-			&claimedAt, &nextIn, &stranded, &paused, &at, traceDest[0], traceDest[1]); err != nil {
-			return nil, time.Time{}, fmt.Errorf("claim jobs: scan: %w", err)
+			&claimedAt, &nextIn, &stranded, &paused, &at, &took, traceDest[0], traceDest[1]); err != nil {
+			return nil, time.Time{}, 0, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if nextIn.Valid {
 			d := scheduleWait(nextIn.Float64)
@@ -231,9 +229,9 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, 0, fmt.Errorf("claim jobs: %w", err)
 	}
-	return claimed, at.Time, nil
+	return claimed, at.Time, time.Duration(took.Float64 * float64(time.Second)), nil
 }
 
 // scheduleWait turns the seconds until the earliest future run_at into a

@@ -10,15 +10,16 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 )
 
-// SlowFront is how long the last look from the front of the queue (a
-// claim from the front, or a Look) must have taken for a claimer to claim
-// from its cursor at all. A claim from the front of an ordinary queue takes
-// 1 to 3 ms on a small machine, and then every claim is from the front, in
-// strict (priority, run_at, id) order; one that walks the dead entries a
-// transaction holding back vacuum keeps alive (0.2 to 0.8 µs each) takes
-// 5 ms at about 10,000 of them, and grows with every job run since. At
-// 20 ms, a drain under a hold was held to about 100 jobs each 15 to 20 ms,
-// its claims from the front just too quick for the cursor.
+// SlowFront is how long the last look from the front of the queue must
+// have taken the server for a claimer to claim from its cursor at all, and
+// how long a claim from the front must take it to ask for a look. A look
+// at the front of an ordinary queue takes well under a millisecond, and
+// then every claim is from the front, in strict (priority, run_at, id)
+// order; one that walks the dead entries a transaction holding back vacuum
+// keeps alive (0.2 to 0.8 µs each) takes 5 ms at about 10,000 of them, and
+// grows with every job run since. At 20 ms, a drain under a hold was held
+// to about 100 jobs each 15 to 20 ms, its claims from the front just too
+// quick for the cursor.
 const SlowFront = 5 * time.Millisecond
 
 // cursorCond bounds a claim to the rows after the cursor ($7, $8, $9) in
@@ -53,11 +54,12 @@ func SQL(sql string) string {
 // them.
 //
 // A claimer claims from its cursor only while its last look from the
-// front took SlowFront or longer: then the dead entries cost more than the
-// strict order is worth, and every claim is from the cursor but the first
-// and those after a failed claim or a give-back (Reset). Looks from the
-// front then run beside the claims, on a connection of their own (Looker),
-// and time the front: a quick one sends the claims back to the front.
+// front (Looker) took the server SlowFront or longer: then the dead entries
+// cost more than the strict order is worth, and every claim is from the
+// cursor but the first and those after a failed claim or a give-back
+// (Reset). A claim from the front that takes that long asks for a look,
+// and while claims come from the cursor, looks run beside them, on a
+// connection of their own: a quick one sends the claims back to the front.
 //
 // Each claim that took jobs moves the cursor to the last of them; one from
 // the front that took none moves it to the claim's time, at the priority
@@ -72,7 +74,7 @@ type Cursor struct {
 	Priority  int16
 	RunAt     time.Time
 	ID        int64
-	FrontTook time.Duration // how long the last look from the front took
+	FrontTook time.Duration // how long the last look from the front took the server
 	Slow      time.Duration // SlowFront, but in tests (negative: every look from the front is slow); 0: SlowFront
 }
 
@@ -92,19 +94,20 @@ func (k *Cursor) slow(took time.Duration) bool {
 func (k *Cursor) Reset() { k.Set = false }
 
 // Claimed moves the cursor after a claim, from the front or not, that
-// took runs and ran at at on the database's clock; took is how long a claim
-// from the front took.
-func (k *Cursor) Claimed(front bool, took time.Duration, at time.Time, runs []*runstate.Run) {
-	if front {
-		k.FrontTook = took
-	}
+// took runs, ran at at on the database's clock and took the server took.
+// It reports whether the claim asks for a look from the front: every claim
+// from the cursor does, for the jobs behind it, and a claim from the front
+// that took SlowFront or longer, which may be the dead entries or only its
+// writes; the look, which writes nothing, tells which.
+func (k *Cursor) Claimed(front bool, took time.Duration, at time.Time, runs []*runstate.Run) (look bool) {
+	look = !front || k.slow(took)
 	if len(runs) == 0 {
 		if front {
 			// Every due job before at was taken, but those locked: the
 			// ones claimed meanwhile are behind.
 			k.Set, k.RunAt, k.ID = true, at, 0
 		}
-		return
+		return look
 	}
 	k.Set = false
 	for _, r := range runs {
@@ -113,6 +116,7 @@ func (k *Cursor) Claimed(front bool, took time.Duration, at time.Time, runs []*r
 			k.Set, k.Priority, k.RunAt, k.ID = true, j.Priority, j.RunAt, j.ID
 		}
 	}
+	return look
 }
 
 // Looked takes in a look from the front: its time, and the first due job
