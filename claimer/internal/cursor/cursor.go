@@ -4,23 +4,31 @@
 package cursor
 
 import (
+	"cmp"
 	"strings"
 	"time"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 )
 
-// SlowFront is how long the last look from the front of the queue must
-// have taken the server for a claimer to claim from its cursor at all, and
-// how long a claim from the front must take it to ask for a look. A look
-// at the front of an ordinary queue takes well under a millisecond, and
-// then every claim is from the front, in strict (priority, run_at, id)
-// order; one that walks the dead entries a transaction holding back vacuum
-// keeps alive (0.2 to 0.8 µs each) takes 5 ms at about 10,000 of them, and
-// grows with every job run since. At 20 ms, a drain under a hold was held
-// to about 100 jobs each 15 to 20 ms, its claims from the front just too
-// quick for the cursor.
-const SlowFront = 5 * time.Millisecond
+// SlowClaim is how long a claim from the front must take the server for
+// the next claims to come from the cursor, until a look from the front
+// says otherwise; such a claim asks for one. A claim from the front that
+// walks the dead entries a transaction holding back vacuum keeps alive
+// (0.2 to 0.8 µs each) takes 5 ms at about 10,000 of them, more when it
+// comes up short and counts the due rows it skipped from the front too,
+// and grows with every job run since; an ordinary claim of a hundred jobs
+// takes 1 to 3 ms. At 20 ms, a drain under a hold was held to about 100
+// jobs each 15 to 20 ms, its claims from the front just too quick for the
+// cursor.
+const SlowClaim = 5 * time.Millisecond
+
+// SlowFront is how long a look from the front must take the server for
+// the claims to stay on the cursor; a quicker look sends them back to the
+// front. A look at the front of an ordinary queue, one row and no writes,
+// takes a tenth of a millisecond or so; the dead entries of some 5,000
+// jobs run under a hold take it 2 ms.
+const SlowFront = 2 * time.Millisecond
 
 // cursorCond bounds a claim to the rows after the cursor ($7, $8, $9) in
 // (priority, run_at, id) order: a row comparison that starts the scan of
@@ -53,13 +61,14 @@ func SQL(sql string) string {
 // claim from the cursor starts after the last job the claimer took, past
 // them.
 //
-// A claimer claims from its cursor only while its last look from the
-// front (Looker) took the server SlowFront or longer: then the dead entries
-// cost more than the strict order is worth, and every claim is from the
-// cursor but the first and those after a failed claim or a give-back
-// (Reset). A claim from the front that takes that long asks for a look,
-// and while claims come from the cursor, looks run beside them, on a
-// connection of their own: a quick one sends the claims back to the front.
+// A claimer claims from its cursor only while its last claim from the
+// front took the server SlowClaim or longer, or its last look from the
+// front (Looker) SlowFront or longer: then the dead entries cost more than
+// the strict order is worth, and every claim is from the cursor but the
+// first and those after a failed claim or a give-back (Reset). Such a claim
+// asks for a look, and while claims come from the cursor, looks run beside
+// them, on a connection of their own: a quick one sends the claims back to
+// the front.
 //
 // Each claim that took jobs moves the cursor to the last of them; one from
 // the front that took none moves it to the claim's time, at the priority
@@ -74,21 +83,15 @@ type Cursor struct {
 	Priority  int16
 	RunAt     time.Time
 	ID        int64
-	FrontTook time.Duration // how long the last look from the front took the server
-	Slow      time.Duration // SlowFront, but in tests (negative: every look from the front is slow); 0: SlowFront
+	FrontTook time.Duration // how long the last look from the front, or slow claim from it, took the server
+	Slow      time.Duration // SlowFront and SlowClaim, but in tests (negative: every look and claim from the front is slow); 0: those
 }
 
 // FromFront reports whether the next claim is from the front.
 func (k *Cursor) FromFront() bool { return !k.Set || !k.slow(k.FrontTook) }
 
 // slow reports whether a look from the front that took took is slow.
-func (k *Cursor) slow(took time.Duration) bool {
-	s := k.Slow
-	if s == 0 {
-		s = SlowFront
-	}
-	return took >= s
-}
+func (k *Cursor) slow(took time.Duration) bool { return took >= cmp.Or(k.Slow, SlowFront) }
 
 // Reset makes the next claim from the front.
 func (k *Cursor) Reset() { k.Set = false }
@@ -97,10 +100,14 @@ func (k *Cursor) Reset() { k.Set = false }
 // took runs, ran at at on the database's clock and took the server took.
 // It reports whether the claim asks for a look from the front: every claim
 // from the cursor does, for the jobs behind it, and a claim from the front
-// that took SlowFront or longer, which may be the dead entries or only its
-// writes; the look, which writes nothing, tells which.
+// that took SlowClaim or longer, which sends the next claims to the cursor
+// at once; its time may be the dead entries or only its writes, and the
+// look, which writes nothing, tells which.
 func (k *Cursor) Claimed(front bool, took time.Duration, at time.Time, runs []*runstate.Run) (look bool) {
-	look = !front || k.slow(took)
+	look = !front || took >= cmp.Or(k.Slow, SlowClaim)
+	if front && look {
+		k.FrontTook = took // the cursor at once: a look may send the claims back
+	}
 	if len(runs) == 0 {
 		if front {
 			// Every due job before at was taken, but those locked: the

@@ -42,28 +42,26 @@ func TestCursorIsTheLastInClaimOrder(t *testing.T) {
 	require.Zero(t, k.ID, "a claim from the front that found nothing: every due job before its time was taken")
 }
 
-// A set cursor is claimed from only while the last look from the front
-// took SlowFront or longer, and a quick look sends the claims back to the
-// front. A claim from the front that took that long asks for a look, as
-// every claim from the cursor does, but does not decide: its time is its
-// writes' too.
-func TestCursorOnlyWhileLooksFromTheFrontAreSlow(t *testing.T) {
+// A set cursor is claimed from after a claim from the front that took
+// SlowClaim or longer, which asks for a look too, and while the last look
+// from the front took SlowFront or longer; a quick look sends the claims
+// back to the front.
+func TestCursorOnlyWhileTheFrontIsSlow(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	var k Cursor
 	require.True(t, k.FromFront(), "no cursor yet")
-	require.False(t, k.Claimed(true, SlowFront/2, now, []*runstate.Run{run(0, now, 1)}), "a quick claim from the front asks for no look")
+	require.False(t, k.Claimed(true, SlowClaim/2, now, []*runstate.Run{run(0, now, 1)}), "a quick claim from the front asks for no look")
 	require.True(t, k.FromFront())
-	require.True(t, k.Claimed(true, SlowFront, now, []*runstate.Run{run(0, now, 2)}), "a slow claim from the front asks for a look")
-	require.True(t, k.FromFront(), "which decides")
-	k.Looked(Look{Took: 10 * SlowFront})
+	require.True(t, k.Claimed(true, SlowClaim, now, []*runstate.Run{run(0, now, 2)}), "a slow claim from the front asks for a look")
+	require.False(t, k.FromFront(), "and sends the next claims to the cursor")
+	k.Looked(Look{Took: SlowFront / 2})
+	require.True(t, k.FromFront(), "a quick look: from the front")
+	k.Looked(Look{Took: SlowFront})
 	require.False(t, k.FromFront(), "a slow look: from the cursor")
 	require.True(t, k.Claimed(false, 0, now, nil), "a claim from the cursor asks for a look")
 	k.Looked(Look{Took: time.Hour, Err: errTest})
 	require.False(t, k.FromFront(), "a failed look changes nothing")
-	k.Looked(Look{Took: SlowFront / 2})
-	require.True(t, k.FromFront(), "a quick look: from the front")
-	k.Looked(Look{Took: SlowFront})
 	k.Reset()
 	require.True(t, k.FromFront())
 }
