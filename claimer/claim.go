@@ -205,18 +205,25 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 	if c.trace != nil {
 		traceDest = [2]any{&traceParent, &traceState}
 	}
+	// The claim's own columns are the same in every row: read from the
+	// first.
+	claimDest := [5]any{&nextIn, &stranded, &paused, &at, &took}
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
-			&claimedAt, &nextIn, &stranded, &paused, &at, &took, traceDest[0], traceDest[1]); err != nil {
+			&claimedAt, claimDest[0], claimDest[1], claimDest[2], claimDest[3], claimDest[4],
+			traceDest[0], traceDest[1]); err != nil {
 			return nil, time.Time{}, 0, fmt.Errorf("claim jobs: scan: %w", err)
 		}
-		if nextIn.Valid {
-			d := scheduleWait(nextIn.Float64)
-			r.Next = &d
+		if claimDest[0] != nil {
+			claimDest = [5]any{}
+			if nextIn.Valid {
+				d := scheduleWait(nextIn.Float64)
+				r.Next = &d
+			}
+			r.Stranded = stranded.Valid && stranded.Bool
+			r.Paused = paused.Valid && paused.Bool
 		}
-		r.Stranded = stranded.Valid && stranded.Bool
-		r.Paused = paused.Valid && paused.Bool
 		if !id.Valid {
 			continue // the one row of a claim that found nothing
 		}

@@ -80,7 +80,7 @@ func TestLookedMovesTheCursorBackToAJobBehindIt(t *testing.T) {
 	k.Looked(Look{Took: time.Second})
 	require.Equal(t, int64(10), k.ID)
 	k.Looked(Look{Found: true, Priority: 0, RunAt: now.Add(-time.Hour), ID: 12, Took: time.Second})
-	require.Equal(t, Cursor{Set: true, Priority: 0, RunAt: now.Add(-time.Hour), ID: 11, FrontTook: time.Second, Slow: -1}, k)
+	require.Equal(t, Cursor{Set: true, Priority: 0, RunAt: now.Add(-time.Hour), ID: 11, SlowNow: true, Slow: -1}, k)
 	k.Looked(Look{Found: true, Priority: -1, RunAt: now, ID: 20, Took: time.Second})
 	require.Equal(t, int16(-1), k.Priority)
 	require.Equal(t, int64(19), k.ID)
