@@ -144,7 +144,7 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 	// A claim that found the queue paused read no row: it tells neither
 	// where the due jobs are nor how long the front takes, and it waits
 	// for resume_queue(), not for a look.
-	if !r.Paused && c.cursor.Claimed(front, took, at, runs) {
+	if !r.Paused && c.cursor.Claimed(front, took, at, runs, len(runs) == limit) {
 		c.looker.Want()
 	}
 	r.Claimed = len(runs)

@@ -186,7 +186,7 @@ func TestCursorPausedClaimAsksForNoLook(t *testing.T) {
 	defer cancel()
 	c, pool, jobs := newTestClaimer(ctx, t, Config{})
 	c.cursor.Slow = -1
-	c.cursor.Set, c.cursor.SlowNow = true, true // at the front, every job ahead: claims from the cursor
+	c.cursor.Set, c.cursor.Held = true, true // at the front, every job ahead: claims from the cursor
 	insertJobs(ctx, t, pool, jobs, 3)
 	fn := func(name string) string { return pgx.Identifier{c.cfg.Schema, name}.Sanitize() + "('default')" }
 	_, err := pool.Exec(ctx, "SELECT "+fn("pause_queue"))

@@ -11,20 +11,32 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 )
 
-// SlowClaim is how long a claim from the front must take the server for
-// the next claims to come from the cursor, until a look from the front
-// says otherwise; such a claim asks for one. A claim of a lone job takes
-// the server 0.1 to 0.3 ms; a claim that walks dead entries takes 0.2 to
-// 0.8 µs more for each, and grows with every job run since a hold on
-// vacuum began. Without a hold, a drain's own claimed jobs' entries are in
-// front of the next claim until vacuum removes them: its claims of 100
+// HeldClaim is how long a claim from the front must take the server for
+// every next claim to come from the cursor (the front is held: a hold on
+// vacuum), until a look from the front says otherwise; such a claim asks
+// for one. A claim that walks the dead entries a transaction holding back
+// vacuum keeps alive (0.2 to 0.8 µs each) takes 5 ms at about 10,000 of
+// them, and grows with every job run since; an ordinary claim of a hundred
+// jobs takes the server 0.5 to 1 ms, a lone job's 0.1 to 0.3. At 20 ms, a
+// drain under a hold was held to about 100 jobs each 15 to 20 ms, its
+// claims from the front just too quick for the cursor.
+const HeldClaim = 5 * time.Millisecond
+
+// BusyClaim is how long a claim from the front must take the server for
+// the claims that follow a full claim (the claimer is saturated) to come
+// from the cursor, until a look says the front is quick; such a claim asks
+// for one. Without a hold, a drain's own claimed jobs' entries are in
+// front of its next claim until vacuum removes them: its claims of 100
 // jobs took 0.9 to 1.0 ms from the front against 0.7 to 0.8 from the
 // cursor (pg_stat_statements), and a drain claiming from the front only
-// ran at 0.91 to 0.95 of one that used the cursor.
-const SlowClaim = time.Millisecond
+// ran at 0.91 to 0.95 of one that used the cursor. A claimer that is not
+// saturated claims from the front, in strict order, so that a writer's
+// job whose run_at (its transaction's start) is older than the last job
+// claimed is not left behind the cursor.
+const BusyClaim = time.Millisecond
 
 // SlowFront is how long a look from the front must take the server for
-// the claims to stay on the cursor; a quicker look sends them back to the
+// the front to count as held; a quicker look sends the claims back to the
 // front. A look at the front of an ordinary queue, one row and no writes,
 // takes a tenth of a millisecond or so; the dead entries of some 5,000
 // jobs run under a hold take it 2 ms.
@@ -61,14 +73,16 @@ func SQL(sql string) string {
 // claim from the cursor starts after the last job the claimer took, past
 // them.
 //
-// A claimer claims from its cursor only while its last claim from the
-// front took the server SlowClaim or longer, or its last look from the
-// front (Looker) SlowFront or longer: then the dead entries cost more than
-// the strict order is worth, and every claim is from the cursor but the
-// first and those after a failed claim or a give-back (Reset). Such a claim
-// asks for a look, and while claims come from the cursor, looks run beside
-// them, on a connection of their own: a quick one sends the claims back to
-// the front.
+// A claimer claims from its cursor while the front is held (its last
+// claim from the front took the server HeldClaim or longer, or its last
+// look from the front, Looker, SlowFront or longer): then the dead entries
+// cost more than the strict order is worth, and every claim is from the
+// cursor but the first and those after a failed claim or a give-back
+// (Reset). While the front is busy (a claim from the front took BusyClaim
+// or longer, and no look has found it quick since), only the claims after
+// a full claim are from the cursor. Such claims ask for a look, and while
+// claims come from the cursor, looks run beside them, on a connection of
+// their own: a quick one sends the claims back to the front.
 //
 // Each claim that took jobs moves the cursor to the last of them; one from
 // the front that took none moves it to the claim's time, at the priority
@@ -83,29 +97,35 @@ type Cursor struct {
 	Priority  int16
 	RunAt     time.Time
 	ID        int64
-	SlowNow   bool          // the latest word on the front, a slow claim from it or a look at it, said slow
-	Slow      time.Duration // SlowFront and SlowClaim, but in tests (negative: every look and claim from the front is slow); 0: those
+	Held      bool          // the front is held: every claim from the cursor
+	Busy      bool          // the front is busy: claims after a full claim from the cursor
+	Full      bool          // the last claim took every job it asked for
+	Slow      time.Duration // HeldClaim, BusyClaim and SlowFront, but in tests (negative: every look and claim from the front is slow); 0: those
 }
 
 // FromFront reports whether the next claim is from the front.
-func (k *Cursor) FromFront() bool { return !k.Set || !k.SlowNow }
-
-// slow reports whether a look from the front that took took is slow.
+func (k *Cursor) FromFront() bool { return !k.Set || !(k.Held || k.Busy && k.Full) }
 
 // Reset makes the next claim from the front.
 func (k *Cursor) Reset() { k.Set = false }
 
 // Claimed moves the cursor after a claim, from the front or not, that
-// took runs, ran at at on the database's clock and took the server took.
-// It reports whether the claim asks for a look from the front: every claim
-// from the cursor does, for the jobs behind it, and a claim from the front
-// that took SlowClaim or longer, which sends the next claims to the cursor
-// at once; its time may be the dead entries or only its writes, and the
-// look, which writes nothing, tells which.
-func (k *Cursor) Claimed(front bool, took time.Duration, at time.Time, runs []*runstate.Run) (look bool) {
-	look = !front || took >= cmp.Or(k.Slow, SlowClaim)
-	if front && look {
-		k.SlowNow = true // the cursor at once: a look may send the claims back
+// took runs, every job it asked for if full, ran at at on the database's
+// clock and took the server took. It reports whether the claim asks for a
+// look from the front: every claim from the cursor does, for the jobs
+// behind it, and a claim from the front that took BusyClaim or longer,
+// whose time may be the dead entries or only its writes; the look, which
+// writes nothing, tells which.
+func (k *Cursor) Claimed(front bool, took time.Duration, at time.Time, runs []*runstate.Run, full bool) (look bool) {
+	k.Full = full
+	look = !front
+	if front {
+		switch {
+		case took >= cmp.Or(k.Slow, HeldClaim):
+			k.Held, look = true, true
+		case took >= cmp.Or(k.Slow, BusyClaim):
+			k.Busy, look = true, true
+		}
 	}
 	if len(runs) == 0 {
 		if front {
@@ -132,7 +152,8 @@ func (k *Cursor) Looked(l Look) {
 	if l.Err != nil {
 		return
 	}
-	k.SlowNow = l.Took >= cmp.Or(k.Slow, SlowFront)
+	k.Held = l.Took >= cmp.Or(k.Slow, SlowFront)
+	k.Busy = k.Busy && k.Held
 	if l.Found && k.Set && after(k.Priority, k.RunAt, k.ID, l.Priority, l.RunAt, l.ID) {
 		k.Priority, k.RunAt, k.ID = l.Priority, l.RunAt, l.ID-1
 	}
