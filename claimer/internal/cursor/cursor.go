@@ -93,14 +93,14 @@ func SQL(sql string) string {
 // when a claim passed it) is found by the next look from the front, and the
 // cursor goes back to just before it (Looked).
 type Cursor struct {
-	Set       bool // else the next claim is from the front
-	Priority  int16
-	RunAt     time.Time
-	ID        int64
-	Held      bool          // the front is held: every claim from the cursor
-	Busy      bool          // the front is busy: claims after a full claim from the cursor
-	Full      bool          // the last claim took every job it asked for
-	Slow      time.Duration // HeldClaim, BusyClaim and SlowFront, but in tests (negative: every look and claim from the front is slow); 0: those
+	Set      bool // else the next claim is from the front
+	Priority int16
+	RunAt    time.Time
+	ID       int64
+	Held     bool          // the front is held: every claim from the cursor
+	Busy     bool          // the front is busy: claims after a full claim from the cursor
+	Full     bool          // the last claim took every job it asked for
+	Slow     time.Duration // HeldClaim, BusyClaim and SlowFront, but in tests (negative: every look and claim from the front is slow); 0: those
 }
 
 // FromFront reports whether the next claim is from the front.
