@@ -63,8 +63,12 @@ func minutesOf(queue string, finished []finishedJob, now time.Time) []admin.Minu
 func TestHourOfFinishedJobsFillsTheChart(t *testing.T) {
 	pool := pgtest.Pool(t)
 	minute := time.Date(2026, 11, 27, 16, 0, 0, 0, time.UTC)
-	for _, sec := range []time.Duration{0, time.Microsecond, 500 * time.Millisecond, time.Second, 2 * time.Second,
-		3*time.Second + 900*time.Millisecond, 4 * time.Second, 4*time.Second + 500*time.Millisecond, 30 * time.Second, time.Minute - time.Microsecond} {
+	seconds := []time.Duration{
+		0, time.Microsecond, 500 * time.Millisecond, time.Second, 2 * time.Second,
+		3*time.Second + 900*time.Millisecond, 4 * time.Second, 4*time.Second + 500*time.Millisecond,
+		30 * time.Second, time.Minute - time.Microsecond,
+	}
+	for _, sec := range seconds {
 		anchor := minute.Add(sec)
 		t.Run(fmt.Sprint(sec), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

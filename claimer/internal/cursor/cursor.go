@@ -104,7 +104,7 @@ type Cursor struct {
 }
 
 // FromFront reports whether the next claim is from the front.
-func (k *Cursor) FromFront() bool { return !k.Set || !(k.Held || k.Busy && k.Full) }
+func (k *Cursor) FromFront() bool { return !k.Set || !k.Held && (!k.Busy || !k.Full) }
 
 // Reset makes the next claim from the front.
 func (k *Cursor) Reset() { k.Set = false }
