@@ -33,9 +33,9 @@ import (
 // (read once every CTE has run, so that the claim is timed on the server,
 // not across the network), and when it claims fewer than asked, the
 // seconds until the earliest future run_at, on the database's clock, and
-// whether it skipped
-// due rows: its snapshot sees the rows it claimed as pending, so more due
-// rows than it claimed means some were locked by another transaction.
+// whether it skipped due rows: its snapshot sees the rows it claimed as
+// pending, so more due rows than it claimed means some were locked by
+// another transaction.
 //
 // It commits without waiting for its WAL flush (pinned.ClaimPlanSQL): a claim lost
 // in a server crash leaves its jobs pending, and they run again. The UPDATE
@@ -170,9 +170,8 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 
 // readClaim reads a claim's results: the settings', then the claimed jobs,
 // the claim's time on the database's clock and how long the server took,
-// and into r the wait until
-// the next run_at, whether due rows were skipped and whether the queue is
-// paused.
+// and into r the wait until the next run_at, whether due rows were skipped
+// and whether the queue is paused.
 func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*runstate.Run, time.Time, time.Duration, error) {
 	if _, err := results.Exec(); err != nil {
 		return nil, time.Time{}, 0, fmt.Errorf("claim jobs: %w", err)
