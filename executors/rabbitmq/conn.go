@@ -5,12 +5,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"strconv"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -33,17 +35,70 @@ const (
 // frames that refuses a content header announcing a body larger than
 // MaxContentBytes. It reads nothing itself: it looks at what amqp091-go
 // reads.
+//
+// Each write is bounded by writeTimeout. amqp091-go writes every frame of
+// the connection (publishes, heartbeats, channel methods) under one lock,
+// with no deadline: a broker that stops reading (a memory or disk alarm
+// blocks publishers so; a stalled network) would block the write forever
+// once the socket's buffers fill, and with it every channel of the
+// connection. A write that fails closes the socket, so that amqp091-go's
+// reader fails too and shuts the connection down, and marks the connection
+// broken (see broken) for the executor to dial a new one.
 type guardedConn struct {
 	net.Conn
+	writeTimeout time.Duration
 
 	mu        sync.Mutex
 	head      [frameHeaderSize + contentHeadBytes]byte
 	have      int    // bytes of head gathered
 	remaining uint64 // bytes of the current frame's payload and end left to pass, once its head is in
 	err       error  // sticky
+	werr      error  // the first write error, sticky
 }
 
-func guard(conn net.Conn) *guardedConn { return &guardedConn{Conn: conn} }
+func guard(conn net.Conn, writeTimeout time.Duration) *guardedConn {
+	return &guardedConn{Conn: conn, writeTimeout: writeTimeout}
+}
+
+func (c *guardedConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	werr := c.werr
+	c.mu.Unlock()
+	if werr != nil {
+		return 0, werr
+	}
+	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.writeTimeout)); err != nil {
+		return 0, c.fail(err)
+	}
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			err = fmt.Errorf("the broker took no data for %s (a memory or disk alarm, or a stalled network): %w", c.writeTimeout, err)
+		}
+		return n, c.fail(err)
+	}
+	return n, nil
+}
+
+// fail records err as the connection's write error and closes the socket.
+func (c *guardedConn) fail(err error) error {
+	c.mu.Lock()
+	if c.werr == nil {
+		c.werr = err
+	}
+	err = c.werr
+	c.mu.Unlock()
+	_ = c.Conn.Close()
+	return err
+}
+
+// broken is the write error that broke the connection, or nil: after one
+// the connection is no good, even before amqp091-go has shut it down.
+func (c *guardedConn) broken() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.werr
+}
 
 func (c *guardedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
@@ -102,8 +157,9 @@ func (c *guardedConn) scan(b []byte) error {
 // would set it up from the URL's cacertfile, certfile, keyfile and
 // server_name_indication) done by the dial function, under the guard:
 // amqp091-go would do it over the connection dial returns, and the guard
-// would see only TLS records.
-func (e *Executor) dialer() (string, func(network, addr string) (net.Conn, error), error) {
+// would see only TLS records. Each connection dial makes is kept in *wire
+// (dial runs under e.mu, in dialLocked).
+func (e *Executor) dialer(wire **guardedConn) (string, func(network, addr string) (net.Conn, error), error) {
 	dial := amqp.DefaultDial(e.cfg.DialTimeout)
 	uri, err := amqp.ParseURI(e.cfg.URL)
 	if err != nil {
@@ -115,7 +171,8 @@ func (e *Executor) dialer() (string, func(network, addr string) (net.Conn, error
 			if err != nil {
 				return nil, err
 			}
-			return guard(conn), nil
+			*wire = guard(conn, e.cfg.WriteTimeout)
+			return *wire, nil
 		}, nil
 	}
 	cfg, err := tlsConfig(uri)
@@ -137,7 +194,8 @@ func (e *Executor) dialer() (string, func(network, addr string) (net.Conn, error
 			_ = conn.Close()
 			return nil, err
 		}
-		return guard(tc), nil
+		*wire = guard(tc, e.cfg.WriteTimeout)
+		return *wire, nil
 	}, nil
 }
 

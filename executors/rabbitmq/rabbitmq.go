@@ -22,9 +22,9 @@
 // its reply text is masked (see redact.Reply) of the payload's secrets.
 //
 // The executor keeps one connection and a small pool of confirm-mode
-// channels. When the broker closes the connection it reconnects on the next
-// job, backing off while the broker stays unreachable; jobs meanwhile fail
-// and retry.
+// channels. When the broker closes the connection, or takes none of a write
+// within Config.WriteTimeout, it reconnects on the next job, backing off
+// while the broker stays unreachable; jobs meanwhile fail and retry.
 package rabbitmq
 
 import (
@@ -56,6 +56,7 @@ const Kind = "rabbitmq"
 const (
 	defaultChannels     = 4
 	defaultDialTimeout  = 10 * time.Second
+	defaultWriteTimeout = 30 * time.Second
 	defaultReconnectMin = 200 * time.Millisecond
 	defaultReconnectMax = 10 * time.Second
 	maxShortString      = 255
@@ -72,6 +73,11 @@ type Config struct {
 	Channels int
 	// DialTimeout bounds connecting. Default: 10s.
 	DialTimeout time.Duration
+	// WriteTimeout bounds each write to the broker's socket. A broker that
+	// stops reading (a memory or disk alarm, a stalled network) fails the
+	// connection after it: the jobs publishing on it fail and retry, and
+	// later jobs publish on a new connection. Default: 30s.
+	WriteTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the backoff between failed
 	// connection attempts. Defaults: 200ms and 10s.
 	ReconnectMin, ReconnectMax time.Duration
@@ -88,6 +94,7 @@ type Executor struct {
 
 	mu       sync.Mutex
 	conn     *amqp.Connection
+	wire     *guardedConn // conn's socket
 	idle     []*channel
 	failures int
 	nextDial time.Time
@@ -125,10 +132,11 @@ func New(cfg Config) (*Executor, error) {
 	cfg.Name = cmp.Or(cfg.Name, "pgdispatch")
 	cfg.Channels = cmp.Or(cfg.Channels, defaultChannels)
 	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, defaultDialTimeout)
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, defaultWriteTimeout)
 	cfg.ReconnectMin = cmp.Or(cfg.ReconnectMin, defaultReconnectMin)
 	cfg.ReconnectMax = max(cmp.Or(cfg.ReconnectMax, defaultReconnectMax), cfg.ReconnectMin)
-	if cfg.Channels < 0 || cfg.DialTimeout < 0 {
-		return nil, errors.New("rabbitmq: Channels and DialTimeout must not be negative")
+	if cfg.Channels < 0 || cfg.DialTimeout < 0 || cfg.WriteTimeout < 0 {
+		return nil, errors.New("rabbitmq: Channels, DialTimeout and WriteTimeout must not be negative")
 	}
 	return &Executor{
 		cfg:    cfg,
@@ -365,6 +373,13 @@ func (e *Executor) acquire() (*channel, error) {
 	if e.closed {
 		return nil, errors.New("rabbitmq: executor closed")
 	}
+	// A write that failed broke the connection; amqp091-go shuts it down
+	// in the background, and may not have yet.
+	if e.conn != nil && !e.conn.IsClosed() && e.wire.broken() != nil {
+		e.logger.Warn("the broker connection failed a write", zap.Error(e.wire.broken()))
+		go func(c *amqp.Connection) { _ = c.Close() }(e.conn)
+		e.conn, e.idle = nil, nil
+	}
 	for len(e.idle) > 0 {
 		ch := e.idle[len(e.idle)-1]
 		e.idle = e.idle[:len(e.idle)-1]
@@ -398,7 +413,8 @@ func (e *Executor) dialLocked() error {
 	if wait := time.Until(e.nextDial); wait > 0 {
 		return fmt.Errorf("rabbitmq: broker unreachable, next connection attempt in %s: %w", wait.Round(time.Millisecond), e.lastErr)
 	}
-	url, dial, err := e.dialer()
+	var wire *guardedConn
+	url, dial, err := e.dialer(&wire)
 	var conn *amqp.Connection
 	if err == nil {
 		conn, err = amqp.DialConfig(url, amqp.Config{Dial: dial, Properties: amqp.Table{"connection_name": e.cfg.Name}})
@@ -418,7 +434,7 @@ func (e *Executor) dialLocked() error {
 	if e.failures > 0 || e.conn != nil {
 		e.logger.Info("reconnected to the broker", zap.Int("failed_attempts", e.failures))
 	}
-	e.conn, e.failures, e.idle = conn, 0, nil
+	e.conn, e.wire, e.failures, e.idle = conn, wire, 0, nil
 	return nil
 }
 
