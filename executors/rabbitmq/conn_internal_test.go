@@ -2,7 +2,11 @@ package rabbitmq
 
 import (
 	"encoding/binary"
+	"io"
+	"net"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -66,4 +70,21 @@ func FuzzGuardScan(f *testing.F) {
 			require.Equal(t, whole.remaining, parts.remaining)
 		}
 	})
+}
+
+// A write the peer does not take within the bound fails, closes the
+// socket, and breaks the connection: later writes fail at once.
+func TestGuardWriteTimeout(t *testing.T) {
+	t.Parallel()
+	client, peer := net.Pipe() // synchronous: a write waits for the peer's read
+	g := guard(client, 10*time.Millisecond)
+	require.NoError(t, g.broken())
+	_, err := g.Write([]byte("frame"))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded)
+	require.ErrorContains(t, err, "the broker took no data for 10ms")
+	require.Equal(t, err, g.broken())
+	_, err2 := g.Write([]byte("more"))
+	require.Equal(t, err, err2, "the error is sticky")
+	_, err = peer.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the socket is closed")
 }

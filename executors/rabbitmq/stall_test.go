@@ -155,5 +155,9 @@ func TestBrokerStopsReading(t *testing.T) {
 	require.NotErrorAs(t, err, new(*executors.PermanentError), "the attempt retries")
 
 	require.NoError(t, wait(execute(3, "after")), "a later job publishes on a new connection")
-	<-proxy.accepted
+	select {
+	case <-proxy.accepted:
+	default:
+		t.Fatal("the later job did not dial a new connection")
+	}
 }
