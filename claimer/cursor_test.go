@@ -549,3 +549,27 @@ func TestCursorLockedRowBehindTheCursorRunsOnceUnlocked(t *testing.T) {
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, locked, receive(ctx, t, ran))
 }
+
+// A look that fails keeps the time it ran, on the client: the next look,
+// retried, waits LookShare times as long, as after a look that succeeded.
+// A look over millions of dead entries that runs into its statement
+// timeout would otherwise be tried again a second later, again and again,
+// and the looks would keep a connection and a server process busy walking
+// the dead entries, not a fifth of one. Here a lock on the jobs table
+// holds the look until its timeout.
+func TestCursorFailedLookKeepsItsTime(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, "LOCK TABLE "+jobs+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	const timeout = 200 * time.Millisecond
+	looker := cursor.NewLooker(pool, c.cfg.Schema, c.cfg.Queue, timeout, zap.NewNop())
+	look := looker.Look(ctx)
+	require.Error(t, look.Err, "the look waits for the lock until its timeout")
+	require.GreaterOrEqual(t, look.Took, timeout, "a failed look took as long as it ran")
+}

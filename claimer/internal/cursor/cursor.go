@@ -73,12 +73,13 @@ func SQL(sql string) string {
 // claim from the cursor starts after the last job the claimer took, past
 // them.
 //
-// A claimer claims from its cursor while the front is held (its last
-// claim from the front took the server HeldClaim or longer, or its last
-// look from the front, Looker, SlowFront or longer): then the dead entries
-// cost more than the strict order is worth, and every claim is from the
-// cursor but the first and those after a failed claim or a give-back
-// (Reset). While the front is busy (a claim from the front took BusyClaim
+// A claimer claims from its cursor while the front is held (a claim from
+// the front took the server HeldClaim or longer, or a look from the front,
+// Looker, SlowFront or longer, and no look has found it quick since; a
+// quick claim from the front, the first after a Reset, leaves it held):
+// then the dead entries cost more than the strict order is worth, and
+// every claim is from the cursor but the first and those after a failed
+// claim or a give-back (Reset). While the front is busy (a claim from the front took BusyClaim
 // or longer, and no look has found it quick since), only the claims after
 // a full claim are from the cursor. Such claims ask for a look, and while
 // claims come from the cursor, looks run beside them, on a connection of

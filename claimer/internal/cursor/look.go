@@ -40,7 +40,10 @@ FROM (SELECT 1) one LEFT JOIN LATERAL (
     LIMIT 1) j ON true`
 
 // Look is what a look from the front found: the first due job of the
-// queue, if any, and how long the look took.
+// queue, if any, and how long the look took: on the server, or, for a look
+// that failed, on the client, from its start to its failure, so that the
+// next look waits LookShare times as long after a look that ran into its
+// timeout too.
 type Look struct {
 	Found    bool
 	Priority int16
@@ -186,6 +189,7 @@ func nextLook(ended time.Time, took, every time.Duration) time.Time {
 
 // Look looks from the front once.
 func (l *Looker) Look(ctx context.Context) Look {
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
 	var (
@@ -204,7 +208,7 @@ func (l *Looker) Look(ctx context.Context) Look {
 		err = closeErr
 	}
 	if err != nil {
-		look.Err = fmt.Errorf("look from the front: %w", err)
+		look.Err, look.Took = fmt.Errorf("look from the front: %w", err), time.Since(start)
 		return look
 	}
 	look.Found, look.Priority, look.RunAt, look.ID = id.Valid, priority.Int16, runAt.Time, id.Int64
