@@ -11,15 +11,17 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 )
 
-// HeldClaim is how long a claim from the front must take the server for
-// every next claim to come from the cursor (the front is held: a hold on
-// vacuum), until a look from the front says otherwise; such a claim asks
-// for one. A claim that walks the dead entries a transaction holding back
-// vacuum keeps alive (0.2 to 0.8 µs each) takes 5 ms at about 10,000 of
-// them, and grows with every job run since; an ordinary claim of a hundred
-// jobs takes the server 0.5 to 1 ms, a lone job's 0.1 to 0.3. At 20 ms, a
-// drain under a hold was held to about 100 jobs each 15 to 20 ms, its
-// claims from the front just too quick for the cursor.
+// HeldClaim is how long a claim from the front that came up short must
+// take the server for every next claim to come from the cursor (the front
+// is held: a hold on vacuum), until a look from the front finds it quick;
+// such a claim asks for one. A claim that walks the dead entries a
+// transaction holding back vacuum keeps alive (0.2 to 0.8 µs each) takes
+// 5 ms at about 10,000 of them, and grows with every job run since; a lone
+// job's claim takes the server 0.1 to 0.3 ms. A full claim's time is its
+// writes' too (1,000 jobs took 5.5 ms on a vacuumed table): a slow full
+// claim makes the front busy, and the look it asks for tells whether it
+// is held. At 20 ms, a drain under a hold was held to about 100 jobs each
+// 15 to 20 ms, its claims from the front just too quick for the cursor.
 const HeldClaim = 5 * time.Millisecond
 
 // BusyClaim is how long a claim from the front must take the server for
@@ -122,7 +124,7 @@ func (k *Cursor) Claimed(front bool, took time.Duration, at time.Time, runs []*r
 	look = !front
 	if front {
 		switch {
-		case took >= cmp.Or(k.Slow, HeldClaim):
+		case took >= cmp.Or(k.Slow, HeldClaim) && !full:
 			k.Held, look = true, true
 		case took >= cmp.Or(k.Slow, BusyClaim):
 			k.Busy, look = true, true
