@@ -67,7 +67,7 @@ func (c *guardedConn) Write(p []byte) (int, error) {
 	if werr != nil {
 		return 0, werr
 	}
-	if err := c.Conn.SetWriteDeadline(time.Now().Add(c.writeTimeout)); err != nil {
+	if err := c.SetWriteDeadline(time.Now().Add(c.writeTimeout)); err != nil {
 		return 0, c.fail(err)
 	}
 	n, err := c.Conn.Write(p)
@@ -88,7 +88,7 @@ func (c *guardedConn) fail(err error) error {
 	}
 	err = c.werr
 	c.mu.Unlock()
-	_ = c.Conn.Close()
+	_ = c.Close()
 	return err
 }
 
