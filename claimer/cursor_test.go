@@ -210,18 +210,8 @@ func TestCursorLookFindsAJobBehindASleepingClaimersCursor(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ran := make(chan int64, 10)
-	reg := executors.NewRegistry()
-	reg.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
-	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
-	c.cursor.Slow = -1
-	c.looker.Every = time.Millisecond
-	asleep := make(chan struct{}, 100)
-	hooks := &testhook.Hooks{ClaimerState: func(_, _, to string) {
-		if to == "asleep" {
-			asleep <- struct{}{}
-		}
-	}}
+	c, pool, jobs, ran := newLookingClaimer(ctx, t)
+	asleep, hooks := sleepHook()
 	first := insertJobs(ctx, t, pool, jobs, 1)
 	runClaimer(testhook.With(ctx, hooks), t, c)
 	require.Equal(t, first[0], receive(ctx, t, ran))
@@ -235,6 +225,30 @@ func TestCursorLookFindsAJobBehindASleepingClaimersCursor(t *testing.T) {
 	c.Wake() // the insert's notification, as the worker's listener hears it
 	require.Equal(t, behind, receive(ctx, t, ran))
 	require.EqualValues(t, 1, c.Stats().Fronts, "every claim but the first is from the cursor")
+}
+
+// newLookingClaimer is a claimer of two slots that claims from its cursor
+// after its first claim, looks from the front a millisecond apart, ticks
+// once an hour, and sends on ran the id of each job it runs.
+func newLookingClaimer(ctx context.Context, t *testing.T) (c *Claimer, pool *pgxpool.Pool, jobs string, ran chan int64) {
+	t.Helper()
+	ran = make(chan int64, 10)
+	reg := executors.NewRegistry()
+	reg.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
+	c, pool, jobs = newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
+	c.cursor.Slow = -1
+	c.looker.Every = time.Millisecond
+	return c, pool, jobs, ran
+}
+
+// sleepHook is hooks that signal asleep each time a claimer goes to sleep.
+func sleepHook() (asleep chan struct{}, hooks *testhook.Hooks) {
+	asleep = make(chan struct{}, 100)
+	return asleep, &testhook.Hooks{ClaimerState: func(_, _, to string) {
+		if to == "asleep" {
+			asleep <- struct{}{}
+		}
+	}}
 }
 
 func receive(ctx context.Context, t *testing.T, ch <-chan int64) int64 {
@@ -496,12 +510,7 @@ func TestCursorJobDueBehindTheCursorOfASleepingClaimerRuns(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ran := make(chan int64, 10)
-	reg := executors.NewRegistry()
-	reg.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
-	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
-	c.cursor.Slow = -1
-	c.looker.Every = time.Millisecond
+	c, pool, jobs, ran := newLookingClaimer(ctx, t)
 	var first, later int64
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 5) RETURNING id").Scan(&first))
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority, run_at) VALUES ('noop', 0, now() + interval '2 seconds') RETURNING id").Scan(&later))
@@ -519,18 +528,8 @@ func TestCursorLockedRowBehindTheCursorRunsOnceUnlocked(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ran := make(chan int64, 10)
-	reg := executors.NewRegistry()
-	reg.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
-	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: reg, Options: Options{Concurrency: 2, PollInterval: time.Hour}})
-	c.cursor.Slow = -1
-	c.looker.Every = time.Millisecond
-	asleep := make(chan struct{}, 100)
-	hooks := &testhook.Hooks{ClaimerState: func(_, _, to string) {
-		if to == "asleep" {
-			asleep <- struct{}{}
-		}
-	}}
+	c, pool, jobs, ran := newLookingClaimer(ctx, t)
+	asleep, hooks := sleepHook()
 	var first, locked int64
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 5) RETURNING id").Scan(&first))
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 0) RETURNING id").Scan(&locked))
