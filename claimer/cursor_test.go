@@ -188,14 +188,11 @@ func TestCursorPausedClaimAsksForNoLook(t *testing.T) {
 	c.cursor.Slow = -1
 	c.cursor.Set, c.cursor.Held = true, true // at the front, every job ahead: claims from the cursor
 	insertJobs(ctx, t, pool, jobs, 3)
-	fn := func(name string) string { return pgx.Identifier{c.cfg.Schema, name}.Sanitize() + "('default')" }
-	_, err := pool.Exec(ctx, "SELECT "+fn("pause_queue"))
-	require.NoError(t, err)
+	callQueue(ctx, t, c, pool, "pause_queue")
 	_, r := claimNow(ctx, t, c, 1)
 	require.True(t, r.Paused)
 	require.False(t, c.looker.Wanted(), "no look for a paused queue")
-	_, err = pool.Exec(ctx, "SELECT "+fn("resume_queue"))
-	require.NoError(t, err)
+	callQueue(ctx, t, c, pool, "resume_queue")
 	runs, _ := claimNow(ctx, t, c, 1)
 	require.Len(t, runs, 1)
 	require.True(t, c.looker.Wanted(), "a claim from the cursor asks for a look")
@@ -249,6 +246,14 @@ func sleepHook() (asleep chan struct{}, hooks *testhook.Hooks) {
 			asleep <- struct{}{}
 		}
 	}}
+}
+
+// callQueue calls the schema's function fn (pause_queue, resume_queue) on
+// c's queue.
+func callQueue(ctx context.Context, t *testing.T, c *Claimer, pool *pgxpool.Pool, fn string) {
+	t.Helper()
+	_, err := pool.Exec(ctx, "SELECT "+pgx.Identifier{c.cfg.Schema, fn}.Sanitize()+"($1)", c.cfg.Queue)
+	require.NoError(t, err)
 }
 
 func receive(ctx context.Context, t *testing.T, ch <-chan int64) int64 {
@@ -451,16 +456,13 @@ func TestCursorPausedClaimFromTheFrontLeavesTheCursor(t *testing.T) {
 	defer cancel()
 	c, pool, jobs := newTestClaimer(ctx, t, Config{})
 	c.cursor.Slow = -1
-	fn := func(name string) string { return pgx.Identifier{c.cfg.Schema, name}.Sanitize() + "('default')" }
-	_, err := pool.Exec(ctx, "SELECT "+fn("pause_queue"))
-	require.NoError(t, err)
+	callQueue(ctx, t, c, pool, "pause_queue")
 	var urgent, later int64
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority, run_at) VALUES ('noop', 0, now() - interval '1 hour') RETURNING id").Scan(&urgent))
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 1) RETURNING id").Scan(&later))
 	_, r := claimNow(ctx, t, c, 1)
 	require.True(t, r.Paused)
-	_, err = pool.Exec(ctx, "SELECT "+fn("resume_queue"))
-	require.NoError(t, err)
+	callQueue(ctx, t, c, pool, "resume_queue")
 	runs, _ := claimNow(ctx, t, c, 1)
 	require.Equal(t, []int64{urgent}, ids(runs), "the job of the highest priority first")
 	runs, _ = claimNow(ctx, t, c, 1)
