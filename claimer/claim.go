@@ -27,7 +27,10 @@ import (
 // the outcome is written only while the row still carries it.
 //
 // It claims nothing while the queue is paused (a row in the queues table
-// with paused_at set), and says so.
+// with paused_at set), or limited (limited set: the queue has flow limits,
+// and claim_flow claims it, migrations/sql/017_claim_flow.sql), and says
+// which. Its last two columns are claim_flow's own, so that one reader
+// reads both.
 //
 // It returns the time of the claim, now(), the seconds the server took
 // (read once every CTE has run, so that the claim is timed on the server,
@@ -43,13 +46,14 @@ import (
 // generic plan, blind to LIMIT $2, was a hash join over the whole table.
 const claimSQL = `
 WITH p AS (
-    SELECT EXISTS (SELECT FROM {queues} WHERE name = $1 AND paused_at IS NOT NULL) AS paused
+    SELECT coalesce(bool_or(paused_at IS NOT NULL), false) AS paused, coalesce(bool_or(limited), false) AS limited
+    FROM {queues} WHERE name = $1
 ), c AS (
     SELECT ctid, priority, run_at, id,
            CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
                 ELSE pg_column_size(payload || '{}'::jsonb) END AS size
     FROM {jobs}
-    WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused FROM p)
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused OR limited FROM p)
     ORDER BY priority, run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -70,26 +74,52 @@ WITH p AS (
 ), k AS (
     SELECT count(*) AS claimed FROM u
 ), n AS (
-    SELECT CASE WHEN k.claimed < $2 AND NOT p.paused THEN
+    SELECT CASE WHEN k.claimed < $2 AND NOT p.paused AND NOT p.limited THEN
                (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
                 WHERE status = 'pending' AND queue = $1 AND run_at > now())
            END AS next_in,
-           CASE WHEN k.claimed < $2 AND NOT p.paused THEN
+           CASE WHEN k.claimed < $2 AND NOT p.paused AND NOT p.limited THEN
                (SELECT count(*) FROM (SELECT FROM {jobs}
                                       WHERE status = 'pending' AND queue = $1 AND run_at <= now()
                                       LIMIT $2 + 1) d) > k.claimed
            END AS stranded,
-           p.paused
+           p.paused AND NOT p.limited AS paused, p.limited
     FROM k, p
 )
 SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at,
        u.updated_at, n.next_in, n.stranded, n.paused, now(),
-       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8, u.traceparent, u.tracestate
+       extract(epoch FROM clock_timestamp() - statement_timestamp())::float8, u.traceparent, u.tracestate,
+       n.limited, false, NULL::text
 FROM n LEFT JOIN u ON true`
 
+// flowSQL claims a queue with flow limits: claim_flow (migration 017)
+// takes the claim's arguments and where its walk over the keys starts,
+// and returns the columns claimSQL does.
+const flowSQL = `SELECT * FROM {claim_flow}($1, $2, $3, $4, $5, $6, $7)`
+
+// flowState is what a claim tells beside its jobs about flow limits.
+type flowState struct {
+	limited bool        // the queue has flow limits: claim_flow claims it
+	held    bool        // due jobs wait for their key's running jobs
+	after   pgtype.Text // where claim_flow's next walk over the keys starts
+}
+
 // claim takes up to limit due jobs, leases them, and starts them on jobs.
-// It claims from the cursor or from the front (internal/cursor).
+// It claims from the cursor or from the front (internal/cursor), or, while
+// the queue has flow limits, with claim_flow. A claim that finds the queue's
+// limits declared or gone claims nothing: the other statement claims
+// again at once.
 func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) machine.Result {
+	r, switched := c.claimOnce(ctx, limit, jobs)
+	if switched {
+		r, _ = c.claimOnce(ctx, limit, jobs)
+	}
+	return r
+}
+
+// claimOnce is one claim statement. switched: the statement found the
+// queue's flow limits declared or gone, and claimed nothing.
+func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runners) (machine.Result, bool) {
 	r := machine.Result{Limit: limit}
 	if c.lost.Pending() {
 		c.giveBack(ctx)
@@ -101,7 +131,7 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 	conn, err := c.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		c.cursor.Reset()
-		return machine.Result{Limit: limit, Err: fmt.Errorf("claim jobs: %w", err)}
+		return machine.Result{Limit: limit, Err: fmt.Errorf("claim jobs: %w", err)}, false
 	}
 	defer conn.Release()
 	notices := c.runs.Notices()
@@ -110,20 +140,25 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 		sent = time.Now()
 	}
 	sql, args := c.claimSQL, []any{c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes}
-	if look, ok := c.looker.Looked(); ok {
-		c.cursor.Looked(look)
-	}
-	front := c.cursor.FromFront()
-	if front {
-		c.fronts.Add(1)
-	} else {
-		sql, args = c.claimCursorSQL, append(args, c.cursor.Priority, c.cursor.RunAt, c.cursor.ID)
+	flow, front := c.flow.limited, true
+	switch {
+	case flow:
+		sql, args = c.flowSQL, append(args, c.flow.after)
+	default:
+		if look, ok := c.looker.Looked(); ok {
+			c.cursor.Looked(look)
+		}
+		if front = c.cursor.FromFront(); front {
+			c.fronts.Add(1)
+		} else {
+			sql, args = c.claimCursorSQL, append(args, c.cursor.Priority, c.cursor.RunAt, c.cursor.ID)
+		}
 	}
 	results := pinned.Send(ctx, conn, pinned.ClaimPlanSQL, sql, args...)
 	if c.claimSent != nil {
 		c.claimSent(c.cfg.Queue)
 	}
-	runs, at, took, err := c.readClaim(results, &r)
+	runs, at, took, fs, err := c.readClaim(results, &r)
 	// Close reads the end of the transaction: only a committed claim runs.
 	if closeErr := results.Close(); err == nil && closeErr != nil {
 		err = fmt.Errorf("claim jobs: %w", closeErr)
@@ -139,17 +174,26 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 		if giveback.ReplyLost(err) {
 			c.lost.Note(int32(conn.Conn().PgConn().PID()))
 		}
-		return machine.Result{Limit: limit, Err: err}
+		return machine.Result{Limit: limit, Err: err}, false
 	}
-	// A claim that found the queue paused read no row: it tells neither
-	// where the due jobs are nor how long the front takes, and it waits
-	// for resume_queue(), not for a look.
-	if !r.Paused && c.cursor.Claimed(front, took, at, runs, len(runs) == limit) {
+	if fs.limited != flow {
+		c.logger.Info("the queue's flow limits changed", zap.Bool("limited", fs.limited))
+		c.flow = flowState{limited: fs.limited}
+		c.cursor.Reset()
+		return r, true
+	}
+	switch {
+	case flow:
+		c.flow.after, r.Held = fs.after, fs.held
+	case !r.Paused && c.cursor.Claimed(front, took, at, runs, len(runs) == limit):
+		// A claim that found the queue paused read no row: it tells
+		// neither where the due jobs are nor how long the front takes,
+		// and it waits for resume_queue(), not for a look.
 		c.looker.Want()
 	}
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {
-		return r
+		return r, false
 	}
 	if c.trace != nil {
 		c.trace.Claimed(runs, limit, sent, time.Now())
@@ -165,20 +209,21 @@ func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) m
 	for _, run := range runs {
 		jobs.Start(run)
 	}
-	return r
+	return r, false
 }
 
 // readClaim reads a claim's results: the settings', then the claimed jobs,
 // the claim's time on the database's clock and how long the server took,
 // and into r the wait until the next run_at, whether due rows were skipped
 // and whether the queue is paused.
-func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*runstate.Run, time.Time, time.Duration, error) {
+func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*runstate.Run, time.Time, time.Duration, flowState, error) {
+	var fs flowState
 	if _, err := results.Exec(); err != nil {
-		return nil, time.Time{}, 0, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, 0, fs, fmt.Errorf("claim jobs: %w", err)
 	}
 	rows, err := results.Query()
 	if err != nil {
-		return nil, time.Time{}, 0, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, 0, fs, fmt.Errorf("claim jobs: %w", err)
 	}
 	defer rows.Close()
 	var claimed []*runstate.Run
@@ -194,6 +239,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		claimedAt, at        pgtype.Timestamptz
 		nextIn, took         pgtype.Float8
 		stranded, paused     pgtype.Bool
+		limited, held        pgtype.Bool
 		payload              []byte
 		traceParent          pgtype.Text
 		traceState           pgtype.Text
@@ -206,16 +252,17 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 	}
 	// The claim's own columns are the same in every row: read from the
 	// first.
-	claimDest := [5]any{&nextIn, &stranded, &paused, &at, &took}
+	claimDest := [8]any{&nextIn, &stranded, &paused, &at, &took, &limited, &held, &fs.after}
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
 			&claimedAt, claimDest[0], claimDest[1], claimDest[2], claimDest[3], claimDest[4],
-			traceDest[0], traceDest[1]); err != nil {
-			return nil, time.Time{}, 0, fmt.Errorf("claim jobs: scan: %w", err)
+			traceDest[0], traceDest[1], claimDest[5], claimDest[6], claimDest[7]); err != nil {
+			return nil, time.Time{}, 0, fs, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if claimDest[0] != nil {
-			claimDest = [5]any{}
+			claimDest = [8]any{}
+			fs.limited, fs.held = limited.Bool, held.Bool
 			if nextIn.Valid {
 				d := scheduleWait(nextIn.Float64)
 				r.Next = &d
@@ -235,9 +282,9 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return nil, time.Time{}, 0, fmt.Errorf("claim jobs: %w", err)
+		return nil, time.Time{}, 0, fs, fmt.Errorf("claim jobs: %w", err)
 	}
-	return claimed, at.Time, time.Duration(took.Float64 * float64(time.Second)), nil
+	return claimed, at.Time, time.Duration(took.Float64 * float64(time.Second)), fs, nil
 }
 
 // scheduleWait turns the seconds until the earliest future run_at into a

@@ -166,8 +166,13 @@ type Claimer struct {
 	// ended; cursor is that place (internal/cursor). Only the claim loop uses them.
 	claimCursorSQL string
 	cursor         cursor.Cursor
-	looker         *cursor.Looker // looks from the front beside claims from the cursor
-	poolSize       int            // the pool's MaxConns, read once: Pool.Config copies the whole config
+	// flowSQL claims the queue while it has flow limits, and flow says
+	// whether it has and where the next claim_flow starts. Only the claim
+	// loop uses them.
+	flowSQL  string
+	flow     flowState
+	looker   *cursor.Looker // looks from the front beside claims from the cursor
+	poolSize int            // the pool's MaxConns, read once: Pool.Config copies the whole config
 
 	runs      *runstate.Tracker
 	attempts  *attempt.Attempts
@@ -202,6 +207,7 @@ func New(cfg Config) (*Claimer, error) {
 	return &Claimer{
 		cfg: cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
 		claimCursorSQL: pinned.WithSchema(cursor.SQL(claimSQL), cfg.Schema),
+		flowSQL:        pinned.WithSchema(flowSQL, cfg.Schema),
 		poolSize:       poolSize, runs: runs,
 		attempts: attempt.New(attempt.Config{
 			Runs: runs, Registry: cfg.Registry, MaxJobTimeout: cfg.MaxJobTimeout, WorkerID: cfg.WorkerID,

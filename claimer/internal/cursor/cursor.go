@@ -55,7 +55,7 @@ const cursorCond = ` AND (priority, run_at, id) > ($7::smallint, $8::timestamptz
 // longer reads as it expects.
 func SQL(sql string) string {
 	for _, where := range []string{
-		"WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused FROM p)\n",
+		"WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused OR limited FROM p)\n",
 		"WHERE status = 'pending' AND queue = $1 AND run_at <= now()\n",
 	} {
 		if strings.Count(sql, where) != 1 {

@@ -74,9 +74,12 @@ type Result struct {
 	Stranded bool
 	// Paused: the queue is paused, and nothing was claimed.
 	Paused bool
-	Err    error
-	Delay  time.Duration // before the next try, after Err
-	At     time.Time     // when the claim ended
+	// Held: due jobs wait for their key's running jobs to end (flow
+	// limits): a job of this worker that ends may let them start.
+	Held  bool
+	Err   error
+	Delay time.Duration // before the next try, after Err
+	At    time.Time     // when the claim ended
 }
 
 // Machine decides, for each event, whether the loop claims, and after each
@@ -88,6 +91,9 @@ type Machine struct {
 	looks int           // empty looks in a row while lingering
 	// gather: saturated, the gather timer runs.
 	gather bool
+	// held: the last claim left due jobs held back by flow limits, so a
+	// freed slot makes the loop claim whatever the state.
+	held bool
 	// stranded is when the claims began to skip locked due rows, zero while
 	// they skip none. The next look comes as long after as that began, from
 	// strandedMin to strandedMax: the looks back off with time, however
@@ -123,15 +129,15 @@ func (m *Machine) Event(ev Event, free, concurrency int) bool {
 		if ev == EventKeyLost {
 			m.State = StateDrowsy // the sleep lock takes the key again by itself
 		}
-		return ev != EventSlotFreed
+		return ev != EventSlotFreed || m.held
 	default:
-		return ev != EventSlotFreed
+		return ev != EventSlotFreed || m.held
 	}
 }
 
 // Claimed moves the machine on after a claim that ev started.
 func (m *Machine) Claimed(ev Event, r Result) {
-	m.gather, m.Rearm = false, true
+	m.gather, m.Rearm, m.held = false, true, r.Held && r.Err == nil && !r.Paused
 	switch {
 	case r.Err != nil:
 		m.State, m.Timer, m.looks = StateBackoff, r.Delay, 0

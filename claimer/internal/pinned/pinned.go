@@ -58,8 +58,10 @@ func Exec(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (pgc
 	return tag, err
 }
 
-// WithSchema names schema's tables in sql: {jobs} and {queues}.
+// WithSchema names schema's tables and functions in sql: {jobs}, {queues}
+// and {claim_flow}.
 func WithSchema(sql, schema string) string {
 	return strings.NewReplacer("{jobs}", pgx.Identifier{schema, "jobs"}.Sanitize(),
-		"{queues}", pgx.Identifier{schema, "queues"}.Sanitize()).Replace(sql)
+		"{queues}", pgx.Identifier{schema, "queues"}.Sanitize(),
+		"{claim_flow}", pgx.Identifier{schema, "claim_flow"}.Sanitize()).Replace(sql)
 }
