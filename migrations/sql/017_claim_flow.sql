@@ -20,22 +20,24 @@
 -- The jobs without a key have no limit; they are looked for among the
 -- queue's first 1000 due jobs.
 --
--- A limited key's claims are serialized by its flow_keys row, locked FOR
--- NO KEY UPDATE SKIP LOCKED before its running jobs are counted: each
--- statement of the function reads a snapshot of its own, taken after the
--- lock, so the count sees every claim of the key that committed, and a
--- claim still running holds the row (this claim skips the key and says it
--- was stranded). A key without a row gets one, at the end, in key order,
--- with no job this time: the claim says to look again at once (next_in 0).
--- Nothing here waits for a lock but those inserts, which wait only for
--- another claim's insert of the same key, and all claims insert in key
--- order.
+-- The claims of a limited key run one at a time: each takes the key's
+-- advisory lock (pg_try_advisory_xact_lock, on a hash of the schema, queue
+-- and key) before it counts the key's running jobs, and a claim that finds
+-- it taken skips the key and says it was stranded. Each statement of the
+-- function reads a snapshot of its own, taken after the lock, and a
+-- transaction's locks are released only once its changes are visible: the
+-- count sees every claim of the key before this one. A strict or
+-- rate-limited key keeps its state in its flow_keys row, made by its first
+-- claim and updated under the lock. Nothing here waits for another claim:
+-- the advisory lock and the jobs are taken with SKIP LOCKED's rule, and a
+-- flow_keys row is only ever locked by the one claim holding its key or by
+-- the sweeper, which waits for no claim.
 --
 -- It returns the jobs claimed, one row each, or one row with a NULL id,
 -- every row with the claim's own columns: next_in (seconds until the
 -- earliest future run_at, or until a rate-limited key's next start, when
 -- it claimed fewer than asked), stranded (it skipped a key or a job
--- another claim held), paused, claimed_at (now()), took (the server's
+-- another transaction held), paused, claimed_at (now()), took (the server's
 -- seconds), limited (false: the queue has no limits any more, and the
 -- claimer's own statement claims it), held (due jobs wait for a key's
 -- running jobs: a job of this worker that ends may let them start), and
@@ -95,7 +97,6 @@ DECLARE
     ids         bigint[] := '{}';
     taken       integer := 0;
     bytes       bigint := 0;
-    missing     text[] := '{}';
     is_held     boolean := false;
     is_stranded boolean := false;
     next_due    timestamptz;
@@ -176,19 +177,30 @@ BEGIN
             END IF;
 
             IF conc IS NOT NULL OR strict_ OR rate_ IS NOT NULL THEN
-                SELECT fk.head, fk.starts INTO kr
-                FROM {{.schema}}.flow_keys fk
-                WHERE fk.queue = claim_queue AND fk.key = k.key
-                FOR NO KEY UPDATE SKIP LOCKED;
-                IF NOT FOUND THEN
-                    IF EXISTS (SELECT FROM {{.schema}}.flow_keys fk WHERE fk.queue = claim_queue AND fk.key = k.key) THEN
-                        is_stranded := true;
-                    ELSE
-                        missing := missing || k.key;
-                    END IF;
+                -- one claim of the key at a time: the lock is released when
+                -- the claim's transaction is visible, and the statements
+                -- after it read snapshots of their own
+                IF NOT pg_try_advisory_xact_lock(hashtextextended(
+                        {{.schema_literal}} || '/' || claim_queue || '/' || k.key, 0)) THEN
+                    is_stranded := true;
                     CONTINUE;
                 END IF;
-                key_locked := true;
+                IF strict_ OR rate_ IS NOT NULL THEN
+                    SELECT fk.head, fk.starts INTO kr
+                    FROM {{.schema}}.flow_keys fk
+                    WHERE fk.queue = claim_queue AND fk.key = k.key
+                    FOR NO KEY UPDATE;
+                    IF NOT FOUND THEN
+                        INSERT INTO {{.schema}}.flow_keys AS fk (queue, key) VALUES (claim_queue, k.key)
+                        ON CONFLICT DO NOTHING
+                        RETURNING fk.head, fk.starts INTO kr;
+                        IF NOT FOUND THEN
+                            is_stranded := true;
+                            CONTINUE;
+                        END IF;
+                    END IF;
+                    key_locked := true;
+                END IF;
                 IF conc IS NOT NULL OR strict_ THEN
                     allow := least(allow, CASE WHEN strict_ THEN 1 ELSE conc END
                                           - (SELECT count(*) FROM {{.schema}}.jobs j
@@ -285,12 +297,6 @@ BEGIN
         EXIT WHEN taken >= claim_limit OR bytes >= max_bytes;
     END LOOP;
 
-    IF cardinality(missing) > 0 THEN
-        INSERT INTO {{.schema}}.flow_keys AS fk (queue, key)
-        SELECT claim_queue, mk FROM unnest(missing) mk ORDER BY mk
-        ON CONFLICT DO NOTHING;
-        next_due := t0;
-    END IF;
     IF taken < claim_limit THEN
         v_next_in := least(
             (SELECT extract(epoch FROM min(j.run_at) - t0)::float8 FROM {{.schema}}.jobs j

@@ -161,3 +161,25 @@ func TestLookWaits(t *testing.T) {
 	require.LessOrEqual(t, spent(2), linger)
 	require.Greater(t, spent(3), linger)
 }
+
+// A claim that left due jobs held back by flow limits makes a freed slot
+// claim in every state that waits for work, since the job that ended may
+// have been what held them; the next claim that holds none ends that.
+func TestMachineHeldClaimsOnFreedSlots(t *testing.T) {
+	t.Parallel()
+	const concurrency = 10
+	for _, s := range []State{StateAwake, StateLingering, StateDrowsy, StateAsleep} {
+		m := &Machine{State: s, Timer: NoTimer}
+		m.Claimed(EventWake, Result{Limit: 3, Held: true})
+		if s == StateAsleep {
+			require.Equal(t, StateAsleep, m.State)
+		}
+		require.True(t, m.Event(EventSlotFreed, 3, concurrency), "held, %s claims when a slot frees", m.State)
+		m.Claimed(EventSlotFreed, Result{Limit: 3})
+		require.False(t, m.Event(EventSlotFreed, 3, concurrency), "not held, %s waits for work", m.State)
+	}
+	// A failed claim or a paused queue holds nothing.
+	m := New()
+	m.Claimed(EventWake, Result{Limit: 3, Held: true, Paused: true})
+	require.False(t, m.Event(EventSlotFreed, 3, concurrency))
+}
