@@ -46,6 +46,10 @@ type Job struct {
 	// worker ignores a malformed TraceParent; the table refuses one longer
 	// than 128 bytes, and a TraceState longer than 512.
 	TraceParent, TraceState string
+	// FlowKey is the key the flow limits of the job's queue apply to, such
+	// as the customer or the receiving host (docs/operations.md, "Flow
+	// control"): 1 to 256 characters. Default: none.
+	FlowKey string
 }
 
 // Enqueue inserts job into the default schema and returns its id, or the id
@@ -69,8 +73,8 @@ type Enqueued struct {
 	// Conflict is true when the job that holds the dedup key is not the one
 	// asked for: another role created it (the role this session logged in
 	// as did not, and may not read the table), or it has another kind,
-	// queue, payload or priority, another max_attempts (when MaxAttempts is
-	// set), or it has not run yet and is due later than asked. Another
+	// queue, payload, priority or flow key, another max_attempts (when
+	// MaxAttempts is set), or it has not run yet and is due later than asked. Another
 	// writer of the table may have taken the key first, so that this job is
 	// never created (docs/security.md). Nothing else of a job another role
 	// created is compared or told.
@@ -117,12 +121,21 @@ func (s Schema) call(ctx context.Context, db DB, fn string, job Job, dest ...any
 		ctx, cancel = context.WithTimeout(ctx, DefaultStatementTimeout)
 		defer cancel()
 	}
+	args := []any{
+		job.Kind, payload, nilIfZero(job.Queue), nilIfZero(job.RunAt),
+		job.Priority, nilIfZero(job.DedupKey), nilIfZero(int32(job.MaxAttempts)), //nolint:gosec // checked above
+		nilIfZero(job.TraceParent), nilIfZero(job.TraceState),
+	}
 	sql := "SELECT * FROM " + pgx.Identifier{string(s), fn}.Sanitize() +
 		"(kind => $1, payload => $2, queue => $3, run_at => $4, priority => $5, dedup_key => $6, max_attempts => $7, " +
-		"traceparent => $8, tracestate => $9)"
-	err = db.QueryRow(ctx, sql, job.Kind, payload, nilIfZero(job.Queue), nilIfZero(job.RunAt),
-		job.Priority, nilIfZero(job.DedupKey), nilIfZero(int32(job.MaxAttempts)), //nolint:gosec // checked above
-		nilIfZero(job.TraceParent), nilIfZero(job.TraceState)).Scan(dest...)
+		"traceparent => $8, tracestate => $9"
+	// Named only when set, so that a job without a key enqueues into a
+	// schema older than migration 16 too.
+	if job.FlowKey != "" {
+		sql += ", flow_key => $10"
+		args = append(args, job.FlowKey)
+	}
+	err = db.QueryRow(ctx, sql+")", args...).Scan(dest...)
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && (pgErr.Code == "3F000" || pgErr.Code == "42883"): // no such schema, no such function

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -222,3 +223,35 @@ func TestEnqueueIntoAMissingSchema(t *testing.T) {
 	require.ErrorIs(t, err, migrations.ErrSchemaMissing)
 	require.ErrorContains(t, err, `schema "no_such_schema" is not installed in this database: run 'pgdispatch migrate' first`)
 }
+
+// A job's flow key goes into its row, from Go and from SQL, and a job
+// holding the dedup key with another flow key is not the one asked for.
+func TestEnqueueFlowKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	pool := pgtest.Pool(t)
+	s := pgdispatch.Schema(b.schema)
+
+	keyed, err := s.EnqueueChecked(ctx, pool, pgdispatch.Job{Kind: "record", FlowKey: "acme", DedupKey: "k", RunAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	require.True(t, keyed.Created)
+	plain, err := s.Enqueue(ctx, pool, pgdispatch.Job{Kind: "record", RunAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	fromSQL := b.insert(t, "SELECT "+pgx.Identifier{b.schema, "enqueue"}.Sanitize()+"('record', run_at => now() + interval '1 hour', flow_key => 'globex')")
+	for id, want := range map[int64]*string{keyed.ID: strPtr("acme"), plain: nil, fromSQL: strPtr("globex")} {
+		var got *string
+		require.NoError(t, pool.QueryRow(ctx, "SELECT flow_key FROM "+b.jobs+" WHERE id = $1", id).Scan(&got))
+		require.Equal(t, want, got, "job %d", id)
+	}
+
+	again, err := s.EnqueueChecked(ctx, pool, pgdispatch.Job{Kind: "record", FlowKey: "globex", DedupKey: "k", RunAt: time.Now().Add(time.Hour)})
+	require.NoError(t, err)
+	require.Equal(t, keyed.ID, again.ID)
+	require.True(t, again.Conflict, "another flow key")
+
+	_, err = s.Enqueue(ctx, pool, pgdispatch.Job{Kind: "record", FlowKey: strings.Repeat("k", 257)})
+	require.ErrorContains(t, err, "jobs_flow_key_check")
+}
+
+func strPtr(s string) *string { return &s }

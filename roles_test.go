@@ -278,8 +278,8 @@ func TestScheduleKeysAreReserved(t *testing.T) {
 	writerRole, operatorRole := pgx.Identifier{r.writer}.Sanitize(), pgx.Identifier{r.operator}.Sanitize()
 	requireAllowed(t, pgtest.Pool(t), "GRANT USAGE ON SCHEMA "+schema+" TO "+writerRole+", "+operatorRole+"; "+
 		"GRANT INSERT ON "+b.jobs+" TO "+writerRole+"; "+
-		"GRANT EXECUTE ON FUNCTION "+schema+".enqueue(text, jsonb, text, timestamptz, smallint, text, integer, text, text), "+
-		schema+".enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer, text, text) TO "+writerRole+"; "+
+		"GRANT EXECUTE ON FUNCTION "+schema+".enqueue(text, jsonb, text, timestamptz, smallint, text, integer, text, text, text), "+
+		schema+".enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer, text, text, text) TO "+writerRole+"; "+
 		"GRANT SELECT, UPDATE ON "+b.jobs+" TO "+operatorRole)
 	writer, operator := rolePool(t, r.writer), rolePool(t, r.operator)
 

@@ -19,15 +19,17 @@
 --             whose tables have dispatch triggers need it too: the trigger
 --             inserts jobs with the rights of the role that wrote the row.
 --   worker    what `pgdispatch run` needs: it reads, claims, updates and
---             purges jobs, and fires the schedules. It inserts no jobs but
+--             purges jobs, keeps the flow keys' state, and fires the
+--             schedules. It inserts no jobs but
 --             those of the schedules' slots (fire_schedule_slots()), and
 --             never runs a migration (`pgdispatch migrate` runs as the
 --             owner).
 --   operator  what the admin commands need: `stats`, `jobs list|show|retry|
 --             cancel|snooze`, `queues list|pause|resume`, `schedules add|
---             list|remove|pause|resume`, the SQL functions cancel(),
---             snooze(), pause_queue(), resume_queue(), schedule(),
---             unschedule(), pause_schedule() and resume_schedule(),
+--             list|remove|pause|resume`, `limits set|list|clear`, the SQL
+--             functions cancel(), snooze(), pause_queue(), resume_queue(),
+--             schedule(), unschedule(), pause_schedule(), resume_schedule(),
+--             set_flow_limit() and clear_flow_limit(),
 --             `triggers list` and `triggers add`, which also needs
 --             the TRIGGER privilege on the application's table (its owner
 --             grants it). `triggers remove` drops a trigger, which
@@ -54,14 +56,15 @@ GRANT USAGE ON SCHEMA :"schema" TO :"writer", :"worker", :"operator";
 
 -- writer
 GRANT EXECUTE ON FUNCTION
-    :"schema".enqueue(text, jsonb, text, timestamptz, smallint, text, integer, text, text),
-    :"schema".enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer, text, text)
+    :"schema".enqueue(text, jsonb, text, timestamptz, smallint, text, integer, text, text, text),
+    :"schema".enqueue_checked(text, jsonb, text, timestamptz, smallint, text, integer, text, text, text)
     TO :"writer";
-GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts, traceparent, tracestate) ON :"schema".jobs TO :"writer";
+GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts, traceparent, tracestate, flow_key) ON :"schema".jobs TO :"writer";
 
 -- worker
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
-GRANT SELECT ON :"schema".schema_version, :"schema".queues TO :"worker";
+GRANT SELECT ON :"schema".schema_version, :"schema".queues, :"schema".flow_limits TO :"worker";
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_keys TO :"worker";
 GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, taken, warning) ON :"schema".schedules TO :"worker";
 -- insert_scheduled_jobs() is what workers of builds before migration 12 call.
 GRANT EXECUTE ON FUNCTION
@@ -75,6 +78,8 @@ GRANT SELECT ON :"schema".schema_version TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".event_triggers TO :"operator";
 GRANT SELECT, INSERT, UPDATE ON :"schema".queues TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedules TO :"operator";
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_limits TO :"operator";
+GRANT SELECT ON :"schema".flow_keys TO :"operator";
 GRANT EXECUTE ON FUNCTION
     :"schema".cancel(bigint[]),
     :"schema".snooze(bigint, interval),
@@ -83,5 +88,7 @@ GRANT EXECUTE ON FUNCTION
     :"schema".schedule(text, text, text, jsonb, text, text, smallint, integer, text, integer, interval, boolean),
     :"schema".unschedule(text),
     :"schema".pause_schedule(text),
-    :"schema".resume_schedule(text)
+    :"schema".resume_schedule(text),
+    :"schema".set_flow_limit(text, text, integer, boolean, integer, interval),
+    :"schema".clear_flow_limit(text, text)
     TO :"operator";

@@ -574,7 +574,7 @@ func TestEnqueueExecuteFollowsInsert(t *testing.T) {
 		for _, fn := range []string{"enqueue", "enqueue_checked"} {
 			var can bool
 			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT has_function_privilege($1, $2, 'EXECUTE')", role,
-				pgx.Identifier{schema, fn}.Sanitize()+"(text, jsonb, text, timestamptz, smallint, text, integer, text, text)").Scan(&can))
+				pgx.Identifier{schema, fn}.Sanitize()+"(text, jsonb, text, timestamptz, smallint, text, integer, text, text, text)").Scan(&can))
 			require.Equal(t, want, can, "%s on %s", role, fn)
 		}
 	}

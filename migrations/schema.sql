@@ -20,7 +20,32 @@ CREATE TABLE event_triggers (
     payload jsonb NOT NULL,
     when_expr text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    flow_key text,
     CONSTRAINT event_triggers_pkey PRIMARY KEY (name)
+);
+
+CREATE TABLE flow_keys (
+    queue text NOT NULL,
+    key text NOT NULL,
+    head bigint,
+    starts timestamp with time zone[] DEFAULT '{}'::timestamp with time zone[] NOT NULL,
+    CONSTRAINT flow_keys_pkey PRIMARY KEY (queue, key)
+);
+
+CREATE TABLE flow_limits (
+    queue text NOT NULL,
+    key text,
+    concurrency integer,
+    strict boolean DEFAULT false NOT NULL,
+    rate integer,
+    per interval,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT flow_limits_concurrency_check CHECK (((concurrency >= 1) AND (concurrency <= 100000))),
+    CONSTRAINT flow_limits_key_check CHECK (((char_length(key) >= 1) AND (char_length(key) <= 256))),
+    CONSTRAINT flow_limits_per_check CHECK (((per > '00:00:00'::interval) AND (per <= '1 day'::interval))),
+    CONSTRAINT flow_limits_queue_check CHECK (((char_length(queue) >= 1) AND (char_length(queue) <= 128))),
+    CONSTRAINT flow_limits_rate_check CHECK (((rate >= 1) AND (rate <= 10000))),
+    CONSTRAINT flow_limits_rate_per_check CHECK (((rate IS NULL) = (per IS NULL)))
 );
 
 CREATE TABLE jobs (
@@ -45,8 +70,10 @@ CREATE TABLE jobs (
     created_by oid DEFAULT (to_regrole(quote_ident((SESSION_USER)::text)))::oid,
     traceparent text,
     tracestate text,
+    flow_key text,
     CONSTRAINT jobs_attempts_check CHECK (((attempts >= 0) AND (attempts <= 1000000))),
     CONSTRAINT jobs_dedup_key_check CHECK ((char_length(dedup_key) <= 512)),
+    CONSTRAINT jobs_flow_key_check CHECK (((char_length(flow_key) >= 1) AND (char_length(flow_key) <= 256))),
     CONSTRAINT jobs_kind_check CHECK (((char_length(kind) >= 1) AND (char_length(kind) <= 128))),
     CONSTRAINT jobs_max_attempts_check CHECK (((max_attempts >= 1) AND (max_attempts <= 1000000))),
     CONSTRAINT jobs_payload_size_check CHECK ((pg_column_size(payload) <= 1048576)),
@@ -62,6 +89,7 @@ CREATE TABLE queues (
     name text NOT NULL,
     paused_at timestamp with time zone,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    limited boolean DEFAULT false NOT NULL,
     CONSTRAINT queues_name_check CHECK (((char_length(name) >= 1) AND (char_length(name) <= 128))),
     CONSTRAINT queues_pkey PRIMARY KEY (name)
 );
@@ -111,11 +139,19 @@ CREATE TABLE schema_version (
 
 CREATE UNIQUE INDEX event_triggers_pkey ON pgdispatch.event_triggers USING btree (name);
 
+CREATE UNIQUE INDEX flow_keys_pkey ON pgdispatch.flow_keys USING btree (queue, key);
+
+CREATE UNIQUE INDEX flow_limits_queue_key_idx ON pgdispatch.flow_limits USING btree (queue, COALESCE(key, ''::text));
+
 CREATE INDEX jobs_claim_idx ON pgdispatch.jobs USING btree (queue, priority, run_at, id) WHERE (status = 'pending'::text);
 
 CREATE UNIQUE INDEX jobs_dedup_key_idx ON pgdispatch.jobs USING btree (dedup_key) WHERE (dedup_key IS NOT NULL);
 
 CREATE INDEX jobs_finished_idx ON pgdispatch.jobs USING btree (status, finished_at) WHERE (finished_at IS NOT NULL);
+
+CREATE INDEX jobs_flow_pending_idx ON pgdispatch.jobs USING btree (queue, flow_key, priority, run_at, id) WHERE ((status = 'pending'::text) AND (flow_key IS NOT NULL));
+
+CREATE INDEX jobs_flow_running_idx ON pgdispatch.jobs USING btree (queue, flow_key) WHERE ((status = 'running'::text) AND (flow_key IS NOT NULL));
 
 CREATE INDEX jobs_kind_idx ON pgdispatch.jobs USING btree (kind, queue, run_at, id) WHERE (status = 'pending'::text);
 
@@ -137,7 +173,7 @@ CREATE UNIQUE INDEX schedules_pkey ON pgdispatch.schedules USING btree (id);
 
 -- Functions
 
-CREATE OR REPLACE FUNCTION pgdispatch.add_trigger(table_name text, events text[], kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, when_expr text DEFAULT NULL::text, trigger_name text DEFAULT NULL::text, lock_wait interval DEFAULT '00:00:01'::interval)
+CREATE OR REPLACE FUNCTION pgdispatch.add_trigger(table_name text, events text[], kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, when_expr text DEFAULT NULL::text, trigger_name text DEFAULT NULL::text, lock_wait interval DEFAULT '00:00:01'::interval, flow_key text DEFAULT NULL::text)
  RETURNS TABLE(name text, created boolean)
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
@@ -167,6 +203,12 @@ BEGIN
         RAISE EXCEPTION 'the WHEN condition may not contain ";" or comments'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF add_trigger.flow_key IS NOT NULL AND NOT EXISTS (
+        SELECT FROM pg_attribute a
+        WHERE a.attrelid = tbl AND a.attname = add_trigger.flow_key AND a.attnum > 0 AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'the flow key''s column % is not a column of %', add_trigger.flow_key, tbl
+            USING ERRCODE = 'undefined_column';
+    END IF;
     trig_name := coalesce(add_trigger.trigger_name,
                           (SELECT c.relname FROM pg_class c WHERE c.oid = tbl) || '_' || add_trigger.kind);
 
@@ -177,18 +219,20 @@ BEGIN
     END IF;
 
     PERFORM set_config('lock_timeout', (extract(epoch FROM add_trigger.lock_wait) * 1000)::bigint::text, true);
-    EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW %s EXECUTE FUNCTION %I.dispatch_event(%L, %L, %L)',
+    EXECUTE format('CREATE TRIGGER %I AFTER %s ON %s FOR EACH ROW %s EXECUTE FUNCTION %I.dispatch_event(%L, %L, %L%s)',
                    trig_name, array_to_string(evs, ' OR '), tbl,
                    CASE WHEN add_trigger.when_expr IS NULL THEN '' ELSE 'WHEN (' || add_trigger.when_expr || ')' END,
-                   E'pgdispatch', add_trigger.kind, add_trigger.queue, add_trigger.payload::text);
+                   E'pgdispatch', add_trigger.kind, add_trigger.queue, add_trigger.payload::text,
+                   CASE WHEN add_trigger.flow_key IS NULL THEN '' ELSE format(', %L', add_trigger.flow_key) END);
     SELECT t.tgfoid INTO trig_fn FROM pg_trigger t WHERE t.tgrelid = tbl AND t.tgname = trig_name;
     IF trig_fn IS DISTINCT FROM (SELECT p.oid FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
                                  WHERE n.nspname = E'pgdispatch' AND p.proname = 'dispatch_event') THEN
         RAISE EXCEPTION 'the WHEN condition % is not a plain condition', add_trigger.when_expr
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    INSERT INTO pgdispatch.event_triggers (name, table_oid, table_name, events, kind, queue, payload, when_expr)
-    VALUES (trig_name, tbl, tbl::text, evs, add_trigger.kind, add_trigger.queue, add_trigger.payload, add_trigger.when_expr);
+    INSERT INTO pgdispatch.event_triggers (name, table_oid, table_name, events, kind, queue, payload, when_expr, flow_key)
+    VALUES (trig_name, tbl, tbl::text, evs, add_trigger.kind, add_trigger.queue, add_trigger.payload, add_trigger.when_expr,
+            add_trigger.flow_key);
     RETURN QUERY SELECT trig_name, true;
 END
 $function$;
@@ -391,6 +435,29 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION pgdispatch.clear_flow_limit(queue text, key text DEFAULT NULL::text)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    removed boolean;
+BEGIN
+    PERFORM FROM pgdispatch.queues q WHERE q.name = clear_flow_limit.queue FOR UPDATE;
+    DELETE FROM pgdispatch.flow_limits l
+    WHERE l.queue = clear_flow_limit.queue AND coalesce(l.key, '') = coalesce(clear_flow_limit.key, '');
+    removed := FOUND;
+    IF NOT EXISTS (SELECT FROM pgdispatch.flow_limits l WHERE l.queue = clear_flow_limit.queue) THEN
+        UPDATE pgdispatch.queues q SET limited = false, updated_at = now()
+        WHERE q.name = clear_flow_limit.queue AND q.limited;
+    END IF;
+    IF removed THEN
+        PERFORM pg_catalog.pg_notify(E'pgdispatch', clear_flow_limit.queue);
+    END IF;
+    RETURN removed;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION pgdispatch.dispatch_event()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -401,6 +468,7 @@ DECLARE
     job_payload jsonb := TG_ARGV[2]::jsonb;
     parent      text  := NULLIF(pg_catalog.current_setting('pgdispatch.traceparent', true), '');
     state       text  := NULLIF(pg_catalog.current_setting('pgdispatch.tracestate', true), '');
+    key         text;
     envelope    jsonb;
     field       text;
 BEGIN
@@ -413,6 +481,12 @@ BEGIN
         'at',       pg_catalog.now(),
         'new',      CASE WHEN TG_OP <> 'DELETE' THEN pg_catalog.to_jsonb(NEW) END,
         'old',      CASE WHEN TG_OP <> 'INSERT' THEN pg_catalog.to_jsonb(OLD) END);
+    IF TG_NARGS > 3 THEN
+        key := NULLIF(envelope -> (CASE WHEN TG_OP = 'DELETE' THEN 'old' ELSE 'new' END) ->> TG_ARGV[3], '');
+        IF pg_catalog.char_length(key) > 256 THEN
+            key := 'sha256:' || pg_catalog.encode(pg_catalog.sha256(pg_catalog.convert_to(key, pg_catalog.getdatabaseencoding())), 'hex');
+        END IF;
+    END IF;
     -- http_callback POSTs data, rabbitmq publishes body; other kinds read event.
     field := CASE job_kind WHEN 'http_callback' THEN 'data' WHEN 'rabbitmq' THEN 'body' ELSE 'event' END;
     IF pg_catalog.jsonb_typeof(job_payload -> field) = 'object' THEN
@@ -424,13 +498,13 @@ BEGIN
     IF parent IS NULL OR pg_catalog.octet_length(state) > 512 THEN
         state := NULL;
     END IF;
-    INSERT INTO pgdispatch.jobs (kind, queue, payload, traceparent, tracestate)
-    VALUES (job_kind, job_queue, pg_catalog.jsonb_set(job_payload, ARRAY[field], envelope), parent, state);
+    INSERT INTO pgdispatch.jobs (kind, queue, payload, traceparent, tracestate, flow_key)
+    VALUES (job_kind, job_queue, pg_catalog.jsonb_set(job_payload, ARRAY[field], envelope), parent, state, key);
     RETURN NULL;
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION pgdispatch.enqueue(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text)
+CREATE OR REPLACE FUNCTION pgdispatch.enqueue(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text, flow_key text DEFAULT NULL::text)
  RETURNS bigint
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -442,23 +516,23 @@ DECLARE
     job_id bigint;
 BEGIN
     INSERT INTO pgdispatch.jobs AS j (kind, payload, queue, run_at, priority, dedup_key, max_attempts,
-                                       traceparent, tracestate)
+                                       traceparent, tracestate, flow_key)
     VALUES (enqueue.kind, coalesce(enqueue.payload, '{}'), coalesce(enqueue.queue, 'default'),
             coalesce(enqueue.run_at, now()), coalesce(enqueue.priority, 0), enqueue.dedup_key,
-            enqueue.max_attempts, enqueue.traceparent, enqueue.tracestate)
+            enqueue.max_attempts, enqueue.traceparent, enqueue.tracestate, enqueue.flow_key)
     ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
     RETURNING j.id INTO job_id;
     IF job_id IS NULL THEN
         SELECT e.id INTO job_id
         FROM pgdispatch.enqueue_checked(enqueue.kind, enqueue.payload, enqueue.queue, enqueue.run_at,
                                          enqueue.priority, enqueue.dedup_key, enqueue.max_attempts,
-                                         enqueue.traceparent, enqueue.tracestate) e;
+                                         enqueue.traceparent, enqueue.tracestate, enqueue.flow_key) e;
     END IF;
     RETURN job_id;
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION pgdispatch.enqueue_checked(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text, OUT id bigint, OUT created boolean, OUT conflict boolean)
+CREATE OR REPLACE FUNCTION pgdispatch.enqueue_checked(kind text, payload jsonb DEFAULT '{}'::jsonb, queue text DEFAULT 'default'::text, run_at timestamp with time zone DEFAULT now(), priority smallint DEFAULT 0, dedup_key text DEFAULT NULL::text, max_attempts integer DEFAULT NULL::integer, traceparent text DEFAULT NULL::text, tracestate text DEFAULT NULL::text, flow_key text DEFAULT NULL::text, OUT id bigint, OUT created boolean, OUT conflict boolean)
  RETURNS record
  LANGUAGE plpgsql
  SECURITY DEFINER
@@ -477,10 +551,10 @@ DECLARE
 BEGIN
     LOOP
         INSERT INTO pgdispatch.jobs AS j (kind, payload, queue, run_at, priority, dedup_key, max_attempts,
-                                           traceparent, tracestate)
+                                           traceparent, tracestate, flow_key)
         VALUES (enqueue_checked.kind, want_payload, want_queue, want_run_at, want_priority,
                 enqueue_checked.dedup_key, enqueue_checked.max_attempts,
-                enqueue_checked.traceparent, enqueue_checked.tracestate)
+                enqueue_checked.traceparent, enqueue_checked.tracestate, enqueue_checked.flow_key)
         ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING
         RETURNING j.id INTO id;
         IF id IS NOT NULL THEN
@@ -498,6 +572,7 @@ BEGIN
                    CASE WHEN j.priority IS DISTINCT FROM want_priority THEN 'priority' END,
                    CASE WHEN enqueue_checked.max_attempts IS NOT NULL
                              AND j.max_attempts IS DISTINCT FROM enqueue_checked.max_attempts THEN 'max_attempts' END,
+                   CASE WHEN j.flow_key IS DISTINCT FROM enqueue_checked.flow_key THEN 'flow_key' END,
                    CASE WHEN j.attempts = 0 AND j.run_at > want_run_at THEN 'a later run_at' END)
         INTO id, holder_by, differs
         FROM pgdispatch.jobs j
@@ -750,6 +825,49 @@ BEGIN
         catch_up_limit = coalesce(schedule.catch_up_limit, s.catch_up_limit),
         enabled        = coalesce(schedule.enabled, s.enabled)
     RETURNING s.id, s.xmax = 0 INTO id, created;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.set_flow_limit(queue text, key text DEFAULT NULL::text, concurrency integer DEFAULT NULL::integer, strict boolean DEFAULT false, rate integer DEFAULT NULL::integer, per interval DEFAULT NULL::interval)
+ RETURNS void
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF set_flow_limit.queue IS NULL OR char_length(set_flow_limit.queue) NOT BETWEEN 1 AND 128 THEN
+        RAISE EXCEPTION 'set_flow_limit: the queue must be a name of 1 to 128 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF char_length(set_flow_limit.key) NOT BETWEEN 1 AND 256 THEN
+        RAISE EXCEPTION 'set_flow_limit: the key must be of 1 to 256 characters, or NULL for every key of the queue'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_flow_limit.concurrency NOT BETWEEN 1 AND 100000 THEN
+        RAISE EXCEPTION 'set_flow_limit: the concurrency must be from 1 to 100000, or NULL for none, not %', set_flow_limit.concurrency
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF (set_flow_limit.rate IS NULL) <> (set_flow_limit.per IS NULL) THEN
+        RAISE EXCEPTION 'set_flow_limit: a rate needs its interval (per), and an interval its rate'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_flow_limit.rate NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'set_flow_limit: the rate must be from 1 to 10000 starts, not %', set_flow_limit.rate
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF set_flow_limit.per <= interval '0' OR set_flow_limit.per > interval '1 day' THEN
+        RAISE EXCEPTION 'set_flow_limit: the rate''s interval (per) must be more than 0 and at most 1 day, not %', set_flow_limit.per
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    INSERT INTO pgdispatch.queues AS q (name, limited) VALUES (set_flow_limit.queue, true)
+    ON CONFLICT (name) DO UPDATE SET limited = true, updated_at = now();
+    INSERT INTO pgdispatch.flow_limits AS l (queue, key, concurrency, strict, rate, per)
+    VALUES (set_flow_limit.queue, set_flow_limit.key, set_flow_limit.concurrency,
+            coalesce(set_flow_limit.strict, false), set_flow_limit.rate, set_flow_limit.per)
+    ON CONFLICT (queue, coalesce(key, ''))
+    DO UPDATE SET concurrency = EXCLUDED.concurrency, strict = EXCLUDED.strict, rate = EXCLUDED.rate,
+                  per = EXCLUDED.per, updated_at = now();
+    PERFORM pg_catalog.pg_notify(E'pgdispatch', set_flow_limit.queue);
 END
 $function$;
 

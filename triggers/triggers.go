@@ -95,6 +95,11 @@ type Spec struct {
 	When string
 	// Name is the trigger's name. Default: <table>_<kind>.
 	Name string
+	// FlowKey is a column of the table whose value becomes the jobs' flow
+	// key: the new row's, or the old row's for a delete (docs/operations.md,
+	// "Flow control"). An empty value gives no key, and one longer than 256
+	// characters becomes sha256:<its hash in hex>. Default: no key.
+	FlowKey string
 	// LockWait bounds the wait for the table's lock. Default: DefaultLockWait.
 	LockWait time.Duration
 }
@@ -108,6 +113,7 @@ type Trigger struct {
 	Queue     string          `json:"queue"`
 	Payload   json.RawMessage `json:"payload"`
 	When      string          `json:"when,omitempty"`
+	FlowKey   string          `json:"flow_key,omitempty"`
 	CreatedAt time.Time       `json:"created_at"`
 	// Present is false when the trigger was dropped by hand, or its table
 	// with it; Remove forgets it.
@@ -151,9 +157,13 @@ func Add(ctx context.Context, db DB, schema string, s Spec) (name string, create
 		return "", false, fmt.Errorf("%s: %w", op, err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // after Commit, nothing
-	err = tx.QueryRow(ctx,
-		"SELECT name, created FROM "+fn(schema, "add_trigger")+"($1, $2, $3, $4, $5, $6, $7, $8)",
-		s.Table, events, s.Kind, payload, queue, when, trigName, lockWait(s.LockWait)).Scan(&name, &created)
+	sql := "SELECT name, created FROM " + fn(schema, "add_trigger") + "($1, $2, $3, $4, $5, $6, $7, $8"
+	args := []any{s.Table, events, s.Kind, payload, queue, when, trigName, lockWait(s.LockWait)}
+	if s.FlowKey != "" { // named only when set: a schema before migration 16 has no such argument
+		sql += ", flow_key => $9"
+		args = append(args, s.FlowKey)
+	}
+	err = tx.QueryRow(ctx, sql+")", args...).Scan(&name, &created)
 	if err != nil {
 		return "", false, describe(op, err)
 	}
@@ -179,7 +189,7 @@ func Remove(ctx context.Context, db DB, schema, name string, wait time.Duration)
 // List returns the dispatch triggers by name.
 func List(ctx context.Context, db DB, schema string) ([]Trigger, error) {
 	rows, err := db.Query(ctx, `
-SELECT e.name, e.table_name, e.events, e.kind, e.queue, e.payload, coalesce(e.when_expr, ''), e.created_at,
+SELECT e.name, e.table_name, e.events, e.kind, e.queue, e.payload, coalesce(e.when_expr, ''), coalesce(e.flow_key, ''), e.created_at,
        t.oid IS NOT NULL, coalesce(`+strings.ReplaceAll(matchesSQL, "$2", "$1")+`, false)
 FROM `+pgx.Identifier{schema, "event_triggers"}.Sanitize()+` e
 LEFT JOIN pg_catalog.pg_trigger t ON t.tgrelid = e.table_oid AND t.tgname = e.name
@@ -189,7 +199,7 @@ ORDER BY e.name`, fn(schema, "dispatch_event")+"()")
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Trigger, error) {
 		var t Trigger
-		err := r.Scan(&t.Name, &t.Table, &t.Events, &t.Kind, &t.Queue, &t.Payload, &t.When, &t.CreatedAt, &t.Present, &t.Matches)
+		err := r.Scan(&t.Name, &t.Table, &t.Events, &t.Kind, &t.Queue, &t.Payload, &t.When, &t.FlowKey, &t.CreatedAt, &t.Present, &t.Matches)
 		for i, e := range t.Events {
 			t.Events[i] = strings.ToLower(e)
 		}

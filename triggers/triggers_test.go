@@ -2,6 +2,8 @@ package triggers_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/executors"
@@ -412,4 +415,53 @@ func TestOddButPlainWhenIsAccepted(t *testing.T) {
 	b.exec(t, "INSERT INTO "+b.table+" VALUES (1, $1, 10)", "pa'id")
 	e := b.receive(t)
 	require.Equal(t, `it's a \ $q$ ) -- /* test`, e.Extra)
+}
+
+// A dispatch trigger with a flow key gives each job the key of its row's
+// column (the old row's for a delete): none for an empty or NULL value, a
+// hash for one past the key's bound, so that no value fails the writer's
+// write. List shows the column; a column the table lacks is refused.
+func TestJobTakesTheRowsFlowKey(t *testing.T) {
+	t.Parallel()
+	tx, schema, table := sqlOnly(t, "orders")
+	ctx := context.Background()
+	name, created, err := triggers.Add(ctx, tx, schema, triggers.Spec{
+		Table: table, Kind: "audit", Queue: "q", Events: []string{"insert", "delete"}, FlowKey: "status",
+	})
+	require.NoError(t, err)
+	require.True(t, created)
+	long := strings.Repeat("k", 257)
+	sum := sha256.Sum256([]byte(long))
+	for i, tc := range []struct {
+		op, status string
+		want       *string
+	}{
+		{"insert", "acme", ptr("acme")},
+		{"insert", "", nil},
+		{"insert", long, ptr("sha256:" + hex.EncodeToString(sum[:]))},
+		{"delete", "globex", ptr("globex")},
+	} {
+		_, err := tx.Exec(ctx, "INSERT INTO "+table+" VALUES ($1, $2, 1)", i, tc.status)
+		require.NoError(t, err, "case %d: a key cannot fail the writer's insert", i)
+		if tc.op == "delete" {
+			_, err = tx.Exec(ctx, "DELETE FROM "+table+" WHERE id = $1", i)
+			require.NoError(t, err)
+		}
+		var got *string
+		require.NoError(t, tx.QueryRow(ctx, "SELECT flow_key FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+
+			" WHERE payload->'event'->>'op' = upper($2) AND (payload->'event'->(CASE WHEN $2 = 'delete' THEN 'old' ELSE 'new' END)->>'id')::int = $1",
+			i, tc.op).Scan(&got))
+		require.Equal(t, tc.want, got, "case %d", i)
+	}
+	list, err := triggers.List(ctx, tx, schema)
+	require.NoError(t, err)
+	require.Len(t, list, 1)
+	require.Equal(t, name, list[0].Name)
+	require.Equal(t, "status", list[0].FlowKey)
+	require.True(t, list[0].Matches)
+
+	_, _, err = triggers.Add(ctx, tx, schema, triggers.Spec{Table: table, Kind: "other", FlowKey: "customer"})
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "42703", pgErr.Code, "%v", err)
 }

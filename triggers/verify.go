@@ -16,12 +16,13 @@ var ErrMismatch = errors.New("the trigger created is not the one recorded")
 
 // recordSQL reads a dispatch trigger's record beside its pg_trigger row.
 // matches is true when the trigger calls dispatch_event() with exactly
-// the recorded kind, queue and payload as its three arguments (compared as
+// the recorded kind, queue and payload as its three arguments, and the
+// recorded flow key's column as a fourth when there is one (compared as
 // the bytes the catalog stores), row by row, after the recorded events
 // only, with no column list, transition tables or constraint.
 const recordSQL = `
 SELECT pg_catalog.pg_get_triggerdef(t.oid), pg_catalog.quote_ident(t.tgname),
-       e.table_oid::regclass::text, e.events, e.when_expr, e.kind, e.queue, e.payload::text,
+       e.table_oid::regclass::text, e.events, e.when_expr, e.kind, e.queue, e.payload::text, e.flow_key,
        pg_catalog.current_setting('standard_conforming_strings') = 'on',
        {matches}
 FROM {event_triggers} e
@@ -39,10 +40,12 @@ const matchesSQL = `(
    AND e.events <@ ARRAY['INSERT', 'DELETE', 'UPDATE']
    AND t.tgattr::text = '' AND t.tgoldtable IS NULL AND t.tgnewtable IS NULL
    AND t.tgconstraint = 0 AND NOT t.tgisinternal
-   AND t.tgnargs = 3
+   AND t.tgnargs = CASE WHEN e.flow_key IS NULL THEN 3 ELSE 4 END
    AND t.tgargs = pg_catalog.convert_to(e.kind, pg_catalog.getdatabaseencoding()) || pg_catalog.decode('00', 'hex')
                || pg_catalog.convert_to(e.queue, pg_catalog.getdatabaseencoding()) || pg_catalog.decode('00', 'hex')
-               || pg_catalog.convert_to(e.payload::text, pg_catalog.getdatabaseencoding()) || pg_catalog.decode('00', 'hex'))`
+               || pg_catalog.convert_to(e.payload::text, pg_catalog.getdatabaseencoding()) || pg_catalog.decode('00', 'hex')
+               || CASE WHEN e.flow_key IS NULL THEN ''::bytea
+                       ELSE pg_catalog.convert_to(e.flow_key, pg_catalog.getdatabaseencoding()) || pg_catalog.decode('00', 'hex') END)`
 
 // verify checks, in tx, that the trigger named name is exactly the one its
 // record describes: matchesSQL for its function, events and arguments, and
@@ -57,12 +60,12 @@ func verify(ctx context.Context, tx pgx.Tx, schema, name string) error {
 	var (
 		def, quotedName, table, kind, queue, payload string
 		events                                       []string
-		when                                         *string
+		when, flowKey                                *string
 		standardStrings, matches                     bool
 	)
 	err := tx.QueryRow(ctx, strings.NewReplacer("{matches}", matchesSQL,
 		"{event_triggers}", pgx.Identifier{schema, "event_triggers"}.Sanitize()).Replace(recordSQL),
-		name, dispatch+"()").Scan(&def, &quotedName, &table, &events, &when, &kind, &queue, &payload, &standardStrings, &matches)
+		name, dispatch+"()").Scan(&def, &quotedName, &table, &events, &when, &kind, &queue, &payload, &flowKey, &standardStrings, &matches)
 	if err != nil {
 		return fmt.Errorf("check the trigger created: %w", err)
 	}
@@ -96,8 +99,12 @@ func verify(ctx context.Context, tx pgx.Tx, schema, name string) error {
 	}
 
 	// pg_get_triggerdef writes the arguments as simple_quote_literal does.
-	args := make([]string, 3)
-	for i, a := range []string{kind, queue, payload} {
+	values := []string{kind, queue, payload}
+	if flowKey != nil {
+		values = append(values, *flowKey)
+	}
+	args := make([]string, len(values))
+	for i, a := range values {
 		a = strings.ReplaceAll(a, "'", "''")
 		if !standardStrings {
 			a = strings.ReplaceAll(a, `\`, `\\`)

@@ -45,6 +45,7 @@ func triggersAdd(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	payload := fs.String("payload", "{}", "the jobs' payload, a JSON object, such as {\"url\": \"https://example.test/orders\"}")
 	fs.StringVar(&s.Queue, "queue", pgdispatch.DefaultQueue, "the jobs' queue")
 	fs.StringVar(&s.When, "when", "", "a WHEN condition over NEW and OLD, such as \"NEW.status = 'paid'\"; no ';' or comments")
+	fs.StringVar(&s.FlowKey, "flow-key", "", "a column of the table whose value is the jobs' flow key (the old row's for delete); default: no key")
 	fs.StringVar(&s.Name, "name", "", "the trigger's name (default: <table>_<kind>)")
 	fs.DurationVar(&s.LockWait, "lock-wait", triggers.DefaultLockWait, "how long to wait for the table's lock; writers queue behind the wait, so keep it short")
 	if err := parse(fs, args); err != nil {
@@ -105,7 +106,7 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return printJSON(stdout, list)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTABLE\tON\tKIND\tQUEUE\tWHEN\tPAYLOAD")
+	fmt.Fprintln(tw, "NAME\tTABLE\tON\tKIND\tQUEUE\tWHEN\tFLOW KEY\tPAYLOAD")
 	for _, t := range list {
 		name := t.Name
 		switch {
@@ -114,8 +115,8 @@ func triggersList(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		case !t.Matches:
 			name += " (NOT AS RECORDED: remove it)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", termsafe.String(name), termsafe.String(t.Table), strings.Join(t.Events, ","),
-			termsafe.String(t.Kind), termsafe.String(t.Queue), termsafe.String(t.When), termsafe.String(string(t.Payload)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", termsafe.String(name), termsafe.String(t.Table), strings.Join(t.Events, ","),
+			termsafe.String(t.Kind), termsafe.String(t.Queue), termsafe.String(t.When), termsafe.String(t.FlowKey), termsafe.String(string(t.Payload)))
 	}
 	return tw.Flush()
 }
