@@ -69,7 +69,8 @@ GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, 
 -- insert_scheduled_jobs() is what workers of builds before migration 12 call.
 GRANT EXECUTE ON FUNCTION
     :"schema".fire_schedule_slots(bigint[], timestamptz[]),
-    :"schema".insert_scheduled_jobs(bigint[], timestamptz[])
+    :"schema".insert_scheduled_jobs(bigint[], timestamptz[]),
+    :"schema".claim_flow(text, integer, text, float8, integer, bigint, text)
     TO :"worker";
 
 -- operator

@@ -326,3 +326,23 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION {{.schema}}.claim_flow(text, integer, text, float8, integer, bigint, text) FROM PUBLIC;
+
+-- The workers' roles, those that may delete jobs (docs/roles.sql), call it.
+DO $$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee))
+        FROM pg_catalog.pg_class c
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace,
+             pg_catalog.aclexplode(c.relacl) a
+        WHERE n.nspname = {{.schema_literal}} AND c.relname = 'jobs' AND a.privilege_type = 'DELETE'
+          AND a.grantee <> c.relowner AND a.grantee <> 0
+        ORDER BY 1
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.claim_flow(text, integer, text, float8, integer, bigint, text) TO %s',
+                                  {{.schema_literal}}, grantee);
+    END LOOP;
+END
+$$;
