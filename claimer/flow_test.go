@@ -299,3 +299,52 @@ func TestFlowLimitsFollowTheTable(t *testing.T) {
 	require.Len(t, runs, 3)
 	require.False(t, c.flow.limited)
 }
+
+// A rate-limited key's starts are counted from when its claim took them,
+// not from when the claim's transaction began: a claim slowed down (here
+// by a lock on flow_limits, held for 600 ms) does not let the next one
+// start more than the rate within the interval.
+func TestFlowRateHoldsAfterASlowClaim(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	setLimit(ctx, t, c, pool, "r", 0, false, 3, time.Second)
+	claimNow(ctx, t, c, 10) // the claimer learns that the queue is limited
+	insertKeyed(ctx, t, pool, jobs, "r", 10)
+
+	holder, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer holder.Release()
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "LOCK TABLE "+pgx.Identifier{c.cfg.Schema, "flow_limits"}.Sanitize()+" IN ACCESS EXCLUSIVE MODE")
+	require.NoError(t, err)
+	type release struct {
+		at  time.Time
+		err error
+	}
+	released := make(chan release, 1)
+	go func() {
+		wait.For(t, 30*time.Second, "the claim to wait for the lock", func() bool {
+			var waiting bool
+			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE '%claim_flow%')`).Scan(&waiting))
+			return waiting
+		})
+		time.Sleep(600 * time.Millisecond) // makes the claim slow; nothing waits on it
+		at := time.Now()
+		released <- release{at, tx.Rollback(ctx)}
+	}()
+	runs, _ := claimNow(ctx, t, c, 10)
+	rel := <-released
+	require.NoError(t, rel.err)
+	require.Len(t, runs, 3)
+	// The slow claim took its jobs after the lock was released: the next
+	// three start a second after that at the earliest.
+	wait.For(t, 30*time.Second, "the key's next jobs to start", func() bool {
+		runs, _ = claimNow(ctx, t, c, 10)
+		return len(runs) > 0
+	})
+	require.GreaterOrEqual(t, time.Since(rel.at), time.Second, "6 jobs of a key limited to 3 a second started within %s", time.Since(rel.at))
+}

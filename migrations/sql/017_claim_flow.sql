@@ -18,7 +18,8 @@
 --   rate         rate less the starts in flow_keys.starts within per;
 --   none         every due job (the key only takes its turn).
 -- The jobs without a key have no limit; they are looked for among the
--- queue's first 1000 due jobs.
+-- queue's first due jobs, four times as many as the claim still takes (at
+-- most 1000): give every job of a limited queue a key.
 --
 -- The claims of a limited key run one at a time: each takes the key's
 -- advisory lock (pg_try_advisory_xact_lock, on a hash of the schema, queue
@@ -66,7 +67,7 @@ DECLARE
     t0          timestamptz := now();
     q_paused    boolean;
     q_limited   boolean;
-    -- the queue's limits: one row for every key (d_), and those of single keys
+    -- the queue's limits: those of every key (d_), and those of single keys
     d_conc      integer;
     d_strict    boolean;
     d_rate      integer;
@@ -76,32 +77,28 @@ DECLARE
     l_strict    boolean[];
     l_rate      integer[];
     l_per       interval[];
-    li          integer;
-    conc        integer;
-    strict_     boolean;
-    rate_       integer;
-    per_        interval;
-    -- the walk
-    k           record;
-    kr          record;
-    key_locked  boolean;
-    allow       integer;
-    got         bigint[];
-    sizes       bigint[];
-    m           integer;
-    win         timestamptz[];
-    head_status text;
-    head_run_at timestamptz;
-    first_id    bigint;
-    first_run   timestamptz;
+    -- the walk: part 1 the keys after after_key, 2 the jobs without a key,
+    -- 3 the keys up to after_key; from_key the last key walked
+    part        integer := 1;
+    from_key    text := coalesce(after_key, '');
+    want        integer;
+    walk_n      integer;
+    walked      text[];
+    mine        text[];
+    last_walked text;
+    r           record;
     ids         bigint[] := '{}';
     taken       integer := 0;
     bytes       bigint := 0;
+    st_keys     text[] := '{}';
+    st_head     bigint[] := '{}';
+    st_per      interval[] := '{}';
     is_held     boolean := false;
     is_stranded boolean := false;
     next_due    timestamptz;
     new_cursor  text := after_key;
     v_next_in   float8;
+    t_rec       timestamptz;
 BEGIN
     SELECT coalesce(bool_or(q.paused_at IS NOT NULL), false), coalesce(bool_or(q.limited), false)
     INTO q_paused, q_limited
@@ -115,9 +112,9 @@ BEGIN
         RETURN;
     END IF;
 
-    SELECT max(f.concurrency) FILTER (WHERE f.key IS NULL), bool_or(f.strict) FILTER (WHERE f.key IS NULL),
+    SELECT max(f.concurrency) FILTER (WHERE f.key IS NULL), coalesce(bool_or(f.strict) FILTER (WHERE f.key IS NULL), false),
            max(f.rate) FILTER (WHERE f.key IS NULL), max(f.per) FILTER (WHERE f.key IS NULL),
-           array_agg(f.key) FILTER (WHERE f.key IS NOT NULL),
+           coalesce(array_agg(f.key) FILTER (WHERE f.key IS NOT NULL), '{}'),
            array_agg(f.concurrency) FILTER (WHERE f.key IS NOT NULL),
            array_agg(f.strict) FILTER (WHERE f.key IS NOT NULL),
            array_agg(f.rate) FILTER (WHERE f.key IS NOT NULL),
@@ -125,183 +122,182 @@ BEGIN
     INTO d_conc, d_strict, d_rate, d_per, l_keys, l_conc, l_strict, l_rate, l_per
     FROM {{.schema}}.flow_limits f WHERE f.queue = claim_queue;
 
-    FOR k IN
+    LOOP
+        want := claim_limit - taken;
+        EXIT WHEN want < 1 OR bytes >= max_bytes OR part > 3;
+
+        IF part = 2 THEN
+            -- the jobs without a key, among the queue's first due jobs
+            FOR r IN
+                SELECT j.id, CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
+                                  ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
+                FROM {{.schema}}.jobs j
+                WHERE j.id = ANY(ARRAY(
+                          SELECT f.id FROM (SELECT f.id, f.flow_key FROM {{.schema}}.jobs f
+                                            WHERE f.queue = claim_queue AND f.status = 'pending' AND f.run_at <= t0
+                                            ORDER BY f.priority, f.run_at, f.id LIMIT least(4 * want, 1000)) f
+                          WHERE f.flow_key IS NULL))
+                  AND j.status = 'pending'
+                ORDER BY j.priority, j.run_at, j.id
+                LIMIT want
+                FOR UPDATE SKIP LOCKED
+            LOOP
+                EXIT WHEN taken > 0 AND bytes >= max_bytes;
+                ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1;
+                new_cursor := NULL;
+            END LOOP;
+            part := 3; from_key := '';
+            CONTINUE;
+        END IF;
+        IF part = 3 AND after_key IS NULL THEN
+            EXIT;
+        END IF;
+
+        -- The next keys of the part, in key order, a few more than the
+        -- claim still takes; each limited one is this claim's if its lock
+        -- is free.
+        walk_n := want + 8;
         WITH RECURSIVE a(key) AS (
             SELECT min(j.flow_key) FROM {{.schema}}.jobs j
-            WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > coalesce(after_key, '')
+            WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > from_key
           UNION ALL
             SELECT (SELECT min(j.flow_key) FROM {{.schema}}.jobs j
                     WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > a.key)
-            FROM a WHERE a.key IS NOT NULL
-        ), b(key) AS (
-            SELECT min(j.flow_key) FROM {{.schema}}.jobs j
-            WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > ''
-              AND j.flow_key <= after_key
-          UNION ALL
-            SELECT (SELECT min(j.flow_key) FROM {{.schema}}.jobs j
-                    WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > b.key
-                      AND j.flow_key <= after_key)
-            FROM b WHERE b.key IS NOT NULL
+            FROM a WHERE a.key IS NOT NULL AND (part = 1 OR a.key <= after_key)
+        ), w AS (
+            SELECT a.key, array_position(l_keys, a.key) AS li FROM a
+            WHERE a.key IS NOT NULL AND (part = 1 OR a.key <= after_key)
+            LIMIT walk_n
+        ), l AS (
+            SELECT w.key,
+                   CASE WHEN w.li IS NULL THEN d_conc IS NOT NULL OR d_strict OR d_rate IS NOT NULL
+                        ELSE l_conc[w.li] IS NOT NULL OR l_strict[w.li] OR l_rate[w.li] IS NOT NULL END AS limited
+            FROM w
         )
-        SELECT w.key, w.keyed FROM (
-            SELECT a.key, true AS keyed, 1 AS part FROM a WHERE a.key IS NOT NULL
-            UNION ALL SELECT NULL, false, 2
-            UNION ALL SELECT b.key, true, 3 FROM b WHERE b.key IS NOT NULL
-        ) w
-    LOOP
-        allow := claim_limit - taken;
-        got := NULL;
-        key_locked := false;
-        IF NOT k.keyed THEN
-            SELECT array_agg(s.id ORDER BY s.priority, s.run_at, s.id), array_agg(s.size ORDER BY s.priority, s.run_at, s.id)
-            INTO got, sizes
-            FROM (
-                SELECT j.id, j.priority, j.run_at,
-                       CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
-                            ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
-                FROM {{.schema}}.jobs j
-                WHERE j.id IN (SELECT f.id FROM {{.schema}}.jobs f
-                               WHERE f.queue = claim_queue AND f.status = 'pending' AND f.run_at <= t0
-                               ORDER BY f.priority, f.run_at, f.id LIMIT 1000)
-                  AND j.flow_key IS NULL AND j.status = 'pending'
-                ORDER BY j.priority, j.run_at, j.id
-                LIMIT allow
-                FOR UPDATE SKIP LOCKED
-            ) s;
+        SELECT array_agg(l.key ORDER BY l.key),
+               coalesce(array_agg(l.key ORDER BY l.key) FILTER (
+                   WHERE NOT l.limited
+                      OR pg_try_advisory_xact_lock(hashtextextended({{.schema_literal}} || '/' || claim_queue || '/' || l.key, 0))), '{}'),
+               max(l.key)
+        INTO walked, mine, last_walked
+        FROM l;
+        IF coalesce(cardinality(walked), 0) < walk_n THEN
+            part := part + 1;
         ELSE
-            li := array_position(l_keys, k.key);
-            IF li IS NOT NULL THEN
-                conc := l_conc[li]; strict_ := l_strict[li]; rate_ := l_rate[li]; per_ := l_per[li];
-            ELSE
-                conc := d_conc; strict_ := coalesce(d_strict, false); rate_ := d_rate; per_ := d_per;
-            END IF;
-
-            IF conc IS NOT NULL OR strict_ OR rate_ IS NOT NULL THEN
-                -- one claim of the key at a time: the lock is released when
-                -- the claim's transaction is visible, and the statements
-                -- after it read snapshots of their own
-                IF NOT pg_try_advisory_xact_lock(hashtextextended(
-                        {{.schema_literal}} || '/' || claim_queue || '/' || k.key, 0)) THEN
-                    is_stranded := true;
-                    CONTINUE;
-                END IF;
-                IF strict_ OR rate_ IS NOT NULL THEN
-                    SELECT fk.head, fk.starts INTO kr
-                    FROM {{.schema}}.flow_keys fk
-                    WHERE fk.queue = claim_queue AND fk.key = k.key
-                    FOR NO KEY UPDATE;
-                    IF NOT FOUND THEN
-                        INSERT INTO {{.schema}}.flow_keys AS fk (queue, key) VALUES (claim_queue, k.key)
-                        ON CONFLICT DO NOTHING
-                        RETURNING fk.head, fk.starts INTO kr;
-                        IF NOT FOUND THEN
-                            is_stranded := true;
-                            CONTINUE;
-                        END IF;
-                    END IF;
-                    key_locked := true;
-                END IF;
-                IF conc IS NOT NULL OR strict_ THEN
-                    allow := least(allow, CASE WHEN strict_ THEN 1 ELSE conc END
-                                          - (SELECT count(*) FROM {{.schema}}.jobs j
-                                             WHERE j.queue = claim_queue AND j.flow_key = k.key AND j.status = 'running')::integer);
-                END IF;
-                IF rate_ IS NOT NULL THEN
-                    win := ARRAY(SELECT s FROM unnest(kr.starts) s WHERE s > t0 - per_ ORDER BY s);
-                    IF cardinality(win) >= rate_ THEN
-                        next_due := least(next_due, win[cardinality(win) - rate_ + 1] + per_);
-                    END IF;
-                    allow := least(allow, rate_ - cardinality(win));
-                END IF;
-                IF allow < 1 THEN
-                    IF (conc IS NOT NULL OR strict_) AND EXISTS (
-                        SELECT FROM {{.schema}}.jobs j
-                        WHERE j.queue = claim_queue AND j.flow_key = k.key AND j.status = 'pending' AND j.run_at <= t0) THEN
-                        is_held := true;
-                    END IF;
-                    CONTINUE;
-                END IF;
-            END IF;
-
-            IF strict_ THEN
-                first_id := NULL;
-                IF kr.head IS NOT NULL THEN
-                    head_status := NULL;
-                    SELECT j.status, j.run_at INTO head_status, head_run_at
-                    FROM {{.schema}}.jobs j WHERE j.id = kr.head AND j.queue = claim_queue AND j.flow_key = k.key;
-                    IF head_status = 'pending' THEN
-                        first_id := kr.head; first_run := head_run_at;
-                    ELSIF head_status = 'running' THEN
-                        is_held := true;
-                        CONTINUE;
-                    END IF;
-                END IF;
-                IF first_id IS NULL THEN
-                    SELECT j.id, j.run_at INTO first_id, first_run
-                    FROM {{.schema}}.jobs j
-                    WHERE j.queue = claim_queue AND j.flow_key = k.key AND j.status = 'pending'
-                    ORDER BY j.priority, j.run_at, j.id LIMIT 1;
-                END IF;
-                IF first_id IS NULL THEN
-                    CONTINUE;
-                ELSIF first_run > t0 THEN
-                    next_due := least(next_due, first_run);
-                    CONTINUE;
-                END IF;
-                SELECT ARRAY[j.id],
-                       ARRAY[CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
-                                  ELSE pg_column_size(j.payload || '{}'::jsonb) END::bigint]
-                INTO got, sizes
-                FROM {{.schema}}.jobs j
-                WHERE j.id = first_id AND j.status = 'pending'
-                FOR UPDATE SKIP LOCKED;
-                IF got IS NULL THEN
-                    is_stranded := true;
-                    CONTINUE;
-                END IF;
-            ELSE
-                SELECT array_agg(s.id ORDER BY s.priority, s.run_at, s.id), array_agg(s.size ORDER BY s.priority, s.run_at, s.id)
-                INTO got, sizes
-                FROM (
-                    SELECT j.id, j.priority, j.run_at,
-                           CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
-                                ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
-                    FROM {{.schema}}.jobs j
-                    WHERE j.queue = claim_queue AND j.flow_key = k.key AND j.status = 'pending' AND j.run_at <= t0
-                    ORDER BY j.priority, j.run_at, j.id
-                    LIMIT allow
-                    FOR UPDATE SKIP LOCKED
-                ) s;
-            END IF;
+            from_key := last_walked;
         END IF;
+        is_stranded := is_stranded OR coalesce(cardinality(walked), 0) > cardinality(mine);
+        CONTINUE WHEN cardinality(mine) = 0;
 
-        -- take the jobs got, in order, while the payloads taken so far are
-        -- under max_bytes (one job at least)
-        m := 0;
-        FOR i IN 1 .. coalesce(cardinality(got), 0) LOOP
-            EXIT WHEN taken > 0 AND bytes >= max_bytes;
-            ids := ids || got[i];
-            bytes := bytes + sizes[i];
-            taken := taken + 1;
-            m := m + 1;
+        -- What each key gives, read after its lock was taken: a snapshot
+        -- of this statement's own sees every claim of the key before.
+        FOR r IN
+            WITH k AS (
+                SELECT u.key,
+                       CASE WHEN p.li IS NULL THEN d_conc ELSE l_conc[p.li] END AS conc,
+                       CASE WHEN p.li IS NULL THEN d_strict ELSE l_strict[p.li] END AS strict,
+                       CASE WHEN p.li IS NULL THEN d_rate ELSE l_rate[p.li] END AS rate,
+                       CASE WHEN p.li IS NULL THEN d_per ELSE l_per[p.li] END AS per
+                FROM unnest(mine) u(key), LATERAL (SELECT array_position(l_keys, u.key) AS li) p
+            ), s AS (
+                SELECT k.*, fk.key IS NOT NULL AS has_state, fk.head,
+                       CASE WHEN k.strict THEN hj.status END AS head_status, hj.run_at AS head_run_at,
+                       CASE WHEN k.conc IS NOT NULL OR k.strict THEN
+                           (SELECT count(*) FROM {{.schema}}.jobs j
+                            WHERE j.queue = claim_queue AND j.flow_key = k.key AND j.status = 'running')::integer
+                       ELSE 0 END AS running,
+                       CASE WHEN k.rate IS NOT NULL THEN
+                           ARRAY(SELECT x FROM unnest(fk.starts) x WHERE x > clock_timestamp() - k.per ORDER BY x)
+                       END AS win
+                FROM k
+                LEFT JOIN {{.schema}}.flow_keys fk
+                       ON fk.queue = claim_queue AND fk.key = k.key AND (k.strict OR k.rate IS NOT NULL)
+                LEFT JOIN {{.schema}}.jobs hj
+                       ON hj.id = fk.head AND hj.queue = claim_queue AND hj.flow_key = k.key AND k.strict
+            ), a AS (
+                SELECT s.*,
+                       least(CASE WHEN s.strict THEN 1 - s.running
+                                  WHEN s.conc IS NOT NULL THEN s.conc - s.running END,
+                             s.rate - cardinality(s.win)) AS cap
+                FROM s
+            ), c AS (
+                SELECT a.*, CASE WHEN a.strict AND a.head_status = 'pending' THEN a.head
+                                 WHEN a.strict THEN
+                                     (SELECT j.id FROM {{.schema}}.jobs j
+                                      WHERE j.queue = claim_queue AND j.flow_key = a.key AND j.status = 'pending'
+                                      ORDER BY j.priority, j.run_at, j.id LIMIT 1)
+                            END AS first_id
+                FROM a
+                WHERE a.cap IS NULL OR a.cap > 0
+            )
+            SELECT c.key, c.strict AS strict_key, c.rate IS NOT NULL AS rated, c.win, NULL::bigint AS id, NULL::integer AS size,
+                   c.cap, c.conc, c.rate, c.per, NULL::timestamptz AS first_run
+            FROM (SELECT * FROM a WHERE a.cap <= 0) c
+            UNION ALL
+            SELECT c.key, c.strict, c.rate IS NOT NULL, c.win, CASE WHEN j.run_at <= t0 THEN j.id END, j.size,
+                   c.cap, c.conc, c.rate, c.per, CASE WHEN j.run_at > t0 THEN j.run_at END
+            FROM c CROSS JOIN LATERAL (
+                SELECT * FROM (SELECT j.id, j.run_at,
+                        CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
+                             ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
+                 FROM {{.schema}}.jobs j
+                 WHERE NOT c.strict AND j.queue = claim_queue AND j.flow_key = c.key AND j.status = 'pending'
+                   AND j.run_at <= t0
+                 ORDER BY j.priority, j.run_at, j.id
+                 LIMIT least(coalesce(c.cap, want), want)
+                 FOR UPDATE SKIP LOCKED) n
+                UNION ALL
+                SELECT * FROM (SELECT j.id, j.run_at,
+                        CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
+                             ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
+                 FROM {{.schema}}.jobs j
+                 WHERE c.strict AND j.id = c.first_id AND j.status = 'pending'
+                 FOR UPDATE SKIP LOCKED) h
+            ) j
+        LOOP
+            IF r.id IS NULL THEN
+                IF r.first_run IS NOT NULL THEN
+                    next_due := least(next_due, r.first_run); -- a strict key's head, not due yet
+                ELSIF r.rated AND r.rate <= cardinality(r.win) THEN
+                    next_due := least(next_due, r.win[cardinality(r.win) - r.rate + 1] + r.per);
+                ELSIF r.conc IS NOT NULL OR r.strict_key THEN
+                    is_held := true;
+                END IF;
+                CONTINUE;
+            END IF;
+            EXIT WHEN taken >= claim_limit OR (taken > 0 AND bytes >= max_bytes);
+            ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1;
+            new_cursor := r.key;
+            IF r.strict_key OR r.rated THEN
+                st_keys := st_keys || r.key;
+                st_head := st_head || CASE WHEN r.strict_key THEN r.id END;
+                st_per := st_per || r.per;
+            END IF;
         END LOOP;
-        IF m > 0 THEN
-            new_cursor := k.key;
-            IF key_locked THEN
-                UPDATE {{.schema}}.flow_keys fk
-                SET head = CASE WHEN strict_ THEN got[1] ELSE fk.head END,
-                    starts = CASE WHEN rate_ IS NOT NULL THEN win || array_fill(t0, ARRAY[m]) ELSE '{}' END
-                WHERE fk.queue = claim_queue AND fk.key = k.key;
-            END IF;
-        END IF;
-        EXIT WHEN taken >= claim_limit OR bytes >= max_bytes;
     END LOOP;
+
+    -- The state of the strict and rate-limited keys taken from, one row a
+    -- key, made by its first claim, written in key order under the keys'
+    -- locks: the head, and the starts still in the window and this one's.
+    IF cardinality(st_keys) > 0 THEN
+        t_rec := clock_timestamp();
+        INSERT INTO {{.schema}}.flow_keys AS fk (queue, key, head, starts)
+        SELECT claim_queue, s.key, s.head,
+               CASE WHEN s.per IS NULL THEN '{}'
+                    ELSE ARRAY(SELECT x FROM unnest(o.starts) x WHERE x > t_rec - s.per ORDER BY x)
+                         || array_fill(t_rec, ARRAY[s.n]) END
+        FROM (SELECT u.key, max(u.head) AS head, max(u.per) AS per, count(*)::integer AS n
+              FROM unnest(st_keys, st_head, st_per) u(key, head, per) GROUP BY u.key) s
+        LEFT JOIN {{.schema}}.flow_keys o ON o.queue = claim_queue AND o.key = s.key
+        ORDER BY s.key
+        ON CONFLICT (queue, key) DO UPDATE SET head = coalesce(EXCLUDED.head, fk.head), starts = EXCLUDED.starts;
+    END IF;
 
     IF taken < claim_limit THEN
         v_next_in := least(
             (SELECT extract(epoch FROM min(j.run_at) - t0)::float8 FROM {{.schema}}.jobs j
              WHERE j.status = 'pending' AND j.queue = claim_queue AND j.run_at > t0),
-            extract(epoch FROM next_due - t0)::float8);
+            extract(epoch FROM next_due - clock_timestamp())::float8);
     END IF;
 
     RETURN QUERY
