@@ -440,6 +440,7 @@ CREATE OR REPLACE FUNCTION pgdispatch.clear_flow_limit(queue text, key text DEFA
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+#variable_conflict use_column
 DECLARE
     removed boolean;
 BEGIN
@@ -833,6 +834,7 @@ CREATE OR REPLACE FUNCTION pgdispatch.set_flow_limit(queue text, key text DEFAUL
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+#variable_conflict use_column
 BEGIN
     IF set_flow_limit.queue IS NULL OR char_length(set_flow_limit.queue) NOT BETWEEN 1 AND 128 THEN
         RAISE EXCEPTION 'set_flow_limit: the queue must be a name of 1 to 128 characters'

@@ -124,6 +124,7 @@ CREATE OR REPLACE FUNCTION {{.schema}}.set_flow_limit(
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 BEGIN
     IF set_flow_limit.queue IS NULL OR char_length(set_flow_limit.queue) NOT BETWEEN 1 AND 128 THEN
         RAISE EXCEPTION 'set_flow_limit: the queue must be a name of 1 to 128 characters'
@@ -170,6 +171,7 @@ CREATE OR REPLACE FUNCTION {{.schema}}.clear_flow_limit(queue text, key text DEF
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     removed boolean;
 BEGIN
