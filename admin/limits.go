@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -98,4 +99,67 @@ func nilIfZeroInt(n int) any {
 		return nil
 	}
 	return n
+}
+
+// flowWaitSQL reads what holds back a pending job of key $2 in queue $1
+// whose place in its key's order is ($3, $4, $5) = (priority, run_at, id):
+// the limit that applies to the key (its own row, else the queue's), the
+// key's running jobs, the job ahead of it in strict order (a running job,
+// the key's head while it is pending again, or a pending job before it),
+// and the key's starts within its rate window. No row: no limit applies.
+const flowWaitSQL = `
+WITH l AS (
+    SELECT l.concurrency, l.strict, l.rate, l.per FROM {schema}.flow_limits l
+    WHERE l.queue = $1 AND (l.key = $2 OR l.key IS NULL)
+      AND EXISTS (SELECT FROM {schema}.queues q WHERE q.name = $1 AND q.limited)
+    ORDER BY l.key NULLS LAST
+    LIMIT 1
+)
+SELECT coalesce(l.concurrency, 0), l.strict, coalesce(l.rate, 0), coalesce(extract(epoch FROM l.per), 0)::float8,
+       (SELECT count(*) FROM {jobs} j WHERE j.queue = $1 AND j.flow_key = $2 AND j.status = 'running'),
+       (SELECT j.id FROM {jobs} j
+        WHERE j.queue = $1 AND j.flow_key = $2 AND j.id <> $5
+          AND (j.status = 'running'
+               OR (j.status = 'pending' AND (j.id = k.head OR (j.priority, j.run_at, j.id) < ($3::smallint, $4::timestamptz, $5::bigint))))
+        ORDER BY j.status = 'running' DESC, coalesce(j.id = k.head, false) DESC, j.priority, j.run_at, j.id
+        LIMIT 1),
+       (SELECT count(*) FROM unnest(k.starts) s WHERE s > now() - l.per)
+FROM l LEFT JOIN {schema}.flow_keys k ON k.queue = $1 AND k.key = $2`
+
+// FlowWait says why j, a pending and due job with a flow key in a limited
+// queue, is not started: its key is at its concurrency limit, runs in
+// strict order with another job ahead of it, or is at its rate. It returns
+// "" for any other job, and for one no limit holds back now (the key may
+// be waiting for its turn among the queue's keys).
+func (a *Admin) FlowWait(ctx context.Context, j Job) (string, error) {
+	if j.Status != "pending" || j.FlowKey == nil || j.RunAt.After(time.Now()) {
+		return "", nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	var (
+		concurrency, rate int
+		strict            bool
+		per               float64
+		running, recent   int64
+		ahead             *int64
+	)
+	err := a.pool.QueryRow(ctx, a.sql(flowWaitSQL), j.Queue, *j.FlowKey, j.Priority, j.RunAt, j.ID).
+		Scan(&concurrency, &strict, &rate, &per, &running, &ahead, &recent)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("job %d: why it waits: %w", j.ID, err)
+	}
+	key := *j.FlowKey
+	switch {
+	case strict && ahead != nil:
+		return fmt.Sprintf("key %s runs in strict order; job %d is ahead of it", key, *ahead), nil
+	case concurrency > 0 && running >= int64(concurrency):
+		return fmt.Sprintf("key %s at its concurrency limit of %d (%d running)", key, concurrency, running), nil
+	case rate > 0 && recent >= int64(rate):
+		return fmt.Sprintf("key %s at its rate of %d per %s", key, rate, time.Duration(per*float64(time.Second))), nil
+	}
+	return "", nil
 }

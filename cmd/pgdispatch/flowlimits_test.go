@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -77,4 +78,57 @@ func TestLimitsCommands(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Equal(t, "queue mail, key acme: limit cleared\n", stdout)
 	require.False(t, limited())
+}
+
+// jobs show says why a pending, due job of a limited queue's key waits,
+// from the database: its key's concurrency limit, the job ahead of it in
+// strict order, or its rate. It shows any job's flow key.
+func TestJobsShowSaysWhyAJobWaits(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	a := &adminOutput{schema: schema, env: dbEnv(schema)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	pool := pgtest.Pool(t)
+	insert := func(queue, key, status string) string {
+		t.Helper()
+		var id int64
+		require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+s("jobs")+" (kind, queue, flow_key, status, run_at) "+
+			"VALUES ('noop', $1, $2, $3, now() - interval '1 second') RETURNING id", queue, key, status).Scan(&id))
+		return strconv.FormatInt(id, 10)
+	}
+	_, err := pool.Exec(ctx, "SELECT "+s("set_flow_limit")+"('c', concurrency => 2), "+
+		s("set_flow_limit")+"('s', 'k', strict => true), "+
+		s("set_flow_limit")+"('r', rate => 2, per => '1 hour'), "+
+		s("set_flow_limit")+"('c', 'free', concurrency => 5)")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+s("flow_keys")+" (queue, key, starts) VALUES ('r', 'acme', ARRAY[now() - interval '1 minute', now()])")
+	require.NoError(t, err)
+
+	insert("c", "acme", "running")
+	insert("c", "acme", "running")
+	insert("c", "free", "running")
+	insert("c", "free", "running")
+	ahead := insert("s", "k", "running")
+
+	for _, c := range []struct {
+		id, key, waiting string
+	}{
+		{insert("c", "acme", "pending"), "acme", "waiting: key acme at its concurrency limit of 2 (2 running)\n"},
+		{insert("s", "k", "pending"), "k", "waiting: key k runs in strict order; job " + ahead + " is ahead of it\n"},
+		{insert("r", "acme", "pending"), "acme", "waiting: key acme at its rate of 2 per 1h0m0s\n"},
+		{insert("c", "free", "pending"), "free", ""},     // its own limit, 5, overrides the queue's
+		{insert("plain", "acme", "pending"), "acme", ""}, // no limit
+	} {
+		code, stdout, stderr := a.runExit(t, "jobs", "show", c.id)
+		require.Equal(t, 0, code, stderr)
+		require.Regexp(t, `(?m)^flow key +`+c.key+`$`, stdout, c.id)
+		if c.waiting == "" {
+			require.NotContains(t, stdout, "waiting:", c.id)
+		} else {
+			require.Contains(t, stdout, "finished_at ", c.id)
+			require.Contains(t, stdout, "\n"+c.waiting+"payload\n", c.id)
+		}
+	}
 }
