@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,4 +132,20 @@ func TestJobsShowSaysWhyAJobWaits(t *testing.T) {
 			require.Contains(t, stdout, "\n"+c.waiting+"payload\n", c.id)
 		}
 	}
+}
+
+// enqueue --flow-key gives the job its key.
+func TestEnqueueFlowKeyFlag(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	a := &adminOutput{schema: schema, env: dbEnv(schema)}
+	code, stdout, stderr := a.runExit(t, "enqueue", "--kind", "noop", "--run-at", "1h", "--flow-key", "acme")
+	require.Equal(t, 0, code, stderr)
+	id, err := strconv.ParseInt(strings.TrimSpace(stdout), 10, 64)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var key string
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT flow_key FROM "+pgx.Identifier{schema, "jobs"}.Sanitize()+" WHERE id = $1", id).Scan(&key))
+	require.Equal(t, "acme", key)
 }
