@@ -23,7 +23,9 @@ type FlowLimit struct {
 	Strict bool `json:"strict"`
 	// Rate starts of a key at most in any window of length Per; 0: no limit.
 	Rate int           `json:"rate,omitempty"`
-	Per  time.Duration `json:"per,omitempty"`
+	Per  time.Duration `json:"-"`
+	// PerSeconds is Per in seconds, as FlowLimits reports it in JSON.
+	PerSeconds float64 `json:"per_seconds,omitempty"`
 	// UpdatedAt is when the row last changed; SetFlowLimit ignores it.
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -78,7 +80,7 @@ ORDER BY queue, key NULLS FIRST`), nilIfEmpty(queue))
 			per float64
 		)
 		err := row.Scan(&l.Queue, &l.Key, &l.Concurrency, &l.Strict, &l.Rate, &per, &l.UpdatedAt)
-		l.Per = time.Duration(per * float64(time.Second))
+		l.Per, l.PerSeconds = time.Duration(per*float64(time.Second)), per
 		return l, err
 	})
 	if err != nil {
