@@ -18,6 +18,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/schedule"
+	"github.com/pgdispatch/pgdispatch/sweeper"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
 
@@ -201,6 +202,37 @@ func TestRolesScript(t *testing.T) {
 	}
 	_, err = a.Queues(ctx)
 	require.NoError(t, err)
+
+	// The operator declares, lists and clears flow limits, and reads why a
+	// job waits; the worker's sweeper keeps the keys' state, and the
+	// writer's dispatch triggers and enqueue give jobs a key.
+	require.NoError(t, a.SetFlowLimit(ctx, admin.FlowLimit{Queue: "roles", Concurrency: 1, Rate: 5, Per: time.Second}))
+	limits, err := a.FlowLimits(ctx, "roles")
+	require.NoError(t, err)
+	require.Len(t, limits, 1)
+	var keyed int64
+	require.NoError(t, writer.QueryRow(ctx, "SELECT "+enqueue+"('record', queue => 'roles', run_at => now() + interval '1 hour', flow_key => 'acme')").Scan(&keyed))
+	j, err := a.Get(ctx, keyed)
+	require.NoError(t, err)
+	_, err = a.FlowWait(ctx, j)
+	require.NoError(t, err)
+	removed, err := a.ClearFlowLimit(ctx, "roles", "")
+	require.NoError(t, err)
+	require.True(t, removed)
+	requireAllowed(t, worker, "INSERT INTO "+pgx.Identifier{b.schema, "flow_keys"}.Sanitize()+" (queue, key) VALUES ('roles', 'acme') "+
+		"ON CONFLICT DO NOTHING; SELECT FROM "+pgx.Identifier{b.schema, "flow_limits"}.Sanitize())
+	sw, err := sweeper.New(sweeper.Config{Pool: worker, Schema: b.schema})
+	require.NoError(t, err)
+	_, err = sw.Sweep(ctx)
+	require.NoError(t, err)
+	for _, sql := range []string{
+		"SELECT " + pgx.Identifier{b.schema, "set_flow_limit"}.Sanitize() + "('q')",
+		"INSERT INTO " + pgx.Identifier{b.schema, "flow_limits"}.Sanitize() + " (queue) VALUES ('q')",
+	} {
+		requireDenied(t, worker, sql)
+		requireDenied(t, writer, sql)
+	}
+	requireDenied(t, operator, "DELETE FROM "+pgx.Identifier{b.schema, "flow_keys"}.Sanitize())
 
 	// The operator declares a schedule, which the worker fires as its own
 	// role; the operator pauses, resumes, lists and removes it.

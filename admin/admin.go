@@ -224,12 +224,15 @@ type Job struct {
 	Attempts    int32           `json:"attempts"`
 	MaxAttempts *int32          `json:"max_attempts"`
 	DedupKey    *string         `json:"dedup_key"`
-	LastError   *string         `json:"last_error"`
-	LockedBy    *string         `json:"locked_by"`
-	LockedUntil *time.Time      `json:"locked_until"`
-	CreatedAt   time.Time       `json:"created_at"`
-	UpdatedAt   time.Time       `json:"updated_at"`
-	FinishedAt  *time.Time      `json:"finished_at"`
+	// FlowKey is the key the flow limits of the job's queue apply to; nil:
+	// none.
+	FlowKey     *string    `json:"flow_key"`
+	LastError   *string    `json:"last_error"`
+	LockedBy    *string    `json:"locked_by"`
+	LockedUntil *time.Time `json:"locked_until"`
+	CreatedAt   time.Time  `json:"created_at"`
+	UpdatedAt   time.Time  `json:"updated_at"`
+	FinishedAt  *time.Time `json:"finished_at"`
 	// Errors are the failed attempts, oldest first (the last 20): see
 	// Attempt. Null until an attempt fails.
 	Errors json.RawMessage `json:"errors"`
@@ -279,13 +282,13 @@ func (j Job) History() (entries []Attempt, skipped int) {
 	return entries, skipped
 }
 
-const jobColumns = `id, queue, kind, payload, priority, run_at, status, attempts, max_attempts, dedup_key,
+const jobColumns = `id, queue, kind, payload, priority, run_at, status, attempts, max_attempts, dedup_key, flow_key,
        last_error, locked_by, locked_until, created_at, updated_at, finished_at, errors, result`
 
 func scanJob(row pgx.CollectableRow) (Job, error) {
 	var j Job
 	err := row.Scan(&j.ID, &j.Queue, &j.Kind, &j.Payload, &j.Priority, &j.RunAt, &j.Status, &j.Attempts,
-		&j.MaxAttempts, &j.DedupKey, &j.LastError, &j.LockedBy, &j.LockedUntil, &j.CreatedAt, &j.UpdatedAt, &j.FinishedAt,
+		&j.MaxAttempts, &j.DedupKey, &j.FlowKey, &j.LastError, &j.LockedBy, &j.LockedUntil, &j.CreatedAt, &j.UpdatedAt, &j.FinishedAt,
 		&j.Errors, &j.Result)
 	return j, err
 }

@@ -705,3 +705,114 @@ func TestKindIndexBuiltAhead(t *testing.T) {
 		require.Equal(t, !invalid, after == before, "invalid before: %v: kept if valid, built again if not", invalid)
 	}
 }
+
+// Roles granted what they needed before migration 16 keep working after
+// it, without docs/roles.sql run again: the role that may pause queues
+// may declare flow limits and read the keys' state, the role that may
+// delete jobs keeps the keys' state, the role that may insert the trace
+// context may insert the flow key (a dispatch trigger does, as the
+// writer), and add_trigger keeps its privileges.
+func TestFlowControlGrantsCarryOverMigration16(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.EmptySchemaName(t)
+	pool := pgtest.Pool(t)
+	_, _, err := migrations.MigrateTo(ctx, pool, migrations.Config{Schema: schema}, 15)
+	require.NoError(t, err)
+	suffix := strings.TrimPrefix(schema, "pgdt_")
+	writer, worker, operator := "pgdt_wr_"+suffix, "pgdt_wo_"+suffix, "pgdt_op_"+suffix
+	for _, role := range []string{writer, worker, operator} {
+		id := pgx.Identifier{role}.Sanitize()
+		_, err := pool.Exec(ctx, "CREATE ROLE "+id+" NOLOGIN")
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, err := pool.Exec(context.Background(), "DROP OWNED BY "+id+"; DROP ROLE "+id)
+			require.NoError(t, err)
+		})
+	}
+	s := pgx.Identifier{schema}.Sanitize()
+	_, err = pool.Exec(ctx, "GRANT INSERT (kind, payload, queue, traceparent, tracestate) ON "+s+".jobs TO "+pgx.Identifier{writer}.Sanitize()+"; "+
+		"GRANT SELECT, UPDATE, DELETE ON "+s+".jobs TO "+pgx.Identifier{worker}.Sanitize()+"; "+
+		"GRANT SELECT, UPDATE ON "+s+".jobs TO "+pgx.Identifier{operator}.Sanitize()+"; "+
+		"GRANT EXECUTE ON FUNCTION "+s+".pause_queue(text) TO "+pgx.Identifier{operator}.Sanitize()+"; "+
+		"REVOKE ALL ON FUNCTION "+s+".add_trigger(text, text[], text, jsonb, text, text, text, interval) FROM PUBLIC; "+
+		"GRANT EXECUTE ON FUNCTION "+s+".add_trigger(text, text[], text, jsonb, text, text, text, interval) TO "+pgx.Identifier{operator}.Sanitize())
+	require.NoError(t, err)
+	_, _, err = migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
+	require.NoError(t, err)
+
+	type check struct {
+		role, sql, object, privilege string
+		want                         bool
+	}
+	setLimit := s + ".set_flow_limit(text, text, integer, boolean, integer, interval)"
+	addTrigger := s + ".add_trigger(text, text[], text, jsonb, text, text, text, interval, text)"
+	for _, c := range []check{
+		{operator, "has_function_privilege", setLimit, "EXECUTE", true},
+		{operator, "has_function_privilege", s + ".clear_flow_limit(text, text)", "EXECUTE", true},
+		{operator, "has_table_privilege", s + ".flow_limits", "INSERT", true},
+		{operator, "has_table_privilege", s + ".flow_keys", "SELECT", true},
+		{operator, "has_table_privilege", s + ".flow_keys", "DELETE", false},
+		{operator, "has_function_privilege", addTrigger, "EXECUTE", true},
+		{"public", "has_function_privilege", addTrigger, "EXECUTE", false},
+		{"public", "has_function_privilege", setLimit, "EXECUTE", false},
+		{worker, "has_function_privilege", setLimit, "EXECUTE", false},
+		{worker, "has_table_privilege", s + ".flow_limits", "SELECT", true},
+		{worker, "has_table_privilege", s + ".flow_limits", "INSERT", false},
+		{worker, "has_table_privilege", s + ".flow_keys", "INSERT", true},
+		{worker, "has_table_privilege", s + ".flow_keys", "UPDATE", true},
+		{worker, "has_table_privilege", s + ".flow_keys", "DELETE", true},
+		{writer, "has_table_privilege", s + ".flow_keys", "SELECT", false},
+	} {
+		var got bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT "+c.sql+"($1, $2, $3)", c.role, c.object, c.privilege).Scan(&got))
+		require.Equal(t, c.want, got, "%s: %s on %s", c.role, c.privilege, c.object)
+	}
+	var can bool
+	require.NoError(t, pool.QueryRow(ctx, "SELECT has_column_privilege($1, $2, 'flow_key', 'INSERT')", writer, s+".jobs").Scan(&can))
+	require.True(t, can, "the writer inserts the flow key")
+}
+
+// Migration 16's indexes, built ahead without holding off writers, as its
+// comment says, are kept; one that a failed concurrent build left invalid
+// is built again.
+func TestFlowIndexesBuiltAhead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pool := pgtest.Pool(t)
+	schema := pgtest.EmptySchemaName(t)
+	_, _, err := migrations.MigrateTo(ctx, pool, migrations.Config{Schema: schema}, 15)
+	require.NoError(t, err)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	_, err = pool.Exec(ctx, "ALTER TABLE "+jobs+" ADD COLUMN IF NOT EXISTS flow_key text")
+	require.NoError(t, err)
+	before := map[string]uint32{}
+	for name, ddl := range map[string]string{
+		"jobs_flow_pending_idx": " (queue, flow_key, priority, run_at, id) WHERE status = 'pending' AND flow_key IS NOT NULL",
+		"jobs_flow_running_idx": " (queue, flow_key) WHERE status = 'running' AND flow_key IS NOT NULL",
+	} {
+		_, err = pool.Exec(ctx, "CREATE INDEX CONCURRENTLY "+name+" ON "+jobs+ddl)
+		require.NoError(t, err)
+		var oid uint32
+		require.NoError(t, pool.QueryRow(ctx, "SELECT $1::regclass::oid", pgx.Identifier{schema, name}.Sanitize()).Scan(&oid))
+		before[name] = oid
+	}
+	_, err = pool.Exec(ctx, "UPDATE pg_catalog.pg_index SET indisvalid = false WHERE indexrelid = $1", before["jobs_flow_running_idx"])
+	require.NoError(t, err)
+	_, _, err = migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
+	require.NoError(t, err)
+	for name, invalid := range map[string]bool{"jobs_flow_pending_idx": false, "jobs_flow_running_idx": true} {
+		var (
+			after uint32
+			valid bool
+		)
+		require.NoError(t, pool.QueryRow(ctx, "SELECT indexrelid, indisvalid FROM pg_catalog.pg_index WHERE indexrelid = $1::regclass",
+			pgx.Identifier{schema, name}.Sanitize()).Scan(&after, &valid))
+		require.True(t, valid, name)
+		require.Equal(t, !invalid, after == before[name], "%s: kept if valid, built again if not", name)
+	}
+	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, flow_key) VALUES ('noop', '')")
+	require.Equal(t, "jobs_flow_key_check", pgErrorOf(t, err).ConstraintName, "the column added ahead has its constraint")
+}

@@ -704,6 +704,7 @@ CREATE OR REPLACE FUNCTION pgdispatch.clear_flow_limit(queue text, key text DEFA
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
+#variable_conflict use_column
 DECLARE
     removed boolean;
 BEGIN

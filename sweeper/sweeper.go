@@ -10,7 +10,9 @@
 //     status = 'running' AND locked_until < now(), so a live worker whose
 //     heartbeat renewed the lease keeps its job;
 //   - done jobs older than RetainDone, and dead or cancelled jobs older than
-//     RetainDead, are deleted in batches.
+//     RetainDead, are deleted in batches;
+//   - the flow_keys rows no longer needed are deleted in batches, in
+//     (queue, key) order (flowKeysSQL).
 //
 // At each pass, every worker's sweeper, with the lock or without, looks at
 // what holds back the database's xmin horizon (horizon.go), in the pass's
@@ -93,6 +95,9 @@ type Result struct {
 	Rescued int64 // expired leases given back to pending
 	Killed  int64 // expired leases whose attempts were used up: now dead
 	Purged  int64 // finished jobs deleted
+	// FlowKeys counts the flow_keys rows deleted: keys that have no
+	// pending or running job and no start within their rate window.
+	FlowKeys int64
 }
 
 // Sweeper rescues expired leases and purges old jobs. Create it with New.
@@ -101,6 +106,7 @@ type Sweeper struct {
 	logger *zap.Logger
 	rescue string
 	purge  string
+	flow   string
 	// poolSize is the pool's MaxConns, read once (Pool.Config copies the
 	// whole config): how many dead connections a pass may meet in a row.
 	poolSize int
@@ -134,6 +140,9 @@ func New(cfg Config) (*Sweeper, error) {
 		logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("sweeper"),
 		rescue: strings.NewReplacer("{jobs}", jobs, "{lost}", lostSQL).Replace(rescueSQL),
 		purge:  strings.ReplaceAll(purgeSQL, "{jobs}", jobs),
+		flow: strings.NewReplacer("{jobs}", jobs,
+			"{flow_keys}", pgx.Identifier{cfg.Schema, "flow_keys"}.Sanitize(),
+			"{flow_limits}", pgx.Identifier{cfg.Schema, "flow_limits"}.Sanitize()).Replace(flowKeysSQL),
 
 		poolSize:  int(cfg.Pool.Config().MaxConns),
 		batchSize: defaultBatchSize,
@@ -190,6 +199,26 @@ WITH d AS (
 )
 DELETE FROM {jobs} j WHERE j.id = ANY(ARRAY(SELECT id FROM d))`
 
+// flowKeysSQL deletes a batch of the flow_keys rows no longer needed, in
+// (queue, key) order, the rows a claim holds skipped: a key with no
+// pending or running job whose newest start is older than the largest per
+// of its queue's limits, or that has no start (or whose queue has no rate).
+// A key whose row is deleted while a job of it commits gets a new row at
+// its next claim: its head and starts, which no job needs any more, are
+// not missed.
+const flowKeysSQL = `
+WITH d AS (
+    SELECT k.queue, k.key FROM {flow_keys} k
+    WHERE coalesce(k.starts[pg_catalog.array_upper(k.starts, 1)]
+                   < now() - (SELECT max(l.per) FROM {flow_limits} l WHERE l.queue = k.queue), true)
+      AND NOT EXISTS (SELECT FROM {jobs} j WHERE j.queue = k.queue AND j.flow_key = k.key AND j.status = 'pending')
+      AND NOT EXISTS (SELECT FROM {jobs} j WHERE j.queue = k.queue AND j.flow_key = k.key AND j.status = 'running')
+    ORDER BY k.queue, k.key
+    LIMIT $1
+    FOR UPDATE OF k SKIP LOCKED
+)
+DELETE FROM {flow_keys} k USING d WHERE k.queue = d.queue AND k.key = d.key`
+
 // Run sweeps every Interval until ctx ends, starting at once, each pass
 // looking at the xmin horizon too. It returns nil when ctx is cancelled.
 //
@@ -234,6 +263,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 		total.Rescued += res.Rescued
 		total.Killed += res.Killed
 		total.Purged += res.Purged
+		total.FlowKeys += res.FlowKeys
 		s.rescued.Add(res.Rescued)
 		s.killed.Add(res.Killed)
 		s.purged.Add(res.Purged)
@@ -314,6 +344,12 @@ func (s *Sweeper) sweepOnce(ctx context.Context, look bool) (res Result, more bo
 		res.Purged += tag.RowsAffected()
 		more = more || tag.RowsAffected() == int64(s.batchSize)
 	}
+	tag, err := tx.Exec(ctx, s.flow, s.batchSize)
+	if err != nil {
+		return res, false, fmt.Errorf("sweep: delete flow keys: %w", err)
+	}
+	res.FlowKeys = tag.RowsAffected()
+	more = more || res.FlowKeys == int64(s.batchSize)
 	if err := tx.Commit(ctx); err != nil {
 		return res, false, fmt.Errorf("sweep: commit: %w", err)
 	}

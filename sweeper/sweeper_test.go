@@ -184,3 +184,58 @@ func TestLostAttemptsEnterErrors(t *testing.T) {
 	}
 	require.Equal(t, entries[1].Error, lastErr)
 }
+
+// A pass deletes the flow_keys rows no longer needed, in batches: those of
+// keys with no pending or running job whose newest start is older than the
+// largest per of the queue's limits, or that have no start. A row a claim
+// holds is left for a later pass.
+func TestSweepForgetsFlowKeys(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	s := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `SELECT `+s("set_flow_limit")+`('q', rate => 10, per => '1 minute');
+		SELECT `+s("set_flow_limit")+`('q', 'slow', rate => 1, per => '1 hour');
+		SELECT `+s("set_flow_limit")+`('other', concurrency => 1);
+		INSERT INTO `+s("jobs")+` (kind, queue, flow_key, status) VALUES
+			('noop', 'q', 'pending', 'pending'), ('noop', 'q', 'running', 'running'), ('noop', 'q', 'done', 'done');
+		INSERT INTO `+s("flow_keys")+` (queue, key, starts) VALUES
+			('q', 'pending', '{}'), ('q', 'running', '{}'), ('q', 'done', '{}'),
+			('q', 'recent', ARRAY[now() - interval '2 hours', now() - interval '30 minutes']),
+			('q', 'old', ARRAY[now() - interval '2 hours']),
+			('q', 'locked', '{}'),
+			('other', 'a', ARRAY[now()]), ('other', 'b', '{}')`)
+	require.NoError(t, err)
+
+	// A claim holds the key locked.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, nothing
+	_, err = tx.Exec(ctx, "SELECT FROM "+s("flow_keys")+" WHERE queue = 'q' AND key = 'locked' FOR NO KEY UPDATE")
+	require.NoError(t, err)
+
+	sw, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema})
+	require.NoError(t, err)
+	sweeper.SetBatchSize(sw, 2)
+	res, err := sw.Sweep(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, res.FlowKeys, "done and old of q, a and b of other (no rate: the starts do not matter)")
+	keys := func() []string {
+		var out []string
+		rows, err := pool.Query(ctx, "SELECT queue || '/' || key FROM "+s("flow_keys")+" ORDER BY 1")
+		require.NoError(t, err)
+		out, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	require.Equal(t, []string{"q/locked", "q/pending", "q/recent", "q/running"}, keys(),
+		"recent started within the largest per of q (1 hour)")
+
+	require.NoError(t, tx.Rollback(ctx))
+	res, err = sw.Sweep(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res.FlowKeys)
+	require.Equal(t, []string{"q/pending", "q/recent", "q/running"}, keys())
+}

@@ -19,6 +19,9 @@
 //	 "schema": "public", "table": "orders", "at": "…",
 //	 "new": {…the row…}, "old": {…the row before, for UPDATE and DELETE…}}
 //
+// A trigger may give its jobs a flow key from a column of the row
+// (Spec.FlowKey), to which the flow limits of the jobs' queue apply.
+//
 // The SQL functions add_trigger and remove_trigger (migration 004) do the
 // work, so psql users have the same API. Add calls add_trigger in a
 // transaction and checks the trigger it created against its record before

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -195,6 +196,10 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if *asJSON {
 			return printJSON(stdout, j)
 		}
+		wait, err := a.FlowWait(ctx, j)
+		if err != nil {
+			return err
+		}
 		var payload bytes.Buffer
 		if err := json.Indent(&payload, j.Payload, "  ", "  "); err != nil {
 			payload.Reset()
@@ -206,8 +211,7 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 			return *s
 		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		for _, row := range [][2]string{
+		rows := [][2]string{
 			{"id", strconv.FormatInt(j.ID, 10)},
 			{"queue", j.Queue},
 			{"kind", j.Kind},
@@ -222,11 +226,21 @@ func jobsShow(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			{"updated_at", stampOr(&j.UpdatedAt)},
 			{"finished_at", stampOr(j.FinishedAt)},
 			{"last_error", str(j.LastError)},
-		} {
+		}
+		if j.FlowKey != nil {
+			rows = slices.Insert(rows, 8, [2]string{"flow key", *j.FlowKey})
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+		for _, row := range rows {
 			fmt.Fprintf(tw, "%s\t%s\n", row[0], termsafe.String(row[1]))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
+		}
+		if wait != "" {
+			if _, err := fmt.Fprintf(stdout, "waiting: %s\n", termsafe.String(wait)); err != nil {
+				return err
+			}
 		}
 		if _, err := fmt.Fprintf(stdout, "payload\n  %s\n", termsafe.Lines(payload.String())); err != nil {
 			return err

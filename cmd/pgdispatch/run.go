@@ -237,6 +237,7 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	priority := fs.Int("priority", 0, "smaller runs first")
 	dedupKey := fs.String("dedup-key", "", "idempotency key: while a job with it exists, no new one is made")
 	maxAttempts := fs.Int("max-attempts", 0, "attempts allowed (default: the worker's MAX_ATTEMPTS)")
+	flowKey := fs.String("flow-key", "", "the key the flow limits of the queue apply to, such as a customer (default: none)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -264,6 +265,7 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		e, err = pgdispatch.Schema(c.schema).EnqueueChecked(ctx, c.pool, pgdispatch.Job{
 			Kind: *kind, Payload: json.RawMessage(*payload), Queue: *queue, RunAt: at,
 			Priority: int16(*priority), DedupKey: *dedupKey, MaxAttempts: *maxAttempts,
+			FlowKey: *flowKey,
 		})
 		return err
 	})
@@ -271,7 +273,7 @@ func enqueueCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	if e.Conflict {
-		fmt.Fprintf(stderr, "warning: job %d holds the dedup key and differs from this job (kind, queue, payload, priority, max attempts or a later run_at): no job was created\n", e.ID)
+		fmt.Fprintf(stderr, "warning: job %d holds the dedup key and differs from this job (kind, queue, payload, priority, max attempts, flow key or a later run_at): no job was created\n", e.ID)
 	}
 	fmt.Fprintln(stdout, e.ID)
 	return nil

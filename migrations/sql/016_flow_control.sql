@@ -6,9 +6,19 @@
 -- flow_key: what the job's flow is limited by, such as the customer, the
 -- tenant or the receiving host. NULL: none. A column added with its
 -- constraint, NULL in every row, is checked by a scan of the table, without
--- a rewrite.
+-- a rewrite. The column may have been added ahead, to build the indexes
+-- below first (see there): its constraint is then added here.
 ALTER TABLE {{.schema}}.jobs
     ADD COLUMN IF NOT EXISTS flow_key text CONSTRAINT jobs_flow_key_check CHECK (char_length(flow_key) BETWEEN 1 AND 256);
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_constraint
+                   WHERE conrelid = pg_catalog.to_regclass(pg_catalog.quote_ident({{.schema_literal}}) || '.jobs')
+                     AND conname = 'jobs_flow_key_check') THEN
+        ALTER TABLE {{.schema}}.jobs
+            ADD CONSTRAINT jobs_flow_key_check CHECK (char_length(flow_key) BETWEEN 1 AND 256);
+    END IF;
+END $$;
 
 COMMENT ON COLUMN {{.schema}}.jobs.flow_key IS
     'the key the flow limits of the job''s queue apply to (flow_limits); NULL: none, the job takes its turn with the other jobs without a key';
@@ -19,7 +29,9 @@ COMMENT ON COLUMN {{.schema}}.jobs.flow_key IS
 -- Building them reads the table and holds off writers and claims (a SHARE
 -- lock) until the migration commits (docs/operations.md, "Installing the
 -- schema"). On a large table, build them first without holding them off,
--- and the migration keeps them:
+-- after adding the column (a change of the catalog alone), and the
+-- migration keeps them:
+--   ALTER TABLE pgdispatch.jobs ADD COLUMN IF NOT EXISTS flow_key text;
 --   CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_flow_pending_idx
 --       ON pgdispatch.jobs (queue, flow_key, priority, run_at, id)
 --       WHERE status = 'pending' AND flow_key IS NOT NULL;
@@ -171,6 +183,7 @@ CREATE OR REPLACE FUNCTION {{.schema}}.clear_flow_limit(queue text, key text DEF
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
 DECLARE
     removed boolean;
 BEGIN
