@@ -1,7 +1,8 @@
 // Package bench measures a pgdispatch worker against a real PostgreSQL:
 // latency from commit to start, drain throughput and its in-server floor,
 // webhook delivery, writers at full speed, the trigger's cost to them, what
-// an idle worker sends, and the jobs table's size over a long run.
+// an idle worker sends, the jobs table's size over a long run, and flow
+// limits by key held across several workers.
 //
 // Each scenario migrates a schema of its own, named pgdispatch_bench_*, runs
 // workers built from the caller's pgdispatch.Config with a no-op executor
