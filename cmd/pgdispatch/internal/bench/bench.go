@@ -1,7 +1,8 @@
 // Package bench measures a pgdispatch worker against a real PostgreSQL:
 // latency from commit to start, drain throughput and its in-server floor,
 // webhook delivery, writers at full speed, the trigger's cost to them, what
-// an idle worker sends, and the jobs table's size over a long run.
+// an idle worker sends, the jobs table's size over a long run, and flow
+// limits by key held across several workers.
 //
 // Each scenario migrates a schema of its own, named pgdispatch_bench_*, runs
 // workers built from the caller's pgdispatch.Config with a no-op executor
@@ -31,9 +32,9 @@ import (
 // DefaultScenarios are the scenarios of a run that names none.
 var DefaultScenarios = []string{"latency", "drain", "floor", "http", "sustained", "writers", "idle"}
 
-// Scenarios are every scenario, in the order a run lists them. soak and
-// xmin are left out of the default set: they run for minutes.
-var Scenarios = append(slices.Clone(DefaultScenarios), "soak", "xmin")
+// Scenarios are every scenario, in the order a run lists them. soak, xmin
+// and flow are left out of the default set: they run for minutes.
+var Scenarios = append(slices.Clone(DefaultScenarios), "soak", "xmin", "flow")
 
 // Options says which scenarios run, and how big each is. Every count and
 // duration must be above 0; DefaultOptions has the sizes of a full run.
@@ -69,6 +70,20 @@ type Options struct {
 	XminLone  int
 	XminPairs int
 	XminDead  []int
+	// The flow scenario's sizes. FlowWorkers workers run each part.
+	// concurrency: FlowJobs jobs over FlowKeys keys; strict: FlowStrictKeys
+	// keys of FlowStrictJobs jobs each; rate: 10 keys of FlowRate starts a
+	// second each, for FlowRateDuration; fair: a key with FlowBacklog due
+	// jobs; wakeups: FlowWakeups jobs of one key.
+	FlowJobs         int
+	FlowKeys         int
+	FlowWorkers      int
+	FlowStrictKeys   int
+	FlowStrictJobs   int
+	FlowRate         int
+	FlowRateDuration time.Duration
+	FlowBacklog      int
+	FlowWakeups      int
 	// Latencies, when set, receives a CSV row per job of the latency and
 	// sustained scenarios: its commit and start times.
 	Latencies io.Writer
@@ -93,6 +108,16 @@ func DefaultOptions() Options {
 		XminLone:     200,
 		XminPairs:    2,
 		XminDead:     []int{0, 100000, 200000, 500000},
+
+		FlowJobs:         100000,
+		FlowKeys:         1000,
+		FlowWorkers:      3,
+		FlowStrictKeys:   100,
+		FlowStrictJobs:   1000,
+		FlowRate:         50,
+		FlowRateDuration: 30 * time.Second,
+		FlowBacklog:      100000,
+		FlowWakeups:      200,
 	}
 }
 
@@ -120,6 +145,10 @@ func (o Options) validate(worker pgdispatch.Config) error {
 	}
 	if len(o.XminDead) == 0 || slices.ContainsFunc(o.XminDead, func(n int) bool { return n < 0 }) || !slices.IsSorted(o.XminDead) {
 		errs = append(errs, fmt.Errorf("xmin dead entries %v: want whole numbers, ascending", o.XminDead))
+	}
+	if o.FlowJobs <= 0 || o.FlowKeys <= 0 || o.FlowWorkers <= 0 || o.FlowStrictKeys <= 0 || o.FlowStrictJobs <= 0 ||
+		o.FlowRate <= 0 || o.FlowRate > 10000 || o.FlowRateDuration < time.Second || o.FlowBacklog <= 0 || o.FlowWakeups < 2 {
+		errs = append(errs, errors.New("the options' Flow sizes must be above 0, FlowRate at most 10000, FlowRateDuration at least 1s and FlowWakeups at least 2"))
 	}
 	if o.Spacing < 0 {
 		errs = append(errs, errors.New("the options' Spacing must not be negative"))
@@ -205,6 +234,8 @@ func Run(ctx context.Context, worker pgdispatch.Config, o Options) ([]*Result, e
 			rs, err = b.soak(ctx)
 		case "xmin":
 			rs, err = b.xmin(ctx)
+		case "flow":
+			rs, err = b.flow(ctx)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("bench %s: %w", s, err)

@@ -318,3 +318,46 @@ func TestXmin(t *testing.T) {
 	require.Positive(t, c.Figures["p50_last_to_first"])
 	require.Contains(t, log, "bench: xmin: 2000 dead entries: ")
 }
+
+// The flow scenario, small: each limit holds, by the figures of its part.
+func TestFlow(t *testing.T) {
+	t.Parallel()
+	o := tiny("flow")
+	o.FlowJobs, o.FlowKeys, o.FlowWorkers = 300, 20, 3
+	o.FlowStrictKeys, o.FlowStrictJobs = 5, 40
+	o.FlowRate, o.FlowRateDuration = 10, 2*time.Second
+	o.FlowBacklog, o.FlowWakeups = 500, 20
+	results, _ := run(t, o)
+	got := byScenario(results)
+	for _, s := range []string{"flow_concurrency", "flow_strict", "flow_rate", "flow_fair", "flow_wakeups"} {
+		require.Len(t, got[s], 1, s)
+	}
+	c := got["flow_concurrency"][0].Figures
+	require.Equal(t, 1.0, c["max_running_per_key"], "the sampler saw a key run at most one job, and saw some")
+	require.Positive(t, c["samples"])
+	require.Positive(t, c["jobs_per_s"])
+	require.Positive(t, c["jobs_per_s_unlimited"])
+	require.InDelta(t, c["jobs_per_s"]/c["jobs_per_s_unlimited"], c["limited_vs_unlimited"], 1e-9)
+
+	s := got["flow_strict"][0]
+	require.Zero(t, s.Figures["order_violations"], s.Conditions)
+	require.Zero(t, s.Figures["overlaps"])
+	require.Equal(t, float64(5*40+5*40/20), s.Figures["attempts"], "every 20th job's first attempt failed, and its second ran")
+	require.Positive(t, s.Figures["jobs_per_s"])
+
+	r := got["flow_rate"][0].Figures
+	require.Equal(t, 10.0, r["max_starts_in_any_1s_window_claimed"], "no key is claimed more than its rate in a second, and the keys were saturated")
+	require.Equal(t, float64(10*10*2), r["expected"])
+	require.Positive(t, r["total_starts_claimed"])
+	require.LessOrEqual(t, r["total_starts_claimed"], r["expected"])
+	require.GreaterOrEqual(t, r["max_starts_in_any_1s_window"], 10.0, "the executor's starts are the claims', later")
+	require.InDelta(t, r["total_starts"]/r["expected"], r["total_vs_expected"], 1e-9)
+
+	f := got["flow_fair"][0]
+	requirePercentiles(t, f, "commit_to_start")
+	require.Positive(t, f.Figures["second_key_jobs"])
+
+	w := got["flow_wakeups"][0]
+	requirePercentiles(t, w, "end_to_start")
+	require.Zero(t, w.Figures["overlaps"])
+}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -26,7 +27,7 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{o: DefaultOptions()}
 	o := &f.o
 	fs.StringVar(&f.scenarios, "scenario", strings.Join(o.Scenarios, ","), "comma-separated scenarios: "+strings.Join(Scenarios, ", ")+
-		" (soak and xmin are not in the default set)")
+		" (soak, xmin and flow are not in the default set)")
 	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency: jobs inserted one per transaction")
 	fs.DurationVar(&o.Spacing, "spacing", o.Spacing, "latency: pause between those inserts")
 	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
@@ -39,6 +40,15 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	fs.IntVar(&o.XminLone, "xmin-lone", o.XminLone, "xmin: lone jobs inserted 20 ms apart after each drain")
 	fs.IntVar(&o.XminPairs, "xmin-pairs", o.XminPairs, "xmin: pairs of drains, held and free, alternated")
 	fs.StringVar(&f.xminDead, "xmin-dead", joinInts(o.XminDead), "xmin: dead claim-index entries in front of the due jobs at which claims are timed, ascending, comma-separated")
+	fs.IntVar(&o.FlowJobs, "flow-jobs", o.FlowJobs, "flow: jobs of the concurrency drains, limited and not")
+	fs.IntVar(&o.FlowKeys, "flow-keys", o.FlowKeys, "flow: keys of the concurrency drains' jobs")
+	fs.IntVar(&o.FlowWorkers, "flow-workers", o.FlowWorkers, "flow: workers in this process, each with a pool of its own")
+	fs.IntVar(&o.FlowStrictKeys, "flow-strict-keys", o.FlowStrictKeys, "flow: keys of the strict order part")
+	fs.IntVar(&o.FlowStrictJobs, "flow-strict-jobs", o.FlowStrictJobs, "flow: jobs of each key of the strict order part")
+	fs.IntVar(&o.FlowRate, "flow-rate", o.FlowRate, "flow: starts a second of each of the rate part's 10 keys")
+	fs.DurationVar(&o.FlowRateDuration, "flow-rate-duration", o.FlowRateDuration, "flow: length of the rate part")
+	fs.IntVar(&o.FlowBacklog, "flow-backlog", o.FlowBacklog, "flow: due jobs of the fair part's first key")
+	fs.IntVar(&o.FlowWakeups, "flow-wakeups", o.FlowWakeups, "flow: jobs of the wake-ups part's key")
 	return f
 }
 
@@ -75,6 +85,12 @@ func (f *Flags) Options() (Options, error) {
 	if o.Jobs <= 0 || o.DrainJobs <= 0 || o.Duration <= 0 || o.IdleDuration <= 0 || o.SoakDuration <= 0 || o.SoakWriters <= 0 ||
 		o.XminJobs <= 0 || o.XminLone <= 0 || o.XminPairs <= 0 {
 		return Options{}, errors.New("--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration, --soak-writers, --xmin-jobs, --xmin-lone and --xmin-pairs must be above 0")
+	}
+	if o.FlowJobs <= 0 || o.FlowKeys <= 0 || o.FlowWorkers <= 0 || o.FlowStrictKeys <= 0 || o.FlowStrictJobs <= 0 || o.FlowBacklog <= 0 {
+		return Options{}, errors.New("--flow-jobs, --flow-keys, --flow-workers, --flow-strict-keys, --flow-strict-jobs and --flow-backlog must be above 0")
+	}
+	if o.FlowRate <= 0 || o.FlowRate > 10000 || o.FlowRateDuration < time.Second || o.FlowWakeups < 2 {
+		return Options{}, errors.New("--flow-rate must be from 1 to 10000, --flow-rate-duration at least 1s and --flow-wakeups at least 2")
 	}
 	return o, nil
 }
