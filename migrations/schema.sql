@@ -657,8 +657,11 @@ BEGIN
     -- The state of the strict and rate-limited keys taken from, one row a
     -- key, made by its first claim, written in key order under the keys'
     -- locks: the head, and the starts still in the window and this one's.
+    -- when this claim takes its jobs: their updated_at, and the start a
+    -- rate-limited key counts (the transaction began earlier, before the
+    -- keys' locks were taken)
+    t_rec := clock_timestamp();
     IF cardinality(st_keys) > 0 THEN
-        t_rec := clock_timestamp();
         INSERT INTO pgdispatch.flow_keys AS fk (queue, key, head, starts)
         SELECT claim_queue, s.key, s.head,
                CASE WHEN s.per IS NULL THEN '{}'
@@ -685,8 +688,8 @@ BEGIN
             attempts = least(j.attempts, 999999) + 1,
             max_attempts = coalesce(j.max_attempts, default_max_attempts),
             locked_by = claim_worker,
-            locked_until = t0 + make_interval(secs => lease_seconds),
-            updated_at = t0
+            locked_until = t_rec + make_interval(secs => lease_seconds),
+            updated_at = t_rec
         WHERE j.id = ANY(ids)
         RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at,
                   j.updated_at, j.traceparent, j.tracestate

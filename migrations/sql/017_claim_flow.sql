@@ -34,6 +34,10 @@
 -- flow_keys row is only ever locked by the one claim holding its key or by
 -- the sweeper, which waits for no claim.
 --
+-- The jobs' updated_at, which marks the claim, is the time the claim takes
+-- them (clock_timestamp() once the walk is done), not its transaction's
+-- start: a rate-limited key counts its starts by it.
+--
 -- It returns the jobs claimed, one row each, or one row with a NULL id,
 -- every row with the claim's own columns: next_in (seconds until the
 -- earliest future run_at, or until a rate-limited key's next start, when
@@ -279,8 +283,11 @@ BEGIN
     -- The state of the strict and rate-limited keys taken from, one row a
     -- key, made by its first claim, written in key order under the keys'
     -- locks: the head, and the starts still in the window and this one's.
+    -- when this claim takes its jobs: their updated_at, and the start a
+    -- rate-limited key counts (the transaction began earlier, before the
+    -- keys' locks were taken)
+    t_rec := clock_timestamp();
     IF cardinality(st_keys) > 0 THEN
-        t_rec := clock_timestamp();
         INSERT INTO {{.schema}}.flow_keys AS fk (queue, key, head, starts)
         SELECT claim_queue, s.key, s.head,
                CASE WHEN s.per IS NULL THEN '{}'
@@ -307,8 +314,8 @@ BEGIN
             attempts = least(j.attempts, 999999) + 1,
             max_attempts = coalesce(j.max_attempts, default_max_attempts),
             locked_by = claim_worker,
-            locked_until = t0 + make_interval(secs => lease_seconds),
-            updated_at = t0
+            locked_until = t_rec + make_interval(secs => lease_seconds),
+            updated_at = t_rec
         WHERE j.id = ANY(ids)
         RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at,
                   j.updated_at, j.traceparent, j.tracestate

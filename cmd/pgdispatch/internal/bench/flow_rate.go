@@ -11,13 +11,13 @@ import (
 )
 
 // flowStartsSQL records, in the schema's bench_starts, each job's key and
-// the time of the claim that started it (its transaction's now(), which the
-// rate limit counts by): a trigger on the jobs table, for the bench only.
+// the time the claim took it (its updated_at, the time the rate limit
+// counts by): a trigger on the jobs table, for the bench only.
 const flowStartsSQL = `
 CREATE TABLE {schema}.bench_starts (key text, at timestamptz NOT NULL);
 CREATE FUNCTION {schema}.bench_start() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO {schema}.bench_starts (key, at) VALUES (NEW.flow_key, now());
+    INSERT INTO {schema}.bench_starts (key, at) VALUES (NEW.flow_key, NEW.updated_at);
     RETURN NULL;
 END $$;
 CREATE TRIGGER bench_start AFTER UPDATE OF status ON {jobs}
