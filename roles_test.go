@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/schedule"
@@ -155,12 +156,20 @@ func TestRolesScript(t *testing.T) {
 		requireDenied(t, writer, sql)
 	}
 
-	// The worker runs them, as its own role.
+	// The worker runs them, as its own role, and claims a queue with flow
+	// limits (claim_flow, and the state of a strict, rate-limited key).
+	_, err := pgtest.Pool(t).Exec(ctx, "SELECT "+pgx.Identifier{b.schema, "set_flow_limit"}.Sanitize()+
+		"('limited', 'acme', strict => true, rate => 100, per => '1 hour')")
+	require.NoError(t, err)
+	var limited int64
+	require.NoError(t, writer.QueryRow(ctx, "SELECT "+enqueue+"('record', queue => 'limited', flow_key => 'acme')").Scan(&limited))
 	cfg := b.config(t, "w-role")
 	cfg.Pool = worker
+	cfg.Queues = []pgdispatch.Queue{{Name: pgdispatch.DefaultQueue}, {Name: "limited"}}
 	start(t, cfg)
 	b.watch.Status(t, id, "done", waitFor)
 	b.watch.Status(t, e.id, "done", waitFor)
+	b.watch.Status(t, limited, "done", waitFor)
 	for _, sql := range []string{
 		"INSERT INTO " + jobs + " (kind) VALUES ('record')",
 		"SELECT " + enqueue + "('record')",
@@ -171,7 +180,7 @@ func TestRolesScript(t *testing.T) {
 
 	// The operator: the admin commands and dispatch triggers.
 	a := admin.New(operator, b.schema, 10*time.Second)
-	_, _, err := a.Stats(ctx, 0)
+	_, _, err = a.Stats(ctx, 0)
 	require.NoError(t, err)
 	list, err := a.List(ctx, admin.Filter{})
 	require.NoError(t, err)
