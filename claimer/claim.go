@@ -89,19 +89,29 @@ WITH p AS (
 SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at,
        u.updated_at, n.next_in, n.stranded, n.paused, now(),
        extract(epoch FROM clock_timestamp() - statement_timestamp())::float8, u.traceparent, u.tracestate,
-       n.limited, false, NULL::text
+       n.limited, false, NULL::text, false
 FROM n LEFT JOIN u ON true`
 
 // flowSQL claims a queue with flow limits: claim_flow (migration 017)
-// takes the claim's arguments and where its walk over the keys starts,
-// and returns the columns claimSQL does.
-const flowSQL = `SELECT * FROM {claim_flow}($1, $2, $3, $4, $5, $6, $7)`
+// takes the claim's arguments, where its walk over the keys starts and
+// whether it looks for jobs without a key, and returns the columns claimSQL
+// does.
+const flowSQL = `SELECT * FROM {claim_flow}($1, $2, $3, $4, $5, $6, $7, $8)`
+
+// unkeyedEvery is how often claim_flow looks for jobs without a key while
+// its last look found none: the look walks the front of the queue.
+const unkeyedEvery = 100 * time.Millisecond
 
 // flowState is what a claim tells beside its jobs about flow limits.
 type flowState struct {
 	limited bool        // the queue has flow limits: claim_flow claims it
 	held    bool        // due jobs wait for their key's running jobs
 	after   pgtype.Text // where claim_flow's next walk over the keys starts
+	unkeyed bool        // the claim took jobs without a key
+	// looked is when the claimer last asked claim_flow to look for jobs
+	// without a key, and found whether it took some.
+	looked time.Time
+	found  bool
 }
 
 // claim takes up to limit due jobs, leases them, and starts them on jobs.
@@ -140,10 +150,13 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 		sent = time.Now()
 	}
 	sql, args := c.claimSQL, []any{c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes}
-	flow, front := c.flow.limited, true
+	flow, front, lookUnkeyed := c.flow.limited, true, false
 	switch {
 	case flow:
-		sql, args = c.flowSQL, append(args, c.flow.after)
+		if lookUnkeyed = c.flow.found || time.Since(c.flow.looked) >= unkeyedEvery; lookUnkeyed {
+			c.flow.looked = time.Now()
+		}
+		sql, args = c.flowSQL, append(args, c.flow.after, lookUnkeyed)
 	default:
 		if look, ok := c.looker.Looked(); ok {
 			c.cursor.Looked(look)
@@ -185,6 +198,9 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 	switch {
 	case flow:
 		c.flow.after, r.Held = fs.after, fs.held
+		if lookUnkeyed {
+			c.flow.found = fs.unkeyed
+		}
 	case !r.Paused && c.cursor.Claimed(front, took, at, runs, len(runs) == limit):
 		// A claim that found the queue paused read no row: it tells
 		// neither where the due jobs are nor how long the front takes,
@@ -240,6 +256,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		nextIn, took         pgtype.Float8
 		stranded, paused     pgtype.Bool
 		limited, held        pgtype.Bool
+		unkeyed              pgtype.Bool
 		payload              []byte
 		traceParent          pgtype.Text
 		traceState           pgtype.Text
@@ -252,17 +269,17 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 	}
 	// The claim's own columns are the same in every row: read from the
 	// first.
-	claimDest := [8]any{&nextIn, &stranded, &paused, &at, &took, &limited, &held, &fs.after}
+	claimDest := [9]any{&nextIn, &stranded, &paused, &at, &took, &limited, &held, &fs.after, &unkeyed}
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
 			&claimedAt, claimDest[0], claimDest[1], claimDest[2], claimDest[3], claimDest[4],
-			traceDest[0], traceDest[1], claimDest[5], claimDest[6], claimDest[7]); err != nil {
+			traceDest[0], traceDest[1], claimDest[5], claimDest[6], claimDest[7], claimDest[8]); err != nil {
 			return nil, time.Time{}, 0, fs, fmt.Errorf("claim jobs: scan: %w", err)
 		}
 		if claimDest[0] != nil {
-			claimDest = [8]any{}
-			fs.limited, fs.held = limited.Bool, held.Bool
+			claimDest = [9]any{}
+			fs.limited, fs.held, fs.unkeyed = limited.Bool, held.Bool, unkeyed.Bool
 			if nextIn.Valid {
 				d := scheduleWait(nextIn.Float64)
 				r.Next = &d

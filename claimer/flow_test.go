@@ -348,3 +348,31 @@ func TestFlowRateHoldsAfterASlowClaim(t *testing.T) {
 	})
 	require.GreaterOrEqual(t, time.Since(rel.at), time.Second, "6 jobs of a key limited to 3 a second started within %s", time.Since(rel.at))
 }
+
+// In a limited queue, jobs without a key take their turn after the keys;
+// while the last look found none, the claims look again every
+// unkeyedEvery, not at every claim.
+func TestFlowJobsWithoutAKeyAreClaimed(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	setLimit(ctx, t, c, pool, "", 1, false, 0, 0)
+	insertKeyed(ctx, t, pool, jobs, "a", 3)
+	insertJobs(ctx, t, pool, jobs, 2)
+	runs, _ := claimNow(ctx, t, c, 10)
+	require.Len(t, runs, 3, "a's one and the two without a key")
+	require.True(t, c.flow.found)
+
+	insertJobs(ctx, t, pool, jobs, 1)
+	runs, _ = claimNow(ctx, t, c, 10)
+	require.Len(t, runs, 1, "the last look found some: this claim looks too")
+	runs, _ = claimNow(ctx, t, c, 10)
+	require.Empty(t, runs)
+	require.False(t, c.flow.found)
+
+	insertJobs(ctx, t, pool, jobs, 1)
+	c.flow.looked = time.Time{} // unkeyedEvery has passed
+	runs, _ = claimNow(ctx, t, c, 10)
+	require.Len(t, runs, 1)
+}

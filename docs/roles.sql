@@ -70,7 +70,7 @@ GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, 
 GRANT EXECUTE ON FUNCTION
     :"schema".fire_schedule_slots(bigint[], timestamptz[]),
     :"schema".insert_scheduled_jobs(bigint[], timestamptz[]),
-    :"schema".claim_flow(text, integer, text, float8, integer, bigint, text)
+    :"schema".claim_flow(text, integer, text, float8, integer, bigint, text, boolean)
     TO :"worker";
 
 -- operator

@@ -435,8 +435,8 @@ BEGIN
 END
 $function$;
 
-CREATE OR REPLACE FUNCTION pgdispatch.claim_flow(claim_queue text, claim_limit integer, claim_worker text, lease_seconds double precision, default_max_attempts integer, max_bytes bigint, after_key text)
- RETURNS TABLE(id bigint, kind text, payload jsonb, priority smallint, attempts integer, max_attempts integer, run_at timestamp with time zone, created_at timestamp with time zone, updated_at timestamp with time zone, next_in double precision, stranded boolean, paused boolean, claimed_at timestamp with time zone, took double precision, traceparent text, tracestate text, limited boolean, held boolean, cursor_key text)
+CREATE OR REPLACE FUNCTION pgdispatch.claim_flow(claim_queue text, claim_limit integer, claim_worker text, lease_seconds double precision, default_max_attempts integer, max_bytes bigint, after_key text, look_unkeyed boolean)
+ RETURNS TABLE(id bigint, kind text, payload jsonb, priority smallint, attempts integer, max_attempts integer, run_at timestamp with time zone, created_at timestamp with time zone, updated_at timestamp with time zone, next_in double precision, stranded boolean, paused boolean, claimed_at timestamp with time zone, took double precision, traceparent text, tracestate text, limited boolean, held boolean, cursor_key text, unkeyed boolean)
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
@@ -477,6 +477,7 @@ DECLARE
     new_cursor  text := after_key;
     v_next_in   float8;
     t_rec       timestamptz;
+    found_unkeyed boolean := false;
 BEGIN
     SELECT coalesce(bool_or(q.paused_at IS NOT NULL), false), coalesce(bool_or(q.limited), false)
     INTO q_paused, q_limited
@@ -486,7 +487,7 @@ BEGIN
                             NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
                             NULL::float8, NULL::boolean, q_paused, t0,
                             extract(epoch FROM clock_timestamp() - statement_timestamp())::float8,
-                            NULL::text, NULL::text, q_limited, false, after_key;
+                            NULL::text, NULL::text, q_limited, false, after_key, false;
         RETURN;
     END IF;
 
@@ -504,7 +505,10 @@ BEGIN
         want := claim_limit - taken;
         EXIT WHEN want < 1 OR bytes >= max_bytes OR part > 3;
 
-        IF part = 2 THEN
+        IF part = 2 AND NOT look_unkeyed THEN
+            part := 3; from_key := '';
+            CONTINUE;
+        ELSIF part = 2 THEN
             -- the jobs without a key, among the queue's first due jobs
             FOR r IN
                 SELECT j.id, CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
@@ -522,7 +526,7 @@ BEGIN
             LOOP
                 EXIT WHEN taken > 0 AND bytes >= max_bytes;
                 ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1;
-                new_cursor := NULL;
+                new_cursor := NULL; found_unkeyed := true;
             END LOOP;
             part := 3; from_key := '';
             CONTINUE;
@@ -585,7 +589,7 @@ BEGIN
                             WHERE j.queue = claim_queue AND j.flow_key = k.key AND j.status = 'running')::integer
                        ELSE 0 END AS running,
                        CASE WHEN k.rate IS NOT NULL THEN
-                           ARRAY(SELECT x FROM unnest(fk.starts) x WHERE x > clock_timestamp() - k.per ORDER BY x)
+                           ARRAY(SELECT x FROM unnest(fk.starts) x WHERE x > clock_timestamp() - k.per * 1.02 ORDER BY x)
                        END AS win
                 FROM k
                 LEFT JOIN pgdispatch.flow_keys fk
@@ -637,7 +641,7 @@ BEGIN
                 IF r.first_run IS NOT NULL THEN
                     next_due := least(next_due, r.first_run); -- a strict key's head, not due yet
                 ELSIF r.rated AND r.rate <= cardinality(r.win) THEN
-                    next_due := least(next_due, r.win[cardinality(r.win) - r.rate + 1] + r.per);
+                    next_due := least(next_due, r.win[cardinality(r.win) - r.rate + 1] + r.per * 1.02);
                 ELSIF r.conc IS NOT NULL OR r.strict_key THEN
                     is_held := true;
                 END IF;
@@ -665,7 +669,7 @@ BEGIN
         INSERT INTO pgdispatch.flow_keys AS fk (queue, key, head, starts)
         SELECT claim_queue, s.key, s.head,
                CASE WHEN s.per IS NULL THEN '{}'
-                    ELSE ARRAY(SELECT x FROM unnest(o.starts) x WHERE x > t_rec - s.per ORDER BY x)
+                    ELSE ARRAY(SELECT x FROM unnest(o.starts) x WHERE x > t_rec - s.per * 1.02 ORDER BY x)
                          || array_fill(t_rec, ARRAY[s.n]) END
         FROM (SELECT u.key, max(u.head) AS head, max(u.per) AS per, count(*)::integer AS n
               FROM unnest(st_keys, st_head, st_per) u(key, head, per) GROUP BY u.key) s
@@ -697,7 +701,7 @@ BEGIN
     SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at, u.updated_at,
            v_next_in, is_stranded, false, t0,
            extract(epoch FROM clock_timestamp() - statement_timestamp())::float8,
-           u.traceparent, u.tracestate, true, is_held, new_cursor
+           u.traceparent, u.tracestate, true, is_held, new_cursor, found_unkeyed
     FROM (SELECT 1) one LEFT JOIN u ON true;
 END
 $function$;

@@ -17,9 +17,17 @@
 --                in (priority, run_at, id) order, if due;
 --   rate         rate less the starts in flow_keys.starts within per;
 --   none         every due job (the key only takes its turn).
--- The jobs without a key have no limit; they are looked for among the
--- queue's first due jobs, four times as many as the claim still takes (at
--- most 1000): give every job of a limited queue a key.
+-- The jobs without a key have no limit; they are looked for, when
+-- look_unkeyed, among the queue's first due jobs, four times as many as the
+-- claim still takes (at most 1000): give every job of a limited queue a
+-- key. That look walks the front of jobs_claim_idx, which a drain fills
+-- with dead entries; the claimer asks for it while the last look found
+-- such jobs, and otherwise every 100 ms.
+--
+-- A rate's window is per and 2 % more: a key's starts are counted when its
+-- claim takes them, and its executors start a few milliseconds later, by
+-- a delay that varies; the 2 % keeps any window of per at the executors to
+-- the rate while that delay varies by less than per / 50 (20 ms a second).
 --
 -- The claims of a limited key run one at a time: each takes the key's
 -- advisory lock (pg_try_advisory_xact_lock, on a hash of the schema, queue
@@ -47,7 +55,8 @@
 -- claimer's own statement claims it), held (due jobs wait for a key's
 -- running jobs: a job of this worker that ends may let them start), and
 -- cursor_key (where the next claim starts: the key of the last job taken,
--- NULL for the jobs without a key, or after_key when it took none).
+-- NULL for the jobs without a key, or after_key when it took none) and
+-- unkeyed (it took jobs without a key).
 CREATE OR REPLACE FUNCTION {{.schema}}.claim_flow(
     claim_queue          text,
     claim_limit          integer,
@@ -55,13 +64,14 @@ CREATE OR REPLACE FUNCTION {{.schema}}.claim_flow(
     lease_seconds        float8,
     default_max_attempts integer,
     max_bytes            bigint,
-    after_key            text
+    after_key            text,
+    look_unkeyed         boolean
 )
 RETURNS TABLE (
     id bigint, kind text, payload jsonb, priority smallint, attempts integer, max_attempts integer,
     run_at timestamptz, created_at timestamptz, updated_at timestamptz,
     next_in float8, stranded boolean, paused boolean, claimed_at timestamptz, took float8,
-    traceparent text, tracestate text, limited boolean, held boolean, cursor_key text
+    traceparent text, tracestate text, limited boolean, held boolean, cursor_key text, unkeyed boolean
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -103,6 +113,7 @@ DECLARE
     new_cursor  text := after_key;
     v_next_in   float8;
     t_rec       timestamptz;
+    found_unkeyed boolean := false;
 BEGIN
     SELECT coalesce(bool_or(q.paused_at IS NOT NULL), false), coalesce(bool_or(q.limited), false)
     INTO q_paused, q_limited
@@ -112,7 +123,7 @@ BEGIN
                             NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
                             NULL::float8, NULL::boolean, q_paused, t0,
                             extract(epoch FROM clock_timestamp() - statement_timestamp())::float8,
-                            NULL::text, NULL::text, q_limited, false, after_key;
+                            NULL::text, NULL::text, q_limited, false, after_key, false;
         RETURN;
     END IF;
 
@@ -130,7 +141,10 @@ BEGIN
         want := claim_limit - taken;
         EXIT WHEN want < 1 OR bytes >= max_bytes OR part > 3;
 
-        IF part = 2 THEN
+        IF part = 2 AND NOT look_unkeyed THEN
+            part := 3; from_key := '';
+            CONTINUE;
+        ELSIF part = 2 THEN
             -- the jobs without a key, among the queue's first due jobs
             FOR r IN
                 SELECT j.id, CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
@@ -148,7 +162,7 @@ BEGIN
             LOOP
                 EXIT WHEN taken > 0 AND bytes >= max_bytes;
                 ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1;
-                new_cursor := NULL;
+                new_cursor := NULL; found_unkeyed := true;
             END LOOP;
             part := 3; from_key := '';
             CONTINUE;
@@ -211,7 +225,7 @@ BEGIN
                             WHERE j.queue = claim_queue AND j.flow_key = k.key AND j.status = 'running')::integer
                        ELSE 0 END AS running,
                        CASE WHEN k.rate IS NOT NULL THEN
-                           ARRAY(SELECT x FROM unnest(fk.starts) x WHERE x > clock_timestamp() - k.per ORDER BY x)
+                           ARRAY(SELECT x FROM unnest(fk.starts) x WHERE x > clock_timestamp() - k.per * 1.02 ORDER BY x)
                        END AS win
                 FROM k
                 LEFT JOIN {{.schema}}.flow_keys fk
@@ -263,7 +277,7 @@ BEGIN
                 IF r.first_run IS NOT NULL THEN
                     next_due := least(next_due, r.first_run); -- a strict key's head, not due yet
                 ELSIF r.rated AND r.rate <= cardinality(r.win) THEN
-                    next_due := least(next_due, r.win[cardinality(r.win) - r.rate + 1] + r.per);
+                    next_due := least(next_due, r.win[cardinality(r.win) - r.rate + 1] + r.per * 1.02);
                 ELSIF r.conc IS NOT NULL OR r.strict_key THEN
                     is_held := true;
                 END IF;
@@ -291,7 +305,7 @@ BEGIN
         INSERT INTO {{.schema}}.flow_keys AS fk (queue, key, head, starts)
         SELECT claim_queue, s.key, s.head,
                CASE WHEN s.per IS NULL THEN '{}'
-                    ELSE ARRAY(SELECT x FROM unnest(o.starts) x WHERE x > t_rec - s.per ORDER BY x)
+                    ELSE ARRAY(SELECT x FROM unnest(o.starts) x WHERE x > t_rec - s.per * 1.02 ORDER BY x)
                          || array_fill(t_rec, ARRAY[s.n]) END
         FROM (SELECT u.key, max(u.head) AS head, max(u.per) AS per, count(*)::integer AS n
               FROM unnest(st_keys, st_head, st_per) u(key, head, per) GROUP BY u.key) s
@@ -323,12 +337,12 @@ BEGIN
     SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at, u.updated_at,
            v_next_in, is_stranded, false, t0,
            extract(epoch FROM clock_timestamp() - statement_timestamp())::float8,
-           u.traceparent, u.tracestate, true, is_held, new_cursor
+           u.traceparent, u.tracestate, true, is_held, new_cursor, found_unkeyed
     FROM (SELECT 1) one LEFT JOIN u ON true;
 END
 $$;
 
-REVOKE ALL ON FUNCTION {{.schema}}.claim_flow(text, integer, text, float8, integer, bigint, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {{.schema}}.claim_flow(text, integer, text, float8, integer, bigint, text, boolean) FROM PUBLIC;
 
 -- The workers' roles, those that may delete jobs (docs/roles.sql), call it.
 DO $$
@@ -344,7 +358,7 @@ BEGIN
           AND a.grantee <> c.relowner AND a.grantee <> 0
         ORDER BY 1
     LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.claim_flow(text, integer, text, float8, integer, bigint, text) TO %s',
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.claim_flow(text, integer, text, float8, integer, bigint, text, boolean) TO %s',
                                   {{.schema_literal}}, grantee);
     END LOOP;
 END
