@@ -114,6 +114,13 @@ DECLARE
     v_next_in   float8;
     t_rec       timestamptz;
     found_unkeyed boolean := false;
+    -- the most keys a claim walks, so that it holds a bounded number of
+    -- advisory locks (the server's lock table is shared by the cluster)
+    max_walk    integer := least(2 * claim_limit + 64, 512);
+    n_walked    integer := 0;
+    any_full    boolean;
+    any_taken   boolean;
+    last_any    text := after_key;
 BEGIN
     SELECT coalesce(bool_or(q.paused_at IS NOT NULL), false), coalesce(bool_or(q.limited), false)
     INTO q_paused, q_limited
@@ -172,9 +179,17 @@ BEGIN
         END IF;
 
         -- The next keys of the part, in key order, a few more than the
-        -- claim still takes; each limited one is this claim's if its lock
-        -- is free.
-        walk_n := want + 8;
+        -- claim still takes, and no more than max_walk in the claim. A key
+        -- at its concurrency limit in this statement's snapshot is skipped
+        -- (a claim since may only have added running jobs); each other
+        -- limited one is this claim's if its lock is free.
+        walk_n := least(want + 8, max_walk - n_walked);
+        IF walk_n < 1 THEN
+            -- keys are left: look again soon, from the last one walked
+            is_stranded := true;
+            new_cursor := last_any;
+            EXIT;
+        END IF;
         WITH RECURSIVE a(key) AS (
             SELECT min(j.flow_key) FROM {{.schema}}.jobs j
             WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > from_key
@@ -189,22 +204,37 @@ BEGIN
         ), l AS (
             SELECT w.key,
                    CASE WHEN w.li IS NULL THEN d_conc IS NOT NULL OR d_strict OR d_rate IS NOT NULL
-                        ELSE l_conc[w.li] IS NOT NULL OR l_strict[w.li] OR l_rate[w.li] IS NOT NULL END AS limited
+                        ELSE l_conc[w.li] IS NOT NULL OR l_strict[w.li] OR l_rate[w.li] IS NOT NULL END AS limited,
+                   CASE WHEN w.li IS NULL THEN CASE WHEN d_strict THEN 1 ELSE d_conc END
+                        ELSE CASE WHEN l_strict[w.li] THEN 1 ELSE l_conc[w.li] END END AS most
             FROM w
+        ), c AS MATERIALIZED (
+            SELECT l.*, CASE WHEN l.most IS NOT NULL THEN
+                            (SELECT count(*) FROM {{.schema}}.jobs j
+                             WHERE j.queue = claim_queue AND j.flow_key = l.key AND j.status = 'running')
+                        END AS running
+            FROM l
+        ), d AS MATERIALIZED (
+            SELECT c.key, coalesce(c.running >= c.most, false) AS full,
+                   CASE WHEN NOT c.limited THEN true
+                        WHEN c.running >= c.most THEN false
+                        ELSE pg_try_advisory_xact_lock(hashtextextended({{.schema_literal}} || '/' || claim_queue || '/' || c.key, 0))
+                   END AS got
+            FROM c
         )
-        SELECT array_agg(l.key ORDER BY l.key),
-               coalesce(array_agg(l.key ORDER BY l.key) FILTER (
-                   WHERE NOT l.limited
-                      OR pg_try_advisory_xact_lock(hashtextextended({{.schema_literal}} || '/' || claim_queue || '/' || l.key, 0))), '{}'),
-               max(l.key)
-        INTO walked, mine, last_walked
-        FROM l;
+        SELECT array_agg(d.key ORDER BY d.key), coalesce(array_agg(d.key ORDER BY d.key) FILTER (WHERE d.got), '{}'),
+               max(d.key), coalesce(bool_or(d.full), false), coalesce(bool_or(NOT d.got AND NOT coalesce(d.full, false)), false)
+        INTO walked, mine, last_walked, any_full, any_taken
+        FROM d;
+        n_walked := n_walked + coalesce(cardinality(walked), 0);
+        last_any := coalesce(last_walked, last_any);
         IF coalesce(cardinality(walked), 0) < walk_n THEN
             part := part + 1;
         ELSE
             from_key := last_walked;
         END IF;
-        is_stranded := is_stranded OR coalesce(cardinality(walked), 0) > cardinality(mine);
+        is_held := is_held OR any_full;
+        is_stranded := is_stranded OR any_taken;
         CONTINUE WHEN cardinality(mine) = 0;
 
         -- What each key gives, read after its lock was taken: a snapshot
@@ -341,6 +371,45 @@ BEGIN
     FROM (SELECT 1) one LEFT JOIN u ON true;
 END
 $$;
+
+-- A job of a limited queue's key that stops running (its outcome, a
+-- lease the sweeper takes back, cancel(), a delete) may let the next job of
+-- its key start: the workers that sleep on the queue are told, as a writer
+-- tells them of a new job, only while one sleeps (the sleep key, migration
+-- 007). A worker whose own job ended claims by itself; this is for the key's
+-- jobs that wait on another worker's, one that stops or sleeps. The WHEN
+-- costs the rows of keyless jobs one comparison.
+CREATE OR REPLACE FUNCTION {{.schema}}.notify_flow_end() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.current_setting('pgdispatch.notified', true)
+           IS DISTINCT FROM pg_catalog.concat(TG_TABLE_SCHEMA, '/', OLD.queue)
+       AND pg_catalog.current_setting('pgdispatch.notify', true) IS DISTINCT FROM 'off'
+       AND EXISTS (SELECT FROM {{.schema}}.queues q WHERE q.name = OLD.queue AND q.limited) THEN
+        PERFORM pg_catalog.pg_notify(TG_TABLE_SCHEMA, OLD.queue),
+                pg_catalog.set_config('pgdispatch.notified', pg_catalog.concat(TG_TABLE_SCHEMA, '/', OLD.queue), true);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS jobs_notify_flow_end ON {{.schema}}.jobs;
+CREATE TRIGGER jobs_notify_flow_end
+    AFTER UPDATE OF status ON {{.schema}}.jobs
+    FOR EACH ROW
+    WHEN (OLD.flow_key IS NOT NULL AND OLD.status = 'running' AND NEW.status <> 'running'
+          AND NOT pg_try_advisory_xact_lock_shared({{.sleep_key}}, hashtext(OLD.queue)))
+    EXECUTE FUNCTION {{.schema}}.notify_flow_end();
+
+DROP TRIGGER IF EXISTS jobs_notify_flow_delete ON {{.schema}}.jobs;
+CREATE TRIGGER jobs_notify_flow_delete
+    AFTER DELETE ON {{.schema}}.jobs
+    FOR EACH ROW
+    WHEN (OLD.flow_key IS NOT NULL AND OLD.status = 'running'
+          AND NOT pg_try_advisory_xact_lock_shared({{.sleep_key}}, hashtext(OLD.queue)))
+    EXECUTE FUNCTION {{.schema}}.notify_flow_end();
 
 REVOKE ALL ON FUNCTION {{.schema}}.claim_flow(text, integer, text, float8, integer, bigint, text, boolean) FROM PUBLIC;
 
