@@ -1,0 +1,252 @@
+package claimer
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
+	"github.com/pgdispatch/pgdispatch/sweeper"
+)
+
+// A claim of a limited queue that skips a due job another transaction
+// holds locked says it was stranded, as the plain claim does
+// (TestClaimReportsNextAndStranded): when that transaction ends without
+// changing status, run_at or queue, no trigger notifies, and only the
+// claimer's own look finds the job again.
+func TestFlowClaimSaysStrandedForALockedJob(t *testing.T) {
+	t.Parallel()
+	for _, key := range []string{"a", ""} {
+		name := map[string]string{"a": "keyed", "": "without a key"}[key]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, pool, jobs := newTestClaimer(ctx, t, Config{})
+			setLimit(ctx, t, c, pool, "", 2, false, 0, 0)
+			var id int64
+			if key != "" {
+				id = insertKeyed(ctx, t, pool, jobs, key, 1)[0]
+			} else {
+				id = insertJobs(ctx, t, pool, jobs, 1)[0]
+			}
+			tx, err := pool.Begin(ctx)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+			_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", id)
+			require.NoError(t, err)
+			runs, r := claimNow(ctx, t, c, 10)
+			require.True(t, c.flow.limited)
+			require.Empty(t, runs)
+			require.True(t, r.Stranded, "the due job was skipped, locked: the claimer must look again by itself")
+			require.NoError(t, tx.Rollback(ctx))
+			runs, _ = claimNow(ctx, t, c, 10)
+			require.Len(t, runs, 1)
+		})
+	}
+}
+
+// A claim of a limited queue holds the advisory lock of every limited key
+// it walked until it commits. Keys that give nothing (at their limit, or
+// with no job due yet) make it walk on, and lock, every key of the queue.
+// The locks come from the server's shared lock table, of
+// max_locks_per_transaction × (max_connections + max_prepared_transactions)
+// entries for the whole cluster (6,400 by default): with more such keys
+// than that, every claim of the queue fails with "out of shared memory",
+// and while a claim holds thousands of locks, other sessions of the
+// cluster may fail to take theirs. A claim should hold a bounded number of
+// key locks, about what it takes.
+func TestFlowClaimHoldsFewKeyLocks(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	setLimit(ctx, t, c, pool, "", 1, false, 0, 0)
+	const keys = 1000
+	// Half the keys are at their limit (a job running, another due), half
+	// have only a job due in an hour.
+	_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, flow_key, status, attempts, locked_by, locked_until)
+		SELECT 'noop', 'held' || g, 'running', 1, 'ghost', now() + interval '1 hour' FROM generate_series(1, $1) g`, keys/2)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, flow_key) SELECT 'noop', 'held' || g FROM generate_series(1, $1) g`, keys/2)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, flow_key, run_at)
+		SELECT 'noop', 'later' || g, now() + interval '1 hour' FROM generate_series(1, $1) g`, keys/2)
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var claimed int
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(id) FROM "+pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+
+		"($1, 10, 'w', 30, 5, 1048576, NULL)", c.cfg.Queue).Scan(&claimed))
+	require.Zero(t, claimed)
+	var locks int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks))
+	require.LessOrEqual(t, locks, 100, "a claim of 10 jobs that took none holds %d advisory locks, one per key of the queue", locks)
+}
+
+// heldAndAsleep runs c under hooks that keep its state, and waits until it
+// sleeps.
+func heldAndAsleep(ctx context.Context, t *testing.T, c *Claimer) {
+	t.Helper()
+	var state atomic.Value
+	state.Store("")
+	runClaimer(testhook.With(ctx, &testhook.Hooks{ClaimerState: func(_, _, to string) { state.Store(to) }}), t, c)
+	wait.For(t, 30*time.Second, "the claimer to sleep", func() bool { return state.Load() == "asleep" })
+}
+
+// A key at its concurrency limit whose running job is another worker's
+// starts its next job when that job ends, without the fallback tick, also
+// when that worker no longer claims: it is shutting down (a rolling
+// deploy) and lets its running job finish. The job's end notifies no one,
+// and the held worker, asleep, looks again only when a slot of its own
+// frees.
+func TestFlowHeldKeyStartsWhenAStoppingWorkersJobEnds(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var ids []int64
+	release := make(chan struct{})
+	started := make(chan int64, 10)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+		started <- job.ID
+		if job.ID == ids[0] {
+			<-release
+		}
+		return nil
+	}))
+	opts := Options{Concurrency: 4, PollInterval: time.Hour}
+	c1, pool, jobs := newTestClaimer(ctx, t, Config{Registry: registry, Options: opts})
+	cfg2 := c1.cfg
+	cfg2.WorkerID = "w2"
+	c2, err := New(cfg2)
+	require.NoError(t, err)
+	setLimit(ctx, t, c1, pool, "", 1, false, 0, 0)
+	ids = insertKeyed(ctx, t, pool, jobs, "k", 2)
+
+	var stopping atomic.Bool
+	stop1 := runClaimer(testhook.With(ctx, &testhook.Hooks{ClaimerState: func(_, _, to string) {
+		if to == "stopping" {
+			stopping.Store(true)
+		}
+	}}), t, c1)
+	require.Equal(t, ids[0], <-started)
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop1() }() // waits for the running job
+	wait.For(t, 30*time.Second, "worker 1 to stop claiming", stopping.Load)
+
+	heldAndAsleep(ctx, t, c2) // k is held: its job runs on worker 1
+	close(release)
+	require.NoError(t, <-stopped)
+	var status string
+	require.NoError(t, pool.QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", ids[0]).Scan(&status))
+	require.Equal(t, "done", status)
+	select {
+	case id := <-started:
+		require.Equal(t, ids[1], id)
+	case <-ctx.Done():
+		t.Fatal("k's running job ended, and its next job did not start: worker 2 sleeps until its fallback tick")
+	}
+}
+
+// A key at its concurrency limit whose running job ends outside any
+// worker (the sweeper kills it when its lease expires with its attempts
+// used up; an operator cancels it) starts its next job without the
+// fallback tick.
+func TestFlowHeldKeyStartsWhenItsJobEndsOutsideAWorker(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"sweeper", "cancel"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			started := make(chan int64, 10)
+			registry := executors.NewRegistry()
+			registry.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
+				started <- job.ID
+				return nil
+			}))
+			c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: registry, Options: Options{Concurrency: 4, PollInterval: time.Hour}})
+			setLimit(ctx, t, c, pool, "", 1, false, 0, 0)
+			// The running job of a worker that died: its lease has expired
+			// and it has no attempt left.
+			var running int64
+			require.NoError(t, pool.QueryRow(ctx, `INSERT INTO `+jobs+` (kind, flow_key, status, attempts, max_attempts, locked_by, locked_until)
+				VALUES ('noop', 'k', 'running', 1, 1, 'ghost', now() - interval '1 second') RETURNING id`).Scan(&running))
+			next := insertKeyed(ctx, t, pool, jobs, "k", 1)[0]
+
+			heldAndAsleep(ctx, t, c)
+			switch end {
+			case "sweeper":
+				s, err := sweeper.New(sweeper.Config{Pool: pool, Schema: c.cfg.Schema})
+				require.NoError(t, err)
+				res, err := s.Sweep(ctx)
+				require.NoError(t, err)
+				require.EqualValues(t, 1, res.Killed)
+			case "cancel":
+				_, err := pool.Exec(ctx, "SELECT * FROM "+pgx.Identifier{c.cfg.Schema, "cancel"}.Sanitize()+"($1)", running)
+				require.NoError(t, err)
+			}
+			select {
+			case id := <-started:
+				require.Equal(t, next, id)
+			case <-ctx.Done():
+				t.Fatalf("k's running job ended (%s), and its next job did not start: the claimer sleeps until its fallback tick", end)
+			}
+		})
+	}
+}
+
+// claim_flow's statements are planned once per connection, generic plans
+// kept for its life, like the claimer's own (plan_test.go): planned while
+// the table was empty, or on statistics taken then, they must still find
+// a key's jobs by the key (jobs_flow_pending_idx), not read every pending
+// job of the queue once per claim or once per key.
+func TestFlowPlansFindJobsByKey(t *testing.T) {
+	t.Parallel()
+	for _, setup := range []string{"planned on an empty table", "planned on stale statistics"} {
+		t.Run(setup, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			c, pool, jobs := newTestClaimer(ctx, t, Config{})
+			setLimit(ctx, t, c, pool, "", 0, true, 0, 0)
+			conn, err := pool.Acquire(ctx) // one connection: the plans are its own
+			require.NoError(t, err)
+			defer conn.Release()
+			claim := func() (claimed int, fetched int64) {
+				tx, err := conn.Begin(ctx)
+				require.NoError(t, err)
+				defer func() { _ = tx.Rollback(ctx) }()
+				_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
+				require.NoError(t, err)
+				require.NoError(t, tx.QueryRow(ctx, "SELECT count(id) FROM "+pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+
+					"($1, 10, 'w', 30, 5, 1048576, NULL)", c.cfg.Queue).Scan(&claimed))
+				require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
+					FROM pg_stat_xact_user_tables WHERE relid = $1::regclass`, jobs).Scan(&fetched))
+				return claimed, fetched
+			}
+			if setup == "planned on an empty table" {
+				claim()
+			} else {
+				_, err = pool.Exec(ctx, "ANALYZE "+jobs)
+				require.NoError(t, err)
+			}
+			_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, flow_key) SELECT 'noop', 'k' || (g % 2000) FROM generate_series(1, 20000) g`)
+			require.NoError(t, err)
+			claimed, fetched := claim()
+			require.Equal(t, 10, claimed)
+			require.Less(t, fetched, int64(2000), "a claim of 10 jobs of a queue of 20,000 read %d rows of jobs", fetched)
+		})
+	}
+}
