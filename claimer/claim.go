@@ -98,8 +98,10 @@ FROM n LEFT JOIN u ON true`
 // does.
 const flowSQL = `SELECT * FROM {claim_flow}($1, $2, $3, $4, $5, $6, $7, $8)`
 
-// unkeyedEvery is how often claim_flow looks for jobs without a key while
-// its last look found none: the look walks the front of the queue.
+// unkeyedEvery is how often the claims that follow freed slots ask
+// claim_flow to look for jobs without a key while its last look found
+// none: the look walks the front of the queue, which a drain fills with
+// dead entries. Claims woken otherwise (a notification, a timer) look.
 const unkeyedEvery = 100 * time.Millisecond
 
 // flowState is what a claim tells beside its jobs about flow limits.
@@ -107,11 +109,13 @@ type flowState struct {
 	limited bool        // the queue has flow limits: claim_flow claims it
 	held    bool        // due jobs wait for their key's running jobs
 	after   pgtype.Text // where claim_flow's next walk over the keys starts
-	unkeyed bool        // the claim took jobs without a key
-	// looked is when the claimer last asked claim_flow to look for jobs
-	// without a key, and found whether it took some.
+	unkeyed pgtype.Bool // the claim took jobs without a key; NULL: it did not look
+	// looked is when claim_flow last looked for jobs without a key, and
+	// found whether it took some; freed is set by the claim loop when a
+	// freed slot, not a wake-up, makes it claim.
 	looked time.Time
 	found  bool
+	freed  bool
 }
 
 // claim takes up to limit due jobs, leases them, and starts them on jobs.
@@ -153,9 +157,7 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 	flow, front, lookUnkeyed := c.flow.limited, true, false
 	switch {
 	case flow:
-		if lookUnkeyed = c.flow.found || time.Since(c.flow.looked) >= unkeyedEvery; lookUnkeyed {
-			c.flow.looked = time.Now()
-		}
+		lookUnkeyed = !c.flow.freed || c.flow.found || time.Since(c.flow.looked) >= unkeyedEvery
 		sql, args = c.flowSQL, append(args, c.flow.after, lookUnkeyed)
 	default:
 		if look, ok := c.looker.Looked(); ok {
@@ -191,15 +193,15 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 	}
 	if fs.limited != flow {
 		c.logger.Info("the queue's flow limits changed", zap.Bool("limited", fs.limited))
-		c.flow = flowState{limited: fs.limited}
+		c.flow = flowState{limited: fs.limited, freed: c.flow.freed}
 		c.cursor.Reset()
 		return r, true
 	}
 	switch {
 	case flow:
 		c.flow.after, r.Held = fs.after, fs.held
-		if lookUnkeyed {
-			c.flow.found = fs.unkeyed
+		if lookUnkeyed && fs.unkeyed.Valid {
+			c.flow.looked, c.flow.found = time.Now(), fs.unkeyed.Bool
 		}
 	case !r.Paused && c.cursor.Claimed(front, took, at, runs, len(runs) == limit):
 		// A claim that found the queue paused read no row: it tells
@@ -256,7 +258,6 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		nextIn, took         pgtype.Float8
 		stranded, paused     pgtype.Bool
 		limited, held        pgtype.Bool
-		unkeyed              pgtype.Bool
 		payload              []byte
 		traceParent          pgtype.Text
 		traceState           pgtype.Text
@@ -269,7 +270,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 	}
 	// The claim's own columns are the same in every row: read from the
 	// first.
-	claimDest := [9]any{&nextIn, &stranded, &paused, &at, &took, &limited, &held, &fs.after, &unkeyed}
+	claimDest := [9]any{&nextIn, &stranded, &paused, &at, &took, &limited, &held, &fs.after, &fs.unkeyed}
 	for rows.Next() {
 		payload = nil // a new slice per row: the scan would reuse the last one
 		if err := rows.Scan(&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
@@ -279,7 +280,7 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 		}
 		if claimDest[0] != nil {
 			claimDest = [9]any{}
-			fs.limited, fs.held, fs.unkeyed = limited.Bool, held.Bool, unkeyed.Bool
+			fs.limited, fs.held = limited.Bool, held.Bool
 			if nextIn.Valid {
 				d := scheduleWait(nextIn.Float64)
 				r.Next = &d

@@ -12,6 +12,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/sweeper"
 )
@@ -86,7 +87,7 @@ func TestFlowClaimHoldsFewKeyLocks(t *testing.T) {
 	defer func() { _ = tx.Rollback(ctx) }()
 	var claimed int
 	require.NoError(t, tx.QueryRow(ctx, "SELECT count(id) FROM "+pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+
-		"($1, 10, 'w', 30, 5, 1048576, NULL)", c.cfg.Queue).Scan(&claimed))
+		"($1, 10, 'w', 30, 5, 1048576, NULL, true)", c.cfg.Queue).Scan(&claimed))
 	require.Zero(t, claimed)
 	var locks int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks
@@ -94,10 +95,36 @@ func TestFlowClaimHoldsFewKeyLocks(t *testing.T) {
 	require.LessOrEqual(t, locks, 100, "a claim of 10 jobs that took none holds %d advisory locks, one per key of the queue", locks)
 }
 
+// listenFor wakes c at each notification on its schema's channel that
+// names its queue, as the worker's listener does.
+func listenFor(ctx context.Context, t *testing.T, c *Claimer) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{c.cfg.Schema}.Sanitize())
+	require.NoError(t, err)
+	done := make(chan struct{})
+	lctx, stop := context.WithCancel(ctx)
+	go func() {
+		defer close(done)
+		for {
+			n, err := conn.WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			if n.Payload == c.cfg.Queue {
+				c.Wake()
+			}
+		}
+	}()
+	t.Cleanup(func() { stop(); <-done; _ = conn.Close(context.Background()) })
+}
+
 // heldAndAsleep runs c under hooks that keep its state, and waits until it
-// sleeps.
+// sleeps. A listener wakes it when its queue is notified.
 func heldAndAsleep(ctx context.Context, t *testing.T, c *Claimer) {
 	t.Helper()
+	listenFor(ctx, t, c)
 	var state atomic.Value
 	state.Store("")
 	runClaimer(testhook.With(ctx, &testhook.Hooks{ClaimerState: func(_, _, to string) { state.Store(to) }}), t, c)
@@ -231,7 +258,7 @@ func TestFlowPlansFindJobsByKey(t *testing.T) {
 				_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
 				require.NoError(t, err)
 				require.NoError(t, tx.QueryRow(ctx, "SELECT count(id) FROM "+pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+
-					"($1, 10, 'w', 30, 5, 1048576, NULL)", c.cfg.Queue).Scan(&claimed))
+					"($1, 10, 'w', 30, 5, 1048576, NULL, true)", c.cfg.Queue).Scan(&claimed))
 				require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)
 					FROM pg_stat_xact_user_tables WHERE relid = $1::regclass`, jobs).Scan(&fetched))
 				return claimed, fetched

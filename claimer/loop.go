@@ -52,6 +52,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners.Runners) {
 		if m.Event(ev, free, c.cfg.Concurrency) {
 			// Not cut short by ctx: a claim the server committed must reach
 			// its jobs, which then go through the shutdown as running ones.
+			c.flow.freed = ev == machine.EventSlotFreed
 			r := c.claim(context.WithoutCancel(ctx), free, jobs)
 			r.At = time.Now()
 			if r.Err != nil {

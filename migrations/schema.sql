@@ -439,6 +439,10 @@ CREATE OR REPLACE FUNCTION pgdispatch.claim_flow(claim_queue text, claim_limit i
  RETURNS TABLE(id bigint, kind text, payload jsonb, priority smallint, attempts integer, max_attempts integer, run_at timestamp with time zone, created_at timestamp with time zone, updated_at timestamp with time zone, next_in double precision, stranded boolean, paused boolean, claimed_at timestamp with time zone, took double precision, traceparent text, tracestate text, limited boolean, held boolean, cursor_key text, unkeyed boolean)
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
+ SET plan_cache_mode TO 'force_custom_plan'
+ SET enable_sort TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET jit TO 'off'
 AS $function$
 #variable_conflict use_column
 DECLARE
@@ -477,7 +481,7 @@ DECLARE
     new_cursor  text := after_key;
     v_next_in   float8;
     t_rec       timestamptz;
-    found_unkeyed boolean := false;
+    found_unkeyed boolean;
     -- the most keys a claim walks, so that it holds a bounded number of
     -- advisory locks (the server's lock table is shared by the cluster)
     max_walk    integer := least(2 * claim_limit + 64, 512);
@@ -485,6 +489,10 @@ DECLARE
     any_full    boolean;
     any_taken   boolean;
     last_any    text := after_key;
+    room_keys   text[] := '{}';
+    room_caps   integer[] := '{}';
+    took_keys   text[] := '{}';
+    unkeyed_n   integer;
 BEGIN
     SELECT coalesce(bool_or(q.paused_at IS NOT NULL), false), coalesce(bool_or(q.limited), false)
     INTO q_paused, q_limited
@@ -494,7 +502,7 @@ BEGIN
                             NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
                             NULL::float8, NULL::boolean, q_paused, t0,
                             extract(epoch FROM clock_timestamp() - statement_timestamp())::float8,
-                            NULL::text, NULL::text, q_limited, false, after_key, false;
+                            NULL::text, NULL::text, q_limited, false, after_key, NULL::boolean;
         RETURN;
     END IF;
 
@@ -517,6 +525,8 @@ BEGIN
             CONTINUE;
         ELSIF part = 2 THEN
             -- the jobs without a key, among the queue's first due jobs
+            found_unkeyed := false;
+            unkeyed_n := 0;
             FOR r IN
                 SELECT j.id, CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
                                   ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
@@ -524,7 +534,7 @@ BEGIN
                 WHERE j.id = ANY(ARRAY(
                           SELECT f.id FROM (SELECT f.id, f.flow_key FROM pgdispatch.jobs f
                                             WHERE f.queue = claim_queue AND f.status = 'pending' AND f.run_at <= t0
-                                            ORDER BY f.priority, f.run_at, f.id LIMIT least(4 * want, 1000)) f
+                                            ORDER BY f.queue, f.priority, f.run_at, f.id LIMIT least(4 * want, 1000)) f
                           WHERE f.flow_key IS NULL))
                   AND j.status = 'pending'
                 ORDER BY j.priority, j.run_at, j.id
@@ -532,9 +542,16 @@ BEGIN
                 FOR UPDATE SKIP LOCKED
             LOOP
                 EXIT WHEN taken > 0 AND bytes >= max_bytes;
-                ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1;
+                ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1; unkeyed_n := unkeyed_n + 1;
                 new_cursor := NULL; found_unkeyed := true;
             END LOOP;
+            IF unkeyed_n < want AND NOT is_stranded THEN
+                is_stranded := EXISTS (
+                    SELECT FROM (SELECT f.id, f.flow_key FROM pgdispatch.jobs f
+                                 WHERE f.queue = claim_queue AND f.status = 'pending' AND f.run_at <= t0
+                                 ORDER BY f.queue, f.priority, f.run_at, f.id LIMIT least(4 * want, 1000)) f
+                    WHERE f.flow_key IS NULL AND f.id <> ALL(ids));
+            END IF;
             part := 3; from_key := '';
             CONTINUE;
         END IF;
@@ -555,11 +572,13 @@ BEGIN
             EXIT;
         END IF;
         WITH RECURSIVE a(key) AS (
-            SELECT min(j.flow_key) FROM pgdispatch.jobs j
-            WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > from_key
+            SELECT (SELECT j.flow_key FROM pgdispatch.jobs j
+                    WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > from_key
+                    ORDER BY j.queue, j.flow_key LIMIT 1)
           UNION ALL
-            SELECT (SELECT min(j.flow_key) FROM pgdispatch.jobs j
-                    WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > a.key)
+            SELECT (SELECT j.flow_key FROM pgdispatch.jobs j
+                    WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > a.key
+                    ORDER BY j.queue, j.flow_key LIMIT 1)
             FROM a WHERE a.key IS NOT NULL AND (part = 1 OR a.key <= after_key)
         ), w AS (
             SELECT a.key, array_position(l_keys, a.key) AS li FROM a
@@ -574,8 +593,10 @@ BEGIN
             FROM w
         ), c AS MATERIALIZED (
             SELECT l.*, CASE WHEN l.most IS NOT NULL THEN
-                            (SELECT count(*) FROM pgdispatch.jobs j
-                             WHERE j.queue = claim_queue AND j.flow_key = l.key AND j.status = 'running')
+                            (SELECT count(*) FROM (SELECT FROM pgdispatch.jobs j
+                                                   WHERE j.queue = claim_queue AND j.flow_key >= l.key AND j.flow_key <= l.key
+                                                     AND j.status = 'running'
+                                                   ORDER BY j.queue, j.flow_key) r)
                         END AS running
             FROM l
         ), d AS MATERIALIZED (
@@ -602,7 +623,10 @@ BEGIN
         CONTINUE WHEN cardinality(mine) = 0;
 
         -- What each key gives, read after its lock was taken: a snapshot
-        -- of this statement's own sees every claim of the key before.
+        -- of this statement's own sees every claim of the key before. A
+        -- row for each key that gives nothing (capped), then each job of
+        -- the others in key order (a row with no job for a key that has
+        -- none due, or whose due ones another transaction locks).
         FOR r IN
             WITH k AS (
                 SELECT u.key,
@@ -611,52 +635,66 @@ BEGIN
                        CASE WHEN p.li IS NULL THEN d_rate ELSE l_rate[p.li] END AS rate,
                        CASE WHEN p.li IS NULL THEN d_per ELSE l_per[p.li] END AS per
                 FROM unnest(mine) u(key), LATERAL (SELECT array_position(l_keys, u.key) AS li) p
-            ), s AS (
-                SELECT k.*, fk.key IS NOT NULL AS has_state, fk.head,
-                       CASE WHEN k.strict THEN hj.status END AS head_status, hj.run_at AS head_run_at,
-                       CASE WHEN k.conc IS NOT NULL OR k.strict THEN
-                           (SELECT count(*) FROM pgdispatch.jobs j
-                            WHERE j.queue = claim_queue AND j.flow_key = k.key AND j.status = 'running')::integer
-                       ELSE 0 END AS running,
+            ), f AS MATERIALIZED (
+                -- each a lookup by key: the plans, generic and kept, must
+                -- not depend on the statistics of the tables
+                SELECT k.*,
+                       CASE WHEN k.strict THEN
+                           (SELECT f.head FROM pgdispatch.flow_keys f WHERE f.queue = claim_queue AND f.key = k.key)
+                       END AS head,
                        CASE WHEN k.rate IS NOT NULL THEN
-                           ARRAY(SELECT x FROM unnest(fk.starts) x WHERE x > clock_timestamp() - k.per * 1.02 ORDER BY x)
-                       END AS win
+                           (SELECT f.starts FROM pgdispatch.flow_keys f WHERE f.queue = claim_queue AND f.key = k.key)
+                       END AS starts,
+                       CASE WHEN k.conc IS NOT NULL OR k.strict THEN
+                           (SELECT count(*) FROM (SELECT FROM pgdispatch.jobs j
+                                                  WHERE j.queue = claim_queue AND j.flow_key >= k.key AND j.flow_key <= k.key
+                                                    AND j.status = 'running'
+                                                  ORDER BY j.queue, j.flow_key) r)::integer
+                       ELSE 0 END AS running
                 FROM k
-                LEFT JOIN pgdispatch.flow_keys fk
-                       ON fk.queue = claim_queue AND fk.key = k.key AND (k.strict OR k.rate IS NOT NULL)
-                LEFT JOIN pgdispatch.jobs hj
-                       ON hj.id = fk.head AND hj.queue = claim_queue AND hj.flow_key = k.key AND k.strict
-            ), a AS (
+            ), s AS MATERIALIZED (
+                SELECT f.*,
+                       CASE WHEN f.head IS NOT NULL THEN
+                           (SELECT h.status FROM pgdispatch.jobs h
+                            WHERE h.id = f.head AND h.queue = claim_queue AND h.flow_key = f.key)
+                       END AS head_status,
+                       CASE WHEN f.rate IS NOT NULL THEN
+                           ARRAY(SELECT x FROM unnest(f.starts) x WHERE x > clock_timestamp() - f.per * 1.02 ORDER BY x)
+                       END AS win
+                FROM f
+            ), a AS MATERIALIZED (
                 SELECT s.*,
-                       least(CASE WHEN s.strict THEN 1 - s.running
-                                  WHEN s.conc IS NOT NULL THEN s.conc - s.running END,
-                             s.rate - cardinality(s.win)) AS cap
+                       least(least(CASE WHEN s.strict THEN 1 - s.running
+                                        WHEN s.conc IS NOT NULL THEN s.conc - s.running END,
+                                   s.rate - cardinality(s.win)),
+                             want) AS cap
                 FROM s
-            ), c AS (
+            ), c AS MATERIALIZED (
                 SELECT a.*, CASE WHEN a.strict AND a.head_status = 'pending' THEN a.head
                                  WHEN a.strict THEN
                                      (SELECT j.id FROM pgdispatch.jobs j
-                                      WHERE j.queue = claim_queue AND j.flow_key = a.key AND j.status = 'pending'
-                                      ORDER BY j.priority, j.run_at, j.id LIMIT 1)
+                                      WHERE j.queue = claim_queue AND j.flow_key >= a.key AND j.flow_key <= a.key
+                                        AND j.status = 'pending'
+                                      ORDER BY j.queue, j.flow_key, j.priority, j.run_at, j.id LIMIT 1)
                             END AS first_id
                 FROM a
                 WHERE a.cap IS NULL OR a.cap > 0
             )
-            SELECT c.key, c.strict AS strict_key, c.rate IS NOT NULL AS rated, c.win, NULL::bigint AS id, NULL::integer AS size,
-                   c.cap, c.conc, c.rate, c.per, NULL::timestamptz AS first_run
+            SELECT c.key, true AS capped, c.strict AS strict_key, c.rate IS NOT NULL AS rated, c.win,
+                   NULL::bigint AS id, NULL::integer AS size, c.cap, c.conc, c.rate, c.per, NULL::timestamptz AS first_run
             FROM (SELECT * FROM a WHERE a.cap <= 0) c
             UNION ALL
-            SELECT c.key, c.strict, c.rate IS NOT NULL, c.win, CASE WHEN j.run_at <= t0 THEN j.id END, j.size,
-                   c.cap, c.conc, c.rate, c.per, CASE WHEN j.run_at > t0 THEN j.run_at END
-            FROM c CROSS JOIN LATERAL (
+            SELECT c.key, false, c.strict, c.rate IS NOT NULL, c.win, CASE WHEN j.run_at <= t0 THEN j.id END, j.size,
+                   coalesce(c.cap, want), c.conc, c.rate, c.per, CASE WHEN j.run_at > t0 THEN j.run_at END
+            FROM c LEFT JOIN LATERAL (
                 SELECT * FROM (SELECT j.id, j.run_at,
                         CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
                              ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
                  FROM pgdispatch.jobs j
-                 WHERE NOT c.strict AND j.queue = claim_queue AND j.flow_key = c.key AND j.status = 'pending'
-                   AND j.run_at <= t0
-                 ORDER BY j.priority, j.run_at, j.id
-                 LIMIT least(coalesce(c.cap, want), want)
+                 WHERE NOT c.strict AND j.queue = claim_queue AND j.flow_key >= c.key AND j.flow_key <= c.key
+                   AND j.status = 'pending' AND j.run_at <= t0
+                 ORDER BY j.queue, j.flow_key, j.priority, j.run_at, j.id
+                 LIMIT coalesce(c.cap, want)
                  FOR UPDATE SKIP LOCKED) n
                 UNION ALL
                 SELECT * FROM (SELECT j.id, j.run_at,
@@ -665,20 +703,27 @@ BEGIN
                  FROM pgdispatch.jobs j
                  WHERE c.strict AND j.id = c.first_id AND j.status = 'pending'
                  FOR UPDATE SKIP LOCKED) h
-            ) j
+            ) j ON true
         LOOP
-            IF r.id IS NULL THEN
-                IF r.first_run IS NOT NULL THEN
-                    next_due := least(next_due, r.first_run); -- a strict key's head, not due yet
-                ELSIF r.rated AND r.rate <= cardinality(r.win) THEN
+            IF r.capped THEN
+                IF r.rated AND r.rate <= cardinality(r.win) THEN
                     next_due := least(next_due, r.win[cardinality(r.win) - r.rate + 1] + r.per * 1.02);
                 ELSIF r.conc IS NOT NULL OR r.strict_key THEN
                     is_held := true;
                 END IF;
                 CONTINUE;
             END IF;
+            IF r.first_run IS NOT NULL THEN
+                next_due := least(next_due, r.first_run); -- a strict key's head, not due yet
+                CONTINUE;
+            END IF;
+            -- the keys that had room, to look at whether due jobs were left
+            -- behind, locked by another transaction
+            room_keys := room_keys || r.key; room_caps := room_caps || r.cap;
+            CONTINUE WHEN r.id IS NULL;
             EXIT WHEN taken >= claim_limit OR (taken > 0 AND bytes >= max_bytes);
             ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1;
+            took_keys := took_keys || r.key;
             new_cursor := r.key;
             IF r.strict_key OR r.rated THEN
                 st_keys := st_keys || r.key;
@@ -687,6 +732,20 @@ BEGIN
             END IF;
         END LOOP;
     END LOOP;
+
+    -- A key with room that gave fewer jobs than it had room for, while due
+    -- jobs of it are left: another transaction held them locked, and when
+    -- it ends without changing them no trigger tells: look again soon.
+    IF NOT is_stranded AND cardinality(room_keys) > 0 THEN
+        SELECT EXISTS (
+            SELECT FROM (SELECT u.key, max(u.cap) AS cap FROM unnest(room_keys, room_caps) u(key, cap) GROUP BY u.key) rk
+            WHERE (SELECT count(*) FROM unnest(took_keys) t WHERE t = rk.key) < rk.cap
+              AND EXISTS (SELECT FROM pgdispatch.jobs j
+                          WHERE j.queue = claim_queue AND j.flow_key >= rk.key AND j.flow_key <= rk.key
+                            AND j.status = 'pending' AND j.run_at <= t0 AND j.id <> ALL(ids)
+                          ORDER BY j.queue, j.flow_key, j.priority, j.run_at, j.id))
+        INTO is_stranded;
+    END IF;
 
     -- The state of the strict and rate-limited keys taken from, one row a
     -- key, made by its first claim, written in key order under the keys'
@@ -710,8 +769,9 @@ BEGIN
 
     IF taken < claim_limit THEN
         v_next_in := least(
-            (SELECT extract(epoch FROM min(j.run_at) - t0)::float8 FROM pgdispatch.jobs j
-             WHERE j.status = 'pending' AND j.queue = claim_queue AND j.run_at > t0),
+            (SELECT extract(epoch FROM j.run_at - t0)::float8 FROM pgdispatch.jobs j
+             WHERE j.status = 'pending' AND j.queue = claim_queue AND j.run_at > t0
+             ORDER BY j.queue, j.run_at LIMIT 1),
             extract(epoch FROM next_due - clock_timestamp())::float8);
     END IF;
 
