@@ -86,7 +86,6 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
-SET plan_cache_mode = force_custom_plan
 SET enable_sort = off
 SET enable_bitmapscan = off
 SET jit = off
@@ -136,6 +135,7 @@ DECLARE
     any_full    boolean;
     any_taken   boolean;
     last_any    text := after_key;
+    tids        tid[] := '{}';
     room_keys   text[] := '{}';
     room_caps   integer[] := '{}';
     took_keys   text[] := '{}';
@@ -175,7 +175,7 @@ BEGIN
             found_unkeyed := false;
             unkeyed_n := 0;
             FOR r IN
-                SELECT j.id, CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
+                SELECT j.id, j.ctid, CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
                                   ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
                 FROM {{.schema}}.jobs j
                 WHERE j.id = ANY(ARRAY(
@@ -189,7 +189,8 @@ BEGIN
                 FOR UPDATE SKIP LOCKED
             LOOP
                 EXIT WHEN taken > 0 AND bytes >= max_bytes;
-                ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1; unkeyed_n := unkeyed_n + 1;
+                ids := ids || r.id; tids := tids || r.ctid; bytes := bytes + r.size; taken := taken + 1;
+                unkeyed_n := unkeyed_n + 1;
                 new_cursor := NULL; found_unkeyed := true;
             END LOOP;
             IF unkeyed_n < want AND NOT is_stranded THEN
@@ -328,13 +329,14 @@ BEGIN
                 WHERE a.cap IS NULL OR a.cap > 0
             )
             SELECT c.key, true AS capped, c.strict AS strict_key, c.rate IS NOT NULL AS rated, c.win,
-                   NULL::bigint AS id, NULL::integer AS size, c.cap, c.conc, c.rate, c.per, NULL::timestamptz AS first_run
+                   NULL::bigint AS id, NULL::tid AS tid, NULL::integer AS size, c.cap, c.conc, c.rate, c.per,
+                   NULL::timestamptz AS first_run
             FROM (SELECT * FROM a WHERE a.cap <= 0) c
             UNION ALL
-            SELECT c.key, false, c.strict, c.rate IS NOT NULL, c.win, CASE WHEN j.run_at <= t0 THEN j.id END, j.size,
+            SELECT c.key, false, c.strict, c.rate IS NOT NULL, c.win, CASE WHEN j.run_at <= t0 THEN j.id END, j.ctid, j.size,
                    coalesce(c.cap, want), c.conc, c.rate, c.per, CASE WHEN j.run_at > t0 THEN j.run_at END
             FROM c LEFT JOIN LATERAL (
-                SELECT * FROM (SELECT j.id, j.run_at,
+                SELECT * FROM (SELECT j.id, j.ctid, j.run_at,
                         CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
                              ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
                  FROM {{.schema}}.jobs j
@@ -344,7 +346,7 @@ BEGIN
                  LIMIT coalesce(c.cap, want)
                  FOR UPDATE SKIP LOCKED) n
                 UNION ALL
-                SELECT * FROM (SELECT j.id, j.run_at,
+                SELECT * FROM (SELECT j.id, j.ctid, j.run_at,
                         CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
                              ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
                  FROM {{.schema}}.jobs j
@@ -369,7 +371,7 @@ BEGIN
             room_keys := room_keys || r.key; room_caps := room_caps || r.cap;
             CONTINUE WHEN r.id IS NULL;
             EXIT WHEN taken >= claim_limit OR (taken > 0 AND bytes >= max_bytes);
-            ids := ids || r.id; bytes := bytes + r.size; taken := taken + 1;
+            ids := ids || r.id; tids := tids || r.tid; bytes := bytes + r.size; taken := taken + 1;
             took_keys := took_keys || r.key;
             new_cursor := r.key;
             IF r.strict_key OR r.rated THEN
@@ -431,7 +433,7 @@ BEGIN
             locked_by = claim_worker,
             locked_until = t_rec + make_interval(secs => lease_seconds),
             updated_at = t_rec
-        WHERE j.id = ANY(ids)
+        WHERE j.ctid = ANY(tids)
         RETURNING j.id, j.kind, j.payload, j.priority, j.attempts, j.max_attempts, j.run_at, j.created_at,
                   j.updated_at, j.traceparent, j.tracestate
     )
