@@ -135,21 +135,40 @@ func deadlockHunt(t *testing.T, name string, limits *flowLimits) {
 		SELECT id FROM `+s.jobs()+` WHERE status = 'pending' ORDER BY id LIMIT 20 FOR UPDATE
 	) UPDATE `+s.jobs()+` j SET priority = (random() * 3)::int, run_at = now() FROM l WHERE j.id = l.id`, nil, &updated, 0))
 	// cancel() on two jobs, pending or running, every 20 ms: it locks them in
-	// id order, and tells a running job's worker to stop it.
+	// id order, and tells a running job's worker to stop it. It spares the
+	// jobs of the first worker (and of its restarts), which is killed so that
+	// the sweeper rescues its jobs.
+	first := ws[0].id + "%"
 	g.Go(loop(`SELECT c.id FROM `+s.ident()+`.cancel(VARIADIC ARRAY(
-		SELECT id FROM `+s.jobs()+` WHERE status IN ('pending', 'running') ORDER BY random() LIMIT 2)) c
-	WHERE c.cancelled`, nil, &cancelled, 20*time.Millisecond))
+		SELECT id FROM `+s.jobs()+` WHERE status IN ('pending', 'running') AND coalesce(locked_by, '') NOT LIKE $1
+		ORDER BY random() LIMIT 2)) c
+	WHERE c.cancelled`, []any{first}, &cancelled, 20*time.Millisecond))
+	// Halfway, kill the first worker while it runs jobs; if it held none
+	// once dead (they had just ended), start it again and try once more.
 	g.Go(func() error {
 		select {
 		case <-gctx.Done():
+			return nil
 		case <-time.After(streamFor / 2):
-			var held int
-			_ = s.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+s.jobs()+" WHERE locked_by = $1", ws[0].id).Scan(&held)
-			t.Logf("killing %s, which holds %d jobs", ws[0].id, held)
-			s.fault(ws[0].kill9)
-			ws[0] = s.startWorker(s.name + "-1-r1")
 		}
-		return nil
+		for try := 1; ; try++ {
+			if !s.waitRunning(gctx, ws[0].id) {
+				return nil // the stream is over
+			}
+			s.fault(ws[0].kill9)
+			var held int
+			callCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := s.pool.QueryRow(callCtx, "SELECT count(*) FROM "+s.jobs()+" WHERE status = 'running' AND locked_by = $1", ws[0].id).Scan(&held)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("count the jobs of the killed worker: %w", err)
+			}
+			t.Logf("killed %s, which held %d jobs", ws[0].id, held)
+			ws[0] = s.startWorker(fmt.Sprintf("%s-1-r%d", s.name, try))
+			if held > 0 {
+				return nil
+			}
+		}
 	})
 	require.NoError(t, g.Wait())
 	s.waitListening(ws[0])
@@ -171,6 +190,27 @@ func deadlockHunt(t *testing.T, name string, limits *flowLimits) {
 	}
 	s.grepLogs()
 	s.checkServing(r, slots)
+}
+
+// waitRunning waits until the worker id runs a job; it returns false if
+// ctx ends first.
+func (s *scenario) waitRunning(ctx context.Context, id string) bool {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var running bool
+		err := s.pool.QueryRow(callCtx, "SELECT EXISTS (SELECT FROM "+s.jobs()+" WHERE status = 'running' AND locked_by = $1)", id).Scan(&running)
+		cancel()
+		if err == nil && running {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
 }
 
 // corpusCase is one row of bad input and what must become of it.
