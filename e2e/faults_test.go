@@ -140,7 +140,7 @@ func TestKillWorkers(t *testing.T) {
 	killWorkers(t, "kill9", nil)
 }
 
-// Scenario 1 under flow limits: eight keys, each at most 2 running, one of
+// Scenario 1 under flow limits: nine keys, each at most 2 running, one of
 // them strict. A killed worker's jobs hold their keys' places until their
 // leases expire; run again, they stay within the limits.
 func TestKillWorkersWithLimits(t *testing.T) {

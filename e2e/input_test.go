@@ -138,11 +138,10 @@ func deadlockHunt(t *testing.T, name string, limits *flowLimits) {
 	// id order, and tells a running job's worker to stop it. It spares the
 	// jobs of the first worker (and of its restarts), which is killed so that
 	// the sweeper rescues its jobs.
-	first := ws[0].id + "%"
 	g.Go(loop(`SELECT c.id FROM `+s.ident()+`.cancel(VARIADIC ARRAY(
-		SELECT id FROM `+s.jobs()+` WHERE status IN ('pending', 'running') AND coalesce(locked_by, '') NOT LIKE $1
+		SELECT id FROM `+s.jobs()+` WHERE status IN ('pending', 'running') AND NOT starts_with(coalesce(locked_by, ''), $1)
 		ORDER BY random() LIMIT 2)) c
-	WHERE c.cancelled`, []any{first}, &cancelled, 20*time.Millisecond))
+	WHERE c.cancelled`, []any{ws[0].id}, &cancelled, 20*time.Millisecond))
 	// Halfway, kill the first worker while it runs jobs; if it held none
 	// once dead (they had just ended), start it again and try once more.
 	g.Go(func() error {
