@@ -45,7 +45,7 @@ func TestFailover(t *testing.T) {
 	}
 	produceCtx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
-	p := s.produce(produceCtx, s.name, 5*time.Millisecond, "http_callback", hookPayload(r))
+	p := s.produce(produceCtx, s.name, 5*time.Millisecond, "http_callback", nil, hookPayload(r))
 
 	var before int
 	strike(1, streamFor/2, func() {

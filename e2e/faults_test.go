@@ -17,9 +17,14 @@ const slots = 8 // CONCURRENCY of every worker in these scenarios
 
 // hookPayload makes http_callback jobs to a receiver that takes 50ms to
 // answer: with a job every 5ms, each worker has a few in flight at a fault.
-func hookPayload(r *receiver) func(string) any {
-	return func(key string) any {
-		return map[string]any{"url": r.url("/hook?delay=50ms"), "data": map[string]any{"k": key}}
+// The job's flow key, if any, is in the body too, as "f".
+func hookPayload(r *receiver) func(key, flowKey string) any {
+	return func(key, flowKey string) any {
+		data := map[string]any{"k": key}
+		if flowKey != "" {
+			data["f"] = flowKey
+		}
+		return map[string]any{"url": r.url("/hook?delay=50ms"), "data": data}
 	}
 }
 
@@ -31,16 +36,44 @@ type stream struct {
 	ws   []*worker
 	p    *producer
 	stop context.CancelFunc
+
+	// With flow limits: the limits, the sampler of the running jobs by key
+	// (from the start until the drain is over), and, by key, the jobs the
+	// workers killed held when they died (killed).
+	limits  *flowLimits
+	running *runningSampler
+	held    map[string]int
 }
 
-func startStream(t *testing.T, name string, env map[string]string) *stream {
+// startStream starts a stream; limits, if not nil, gives its jobs flow keys
+// and declares the limits on its queue before any job is written.
+func startStream(t *testing.T, name string, env map[string]string, limits *flowLimits) *stream {
 	s := newScenario(t, name, env)
 	s.dumpLogsOnFailure()
 	r := newReceiver(t)
-	ws := s.startWorkers(3)
+	st := &stream{s: s, r: r, limits: limits, held: map[string]int{}}
+	var flowKey func(int) string
+	if limits != nil {
+		s.declareLimits(limits)
+		flowKey = limits.key
+		st.running = s.sampleRunning()
+	}
+	st.ws = s.startWorkers(3)
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
-	return &stream{s: s, r: r, ws: ws, p: s.produce(ctx, name, 5*time.Millisecond, "http_callback", hookPayload(r)), stop: stop}
+	st.stop = stop
+	st.p = s.produce(ctx, name, 5*time.Millisecond, "http_callback", flowKey, hookPayload(r))
+	return st
+}
+
+// killed records the jobs of w, just killed, by flow key.
+func (st *stream) killed(w *worker) {
+	if st.limits == nil {
+		return
+	}
+	for k, n := range st.s.heldBy(w.id) {
+		st.held[k] += n
+	}
 }
 
 // end stops the producer and waits until every job is finished; it returns
@@ -52,12 +85,37 @@ func (st *stream) end(t *testing.T, drainFor time.Duration) []string {
 	return keys
 }
 
-// check verifies the deliveries of keys, that every worker still serves,
-// and the logs.
+// check verifies the deliveries of keys, the limits, that every worker
+// still serves, and the logs.
 func (st *stream) check(keys []string, dupBound int) {
 	st.s.verify(keys, st.r.deliveries(), st.r.deliveryTimes(), dupBound)
+	if st.limits != nil {
+		st.checkLimits()
+	}
 	st.s.checkServing(st.r, slots)
 	st.s.grepLogs()
+}
+
+// checkLimits asserts that no key ever had more jobs running than its
+// limit, in the database, sampled from the start to the end of the drain;
+// and at the receiver, counting the requests of each key in flight, at most
+// its limit plus the jobs of the key that killed workers held. A killed
+// worker's jobs stay running, and count against their keys, until their
+// leases expire; then they run again. Their first requests end when the
+// receiver sees the dead worker's connections closed, at once in practice,
+// but the receiver cannot tell that apart from a request still in flight:
+// each such job can overlap once with its own run after the lease, and the
+// bound allows for exactly that.
+func (st *stream) checkLimits() {
+	t, l := st.s.t, st.limits
+	most, samples, failed := st.running.end()
+	atReceiver := st.r.flowMostInflight()
+	t.Logf("limits %s: the most in flight at the receiver by key %v; the jobs killed workers held by key %v", st.s.name, atReceiver, st.held)
+	checkRunning(t, st.s.name, l, most, samples, failed)
+	for k, n := range atReceiver {
+		require.LessOrEqual(t, n, l.limit(k)+st.held[k],
+			"key %s had %d requests in flight at once at the receiver: over its limit of %d and the %d jobs of it killed workers held", k, n, l.limit(k), st.held[k])
+	}
 }
 
 // strike runs fault n times, interval apart, and returns after one more
@@ -79,12 +137,25 @@ func strike(n int, interval time.Duration, fault func()) int {
 // when their leases expire (the sweeper), their attempts counted.
 func TestKillWorkers(t *testing.T) {
 	skipShort(t)
-	st := startStream(t, "kill9", nil)
+	killWorkers(t, "kill9", nil)
+}
+
+// Scenario 1 under flow limits: nine keys, each at most 2 running, one of
+// them strict. A killed worker's jobs hold their keys' places until their
+// leases expire; run again, they stay within the limits.
+func TestKillWorkersWithLimits(t *testing.T) {
+	skipShort(t)
+	killWorkers(t, "kill9_flow", &flowLimits{keys: 8, concurrency: 2, strict: "f3"})
+}
+
+func killWorkers(t *testing.T, name string, limits *flowLimits) {
+	st := startStream(t, name, nil, limits)
 	s, ws := st.s, st.ws
 	restarts := 0
 	kills := strike(4, streamFor/5, func() {
 		i := rand.IntN(len(ws))
 		s.fault(ws[i].kill9)
+		st.killed(ws[i])
 		restarts++
 		ws[i] = s.startWorker(fmt.Sprintf("%s-%d-r%d", s.name, i+1, restarts))
 		s.waitListening(ws[i])
@@ -101,7 +172,7 @@ func TestKillWorkers(t *testing.T) {
 			again++
 		}
 	}
-	t.Logf("kill9: %d jobs of killed workers ran again, %d rescued by the sweeper", again, rescued)
+	t.Logf("%s: %d jobs of killed workers ran again, %d rescued by the sweeper", name, again, rescued)
 	require.Positive(t, again, "no killed worker held a job: the scenario did not exercise recovery")
 	// A killed worker can have had every slot in flight.
 	st.check(keys, kills*slots)
@@ -111,7 +182,7 @@ func TestKillWorkers(t *testing.T) {
 // connections, the listener's and the sleep key's.
 func TestTerminateConnections(t *testing.T) {
 	skipShort(t)
-	st := startStream(t, "terminate", nil)
+	st := startStream(t, "terminate", nil, nil)
 	s := st.s
 	var sessions []int
 	terminations := strike(5, streamFor/6, func() {
@@ -139,7 +210,19 @@ func TestTerminateConnections(t *testing.T) {
 // workers reconnect on their own.
 func TestRestartPostgres(t *testing.T) {
 	skipShort(t)
-	st := startStream(t, "restart", nil)
+	restartPostgres(t, "restart", nil)
+}
+
+// Scenario 3 under flow limits: eight keys, each at most 2 running. The
+// running jobs of each key survive the restart in the table, and the
+// claims after it count them.
+func TestRestartPostgresWithLimits(t *testing.T) {
+	skipShort(t)
+	restartPostgres(t, "restart_flow", &flowLimits{keys: 8, concurrency: 2})
+}
+
+func restartPostgres(t *testing.T, name string, limits *flowLimits) {
+	st := startStream(t, name, nil, limits)
 	restarts := strike(2, streamFor/3, func() {
 		st.s.fault(func() {
 			restartCtx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -156,7 +239,7 @@ func TestRestartPostgres(t *testing.T) {
 // and no slot stays stuck on a hung request.
 func TestFailingReceiver(t *testing.T) {
 	skipShort(t)
-	st := startStream(t, "receiver", map[string]string{"JOB_TIMEOUT": "1s"})
+	st := startStream(t, "receiver", map[string]string{"JOB_TIMEOUT": "1s"}, nil)
 	s, r := st.s, st.r
 	phase := time.NewTicker(streamFor / 4)
 	<-phase.C
@@ -201,7 +284,7 @@ func TestCloseBrokerConnections(t *testing.T) {
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	p := s.produce(ctx, s.name, 5*time.Millisecond, "rabbitmq", func(key string) any {
+	p := s.produce(ctx, s.name, 5*time.Millisecond, "rabbitmq", nil, func(key, _ string) any {
 		return map[string]any{"routing_key": b.queue, "body": map[string]any{"k": key}}
 	})
 	closes := strike(3, streamFor/4, func() { s.fault(func() { b.closeAll(t) }) })

@@ -298,18 +298,19 @@ type producer struct {
 	err  error
 }
 
-// produce inserts jobs every interval until ctx ends; payload builds each
-// job from its key. A failed insert is retried until it commits.
-func (s *scenario) produce(ctx context.Context, prefix string, interval time.Duration, kind string, payload func(key string) any) *producer {
+// produce inserts jobs every interval until ctx ends; flowKey, if not nil,
+// gives the i-th job its flow key; payload builds each job from its key and
+// its flow key ("" for none). A failed insert is retried until it commits.
+func (s *scenario) produce(ctx context.Context, prefix string, interval time.Duration, kind string, flowKey func(i int) string, payload func(key, flowKey string) any) *producer {
 	p := &producer{done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.err = s.produceLoop(ctx, p, prefix, interval, kind, payload)
+		p.err = s.produceLoop(ctx, p, prefix, interval, kind, flowKey, payload)
 	}()
 	return p
 }
 
-func (s *scenario) produceLoop(ctx context.Context, p *producer, prefix string, interval time.Duration, kind string, payload func(string) any) error {
+func (s *scenario) produceLoop(ctx context.Context, p *producer, prefix string, interval time.Duration, kind string, flowKey func(int) string, payload func(string, string) any) error {
 	var conn *pgx.Conn
 	defer func() {
 		if conn != nil {
@@ -318,7 +319,7 @@ func (s *scenario) produceLoop(ctx context.Context, p *producer, prefix string, 
 	}()
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
-	insert := "INSERT INTO " + s.jobs() + " (kind, payload, dedup_key) VALUES ($1, $2, $3) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
+	insert := "INSERT INTO " + s.jobs() + " (kind, payload, dedup_key, flow_key) VALUES ($1, $2, $3, $4) ON CONFLICT (dedup_key) WHERE dedup_key IS NOT NULL DO NOTHING"
 	for i := 0; ; i++ {
 		select {
 		case <-ctx.Done():
@@ -326,7 +327,15 @@ func (s *scenario) produceLoop(ctx context.Context, p *producer, prefix string, 
 		case <-tick.C:
 		}
 		key := fmt.Sprintf("%s-%d", prefix, i)
-		raw, err := json.Marshal(payload(key))
+		var (
+			fk   string  // "": none
+			flow *string // the column: NULL for none
+		)
+		if flowKey != nil {
+			fk = flowKey(i)
+			flow = &fk
+		}
+		raw, err := json.Marshal(payload(key, fk))
 		if err != nil {
 			return err
 		}
@@ -338,7 +347,7 @@ func (s *scenario) produceLoop(ctx context.Context, p *producer, prefix string, 
 			}
 			if err == nil {
 				callCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_, err = conn.Exec(callCtx, insert, kind, raw, key)
+				_, err = conn.Exec(callCtx, insert, kind, raw, key, flow)
 				cancel()
 			}
 			if err == nil {
@@ -399,6 +408,10 @@ type receiver struct {
 	hung     int            // requests that hung until the client gave up
 	flaky    int            // requests to /flaky
 
+	// By flow key (the body's "f"), the /hook requests being answered now,
+	// and the most there were at once.
+	flowInflight, flowMost map[string]int
+
 	barrier struct {
 		arrived int
 		want    int
@@ -419,7 +432,7 @@ const (
 )
 
 func newReceiver(t *testing.T) *receiver {
-	r := &receiver{got: map[string]int{}}
+	r := &receiver{got: map[string]int{}, flowInflight: map[string]int{}, flowMost: map[string]int{}}
 	r.barrier.reached = make(chan struct{})
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /hook", r.hook)
@@ -441,30 +454,43 @@ func newReceiver(t *testing.T) *receiver {
 
 func (r *receiver) url(path string) string { return r.srv.URL + path }
 
-func readKey(req *http.Request) (string, error) {
+// readKey reads the body's key, "k", and its flow key, "f" ("" for none).
+func readKey(req *http.Request) (key, flow string, err error) {
 	var body struct {
 		K string `json:"k"`
+		F string `json:"f"`
 	}
 	raw, err := io.ReadAll(req.Body)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if err := json.Unmarshal(raw, &body); err != nil {
-		return "", err
+		return "", "", err
 	}
-	return body.K, nil
+	return body.K, body.F, nil
 }
 
 func (r *receiver) hook(w http.ResponseWriter, req *http.Request) {
-	key, err := readKey(req)
+	key, flow, err := readKey(req)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	r.mu.Lock()
 	r.inflight++
+	if flow != "" {
+		r.flowInflight[flow]++
+		r.flowMost[flow] = max(r.flowMost[flow], r.flowInflight[flow])
+	}
 	r.mu.Unlock()
-	defer func() { r.mu.Lock(); r.inflight--; r.mu.Unlock() }()
+	defer func() {
+		r.mu.Lock()
+		r.inflight--
+		if flow != "" {
+			r.flowInflight[flow]--
+		}
+		r.mu.Unlock()
+	}()
 	switch r.mode.Load() {
 	case recvFail:
 		http.Error(w, "receiver failing on purpose", http.StatusInternalServerError)
@@ -594,7 +620,7 @@ func (r *receiver) expectBarrier(n int) {
 }
 
 func (r *receiver) barrierHook(w http.ResponseWriter, req *http.Request) {
-	key, err := readKey(req)
+	key, _, err := readKey(req)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
@@ -616,6 +642,14 @@ func (r *receiver) barrierHook(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "barrier: not every slot came", http.StatusServiceUnavailable)
 	case <-req.Context().Done():
 	}
+}
+
+// flowMostInflight is, by flow key, the most /hook requests that were
+// being answered at once.
+func (r *receiver) flowMostInflight() map[string]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.flowMost)
 }
 
 func (r *receiver) deliveries() map[string]int {

@@ -34,18 +34,45 @@ import (
 )
 
 // Scenario 6: producers insert with colliding dedup keys and update pending
-// rows, in id order as every well-behaved writer does, while workers
-// complete batches, heartbeats renew short leases, one worker is killed so
-// that the sweeper rescues its jobs, and a third of the callbacks fail and
-// retry, all while a transaction is held open. No statement of
-// pgdispatch's may deadlock, and every job runs.
+// rows, in id order as every well-behaved writer does, and cancel() stops
+// pending and running jobs, while workers complete batches, heartbeats
+// renew short leases, one worker is killed so that the sweeper rescues its
+// jobs, and a third of the callbacks fail and retry, all while a
+// transaction is held open. Dead and cancelled jobs are deleted within
+// 100 ms, as done jobs at once, so that the dedup keys recycle. No
+// statement of pgdispatch's may deadlock, and every job runs.
 func TestDeadlockHunt(t *testing.T) {
 	skipShort(t)
-	s := newScenario(t, "deadlock", map[string]string{
-		"LEASE": "600ms", "SWEEP_INTERVAL": "100ms", "RETAIN_DONE": "0", "MAX_ATTEMPTS": "3",
+	deadlockHunt(t, "deadlock", nil)
+}
+
+// Scenario 6 under flow limits: every job has one of eight flow keys, each
+// at most 2 running, one of them strict and one also limited to 10 starts
+// a second, so that claim_flow, with its advisory locks and its flow_keys
+// rows, runs beside the completer, the sweeper (which also deletes
+// flow_keys rows) and cancel(). No key runs more jobs than its limit in
+// the database.
+func TestDeadlockHuntWithLimits(t *testing.T) {
+	skipShort(t)
+	deadlockHunt(t, "deadlock_flow", &flowLimits{keys: 8, concurrency: 2, strict: "f3", rated: "f5", rate: 10, per: time.Second})
+}
+
+func deadlockHunt(t *testing.T, name string, limits *flowLimits) {
+	s := newScenario(t, name, map[string]string{
+		"LEASE": "600ms", "SWEEP_INTERVAL": "100ms", "RETAIN_DONE": "0", "RETAIN_DEAD": "100ms", "MAX_ATTEMPTS": "3",
 	})
 	s.dumpLogsOnFailure()
 	r := newReceiver(t)
+	// flowPrefix is NULL without limits: every job's flow key is NULL.
+	var (
+		flowPrefix *string
+		running    *runningSampler
+	)
+	if limits != nil {
+		s.declareLimits(limits)
+		flowPrefix = new("f")
+		running = s.sampleRunning()
+	}
 	ws := s.startWorkers(3)
 	// A transaction held open from the start to the end of the drain, as a
 	// report's: no row version the claims and outcomes leave behind can be
@@ -62,9 +89,20 @@ func TestDeadlockHunt(t *testing.T) {
 
 	ctx, stop := context.WithTimeout(context.Background(), streamFor)
 	defer stop()
-	var enqueued, updated atomic.Int64
+	var enqueued, updated, cancelled atomic.Int64
 	g, gctx := errgroup.WithContext(ctx)
-	loop := func(stmt string, args []any, count *atomic.Int64) func() error {
+	execCount := func(conn *pgx.Conn, stmt string, args []any, count *atomic.Int64) error {
+		callCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		tag, err := conn.Exec(callCtx, stmt, args...)
+		if err != nil {
+			return fmt.Errorf("%s: %w", stmt, err)
+		}
+		count.Add(tag.RowsAffected())
+		return nil
+	}
+	// loop runs stmt again and again, every interval (0: at once).
+	loop := func(stmt string, args []any, count *atomic.Int64, interval time.Duration) func() error {
 		return func() error {
 			conn, err := s.connect()
 			if err != nil {
@@ -72,36 +110,64 @@ func TestDeadlockHunt(t *testing.T) {
 			}
 			defer func() { _ = conn.Close(context.Background()) }()
 			for gctx.Err() == nil {
-				callCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				tag, err := conn.Exec(callCtx, stmt, args...)
-				cancel()
-				if err != nil {
-					return fmt.Errorf("%s: %w", stmt, err)
+				if err := execCount(conn, stmt, args, count); err != nil {
+					return err
 				}
-				count.Add(tag.RowsAffected())
+				if interval > 0 {
+					select {
+					case <-gctx.Done():
+					case <-time.After(interval):
+					}
+				}
 			}
 			return nil
 		}
 	}
-	enqueue := "SELECT " + s.ident() + ".enqueue($1, $2::jsonb, dedup_key => $3 || (random() * 40)::int)"
+	// A dedup key's jobs all have the same flow key ($4 || n % 8; NULL
+	// without limits).
+	enqueue := "SELECT " + s.ident() + ".enqueue($1, $2::jsonb, dedup_key => $3 || n, flow_key => $4::text || n % 8) " +
+		"FROM (SELECT (random() * 40)::int n) r"
 	for range 2 {
-		g.Go(loop(enqueue, []any{"noop", `{"sleep": "150ms"}`, "dk-"}, &enqueued))
+		g.Go(loop(enqueue, []any{"noop", `{"sleep": "150ms"}`, "dk-", flowPrefix}, &enqueued, 0))
 	}
-	g.Go(loop(enqueue, []any{"http_callback", fmt.Sprintf(`{"url": %q, "data": {"k": "flaky"}}`, r.url("/flaky")), "hk-"}, &enqueued))
+	g.Go(loop(enqueue, []any{"http_callback", fmt.Sprintf(`{"url": %q, "data": {"k": "flaky"}}`, r.url("/flaky")), "hk-", flowPrefix}, &enqueued, 0))
 	g.Go(loop(`WITH l AS (
 		SELECT id FROM `+s.jobs()+` WHERE status = 'pending' ORDER BY id LIMIT 20 FOR UPDATE
-	) UPDATE `+s.jobs()+` j SET priority = (random() * 3)::int, run_at = now() FROM l WHERE j.id = l.id`, nil, &updated))
+	) UPDATE `+s.jobs()+` j SET priority = (random() * 3)::int, run_at = now() FROM l WHERE j.id = l.id`, nil, &updated, 0))
+	// cancel() on two jobs, pending or running, every 20 ms: it locks them in
+	// id order, and tells a running job's worker to stop it. It spares the
+	// jobs of the first worker (and of its restarts), which is killed so that
+	// the sweeper rescues its jobs.
+	g.Go(loop(`SELECT c.id FROM `+s.ident()+`.cancel(VARIADIC ARRAY(
+		SELECT id FROM `+s.jobs()+` WHERE status IN ('pending', 'running') AND NOT starts_with(coalesce(locked_by, ''), $1)
+		ORDER BY random() LIMIT 2)) c
+	WHERE c.cancelled`, []any{ws[0].id}, &cancelled, 20*time.Millisecond))
+	// Halfway, kill the first worker while it runs jobs; if it held none
+	// once dead (they had just ended), start it again and try once more.
 	g.Go(func() error {
 		select {
 		case <-gctx.Done():
+			return nil
 		case <-time.After(streamFor / 2):
-			var held int
-			_ = s.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+s.jobs()+" WHERE locked_by = $1", ws[0].id).Scan(&held)
-			t.Logf("killing %s, which holds %d jobs", ws[0].id, held)
-			s.fault(ws[0].kill9)
-			ws[0] = s.startWorker(s.name + "-1-r1")
 		}
-		return nil
+		for try := 1; ; try++ {
+			if !s.waitRunning(gctx, ws[0].id) {
+				return nil // the stream is over
+			}
+			s.fault(ws[0].kill9)
+			var held int
+			callCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err := s.pool.QueryRow(callCtx, "SELECT count(*) FROM "+s.jobs()+" WHERE status = 'running' AND locked_by = $1", ws[0].id).Scan(&held)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("count the jobs of the killed worker: %w", err)
+			}
+			t.Logf("killed %s, which held %d jobs", ws[0].id, held)
+			ws[0] = s.startWorker(fmt.Sprintf("%s-1-r%d", s.name, try))
+			if held > 0 {
+				return nil
+			}
+		}
 	})
 	require.NoError(t, g.Wait())
 	s.waitListening(ws[0])
@@ -111,13 +177,39 @@ func TestDeadlockHunt(t *testing.T) {
 	for _, w := range ws {
 		rescued += int64(strings.Count(w.log.String(), "lease expired"))
 	}
-	t.Logf("summary %s: enqueue calls=%d pending rows updated=%d flaky callbacks=%d rescued=%d deadlocks=0",
-		s.name, enqueued.Load(), updated.Load(), r.flakyCount(), rescued)
+	t.Logf("summary %s: enqueue calls=%d pending rows updated=%d cancelled=%d flaky callbacks=%d rescued=%d deadlocks=0",
+		s.name, enqueued.Load(), updated.Load(), cancelled.Load(), r.flakyCount(), rescued)
 	require.Positive(t, enqueued.Load())
 	require.Positive(t, updated.Load())
+	require.Positive(t, cancelled.Load())
 	require.Positive(t, rescued, "the sweeper rescued nothing: the scenario did not exercise it")
+	if limits != nil {
+		most, samples, failed := running.end()
+		checkRunning(t, s.name, limits, most, samples, failed)
+	}
 	s.grepLogs()
 	s.checkServing(r, slots)
+}
+
+// waitRunning waits until the worker id runs a job; it returns false if
+// ctx ends first.
+func (s *scenario) waitRunning(ctx context.Context, id string) bool {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		var running bool
+		err := s.pool.QueryRow(callCtx, "SELECT EXISTS (SELECT FROM "+s.jobs()+" WHERE status = 'running' AND locked_by = $1)", id).Scan(&running)
+		cancel()
+		if err == nil && running {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+	}
 }
 
 // corpusCase is one row of bad input and what must become of it.
