@@ -95,10 +95,9 @@ CREATE UNIQUE INDEX IF NOT EXISTS flow_limits_queue_key_idx ON {{.schema}}.flow_
 COMMENT ON TABLE {{.schema}}.flow_limits IS
     'flow limits by queue and key (key NULL: every key of the queue; an exact key''s row overrides it); declare with set_flow_limit, remove with clear_flow_limit';
 
--- flow_keys: the claim's state of each key of a limited queue that has, or
--- recently had, jobs. The claim creates a key's row (INSERT ... ON CONFLICT
--- DO NOTHING) and locks it (FOR NO KEY UPDATE SKIP LOCKED), so that claims
--- of one key run one at a time while other keys are claimed beside them.
+-- flow_keys: the claim's state of each strict or rate-limited key of a
+-- limited queue that has, or recently had, jobs, written by the claim of
+-- the key (claim_flow, migration 017) under the key's advisory lock.
 --   head    the id of the job a strict key last started;
 --   starts  the start times of the key's jobs within its rate window,
 --           oldest first.
