@@ -194,6 +194,7 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 	if fs.limited != flow {
 		c.logger.Info("the queue's flow limits changed", zap.Bool("limited", fs.limited))
 		c.flow = flowState{limited: fs.limited, freed: c.flow.freed}
+		c.limited.Store(fs.limited)
 		c.cursor.Reset()
 		return r, true
 	}

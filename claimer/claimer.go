@@ -171,6 +171,7 @@ type Claimer struct {
 	// loop uses them.
 	flowSQL  string
 	flow     flowState
+	limited  *atomic.Bool   // flow.limited, for the completer, which runs beside the claim loop
 	looker   *cursor.Looker // looks from the front beside claims from the cursor
 	poolSize int            // the pool's MaxConns, read once: Pool.Config copies the whole config
 
@@ -204,8 +205,10 @@ func New(cfg Config) (*Claimer, error) {
 	if cfg.Observer != nil {
 		obs = verdictObserver{cfg.Observer}
 	}
+	limited := new(atomic.Bool)
 	return &Claimer{
-		cfg: cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
+		limited: limited,
+		cfg:     cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
 		claimCursorSQL: pinned.WithSchema(cursor.SQL(claimSQL), cfg.Schema),
 		flowSQL:        pinned.WithSchema(flowSQL, cfg.Schema),
 		poolSize:       poolSize, runs: runs,
@@ -217,7 +220,7 @@ func New(cfg Config) (*Claimer, error) {
 		completer: completer.New(completer.Config{
 			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,
 			DeleteDone: cfg.DeleteDone, StatementTimeout: cfg.StatementTimeout, Logger: logger,
-			Written: written(tracer),
+			Written: written(tracer), Queue: cfg.Queue, Limited: limited.Load,
 		}),
 		heartbeat: lease.New(lease.Config{
 			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,

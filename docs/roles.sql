@@ -70,7 +70,8 @@ GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, 
 GRANT EXECUTE ON FUNCTION
     :"schema".fire_schedule_slots(bigint[], timestamptz[]),
     :"schema".insert_scheduled_jobs(bigint[], timestamptz[]),
-    :"schema".claim_flow(text, integer, text, float8, integer, bigint, text, boolean)
+    :"schema".claim_flow(text, integer, text, float8, integer, bigint, text, boolean),
+    :"schema".flow_ended(text[])
     TO :"worker";
 
 -- operator
@@ -83,6 +84,7 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_limits TO :"operator";
 GRANT SELECT ON :"schema".flow_keys TO :"operator";
 GRANT EXECUTE ON FUNCTION
     :"schema".cancel(bigint[]),
+    :"schema".flow_ended(text[]),
     :"schema".snooze(bigint, interval),
     :"schema".pause_queue(text),
     :"schema".resume_queue(text),

@@ -248,9 +248,10 @@ DECLARE
     found_statuses text[];
     changed        boolean[];
     running        bigint[];
+    running_queues text[];
 BEGIN
     WITH l AS (
-        SELECT j.id, j.status FROM pgdispatch.jobs j WHERE j.id = ANY(cancel.ids) ORDER BY j.id FOR UPDATE
+        SELECT j.id, j.status, j.queue FROM pgdispatch.jobs j WHERE j.id = ANY(cancel.ids) ORDER BY j.id FOR UPDATE
     ), u AS (
         UPDATE pgdispatch.jobs j
         SET status = 'cancelled',
@@ -264,8 +265,9 @@ BEGIN
         FROM l WHERE j.id = l.id AND l.status IN ('pending', 'running')
         RETURNING j.id
     )
-    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.status ORDER BY l.id), array_agg(u.id IS NOT NULL ORDER BY l.id)
-    INTO found_ids, found_statuses, changed
+    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.status ORDER BY l.id), array_agg(u.id IS NOT NULL ORDER BY l.id),
+           array_agg(DISTINCT l.queue) FILTER (WHERE l.status = 'running' AND u.id IS NOT NULL)
+    INTO found_ids, found_statuses, changed, running_queues
     FROM l LEFT JOIN u ON u.id = l.id;
 
     SELECT array_agg(f.id ORDER BY f.id) INTO running
@@ -276,6 +278,9 @@ BEGIN
         PERFORM pg_catalog.pg_notify('pgdispatch.control',
             jsonb_build_object('schema', E'pgdispatch', 'cancel', to_jsonb(running[i * 300 + 1 : (i + 1) * 300]))::text);
     END LOOP;
+    IF running_queues IS NOT NULL THEN
+        PERFORM pgdispatch.flow_ended(running_queues);
+    END IF;
 
     RETURN QUERY SELECT f.id, f.status, f.changed FROM unnest(found_ids, found_statuses, changed) AS f(id, status, changed);
 END
@@ -998,6 +1003,17 @@ AS $function$
     ORDER BY o.id
 $function$;
 
+CREATE OR REPLACE FUNCTION pgdispatch.flow_ended(queues text[])
+ RETURNS void
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT pg_catalog.pg_notify(E'pgdispatch', q.name)
+    FROM pgdispatch.queues q
+    WHERE q.name = ANY(flow_ended.queues) AND q.limited
+      AND NOT pg_catalog.pg_try_advisory_xact_lock_shared(1922186763, pg_catalog.hashtext(q.name))
+$function$;
+
 CREATE OR REPLACE FUNCTION pgdispatch.insert_scheduled_jobs(ids bigint[], slots timestamp with time zone[])
  RETURNS bigint
  LANGUAGE sql
@@ -1006,23 +1022,6 @@ CREATE OR REPLACE FUNCTION pgdispatch.insert_scheduled_jobs(ids bigint[], slots 
 AS $function$
     SELECT coalesce(sum(f.created), 0)::bigint
     FROM pgdispatch.fire_schedule_slots(insert_scheduled_jobs.ids, insert_scheduled_jobs.slots) f
-$function$;
-
-CREATE OR REPLACE FUNCTION pgdispatch.notify_flow_end()
- RETURNS trigger
- LANGUAGE plpgsql
- SET search_path TO 'pg_catalog', 'pg_temp'
-AS $function$
-BEGIN
-    IF pg_catalog.current_setting('pgdispatch.notified', true)
-           IS DISTINCT FROM pg_catalog.concat(TG_TABLE_SCHEMA, '/', OLD.queue)
-       AND pg_catalog.current_setting('pgdispatch.notify', true) IS DISTINCT FROM 'off'
-       AND EXISTS (SELECT FROM pgdispatch.queues q WHERE q.name = OLD.queue AND q.limited) THEN
-        PERFORM pg_catalog.pg_notify(TG_TABLE_SCHEMA, OLD.queue),
-                pg_catalog.set_config('pgdispatch.notified', pg_catalog.concat(TG_TABLE_SCHEMA, '/', OLD.queue), true);
-    END IF;
-    RETURN NULL;
-END
 $function$;
 
 CREATE OR REPLACE FUNCTION pgdispatch.notify_schedules()
@@ -1287,10 +1286,6 @@ CREATE OR REPLACE FUNCTION pgdispatch.wake(queue text DEFAULT 'default'::text)
 AS $function$ SELECT pg_catalog.pg_notify(E'pgdispatch', queue) $function$;
 
 -- Triggers
-
-CREATE TRIGGER jobs_notify_flow_delete AFTER DELETE ON pgdispatch.jobs FOR EACH ROW WHEN (old.flow_key IS NOT NULL AND old.status = 'running'::text AND NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(old.queue))) EXECUTE FUNCTION pgdispatch.notify_flow_end();
-
-CREATE TRIGGER jobs_notify_flow_end AFTER UPDATE OF status ON pgdispatch.jobs FOR EACH ROW WHEN (old.flow_key IS NOT NULL AND old.status = 'running'::text AND new.status <> 'running'::text AND NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(old.queue))) EXECUTE FUNCTION pgdispatch.notify_flow_end();
 
 CREATE TRIGGER jobs_notify_insert BEFORE INSERT ON pgdispatch.jobs FOR EACH ROW WHEN (NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(new.queue))) EXECUTE FUNCTION pgdispatch.notify_sleeper();
 

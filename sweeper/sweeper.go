@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -105,8 +106,11 @@ type Sweeper struct {
 	cfg    Config
 	logger *zap.Logger
 	rescue string
-	purge  string
-	flow   string
+	// flowEnded calls flow_ended (migration 017) with the queues of the
+	// jobs a pass killed.
+	flowEnded string
+	purge     string
+	flow      string
 	// poolSize is the pool's MaxConns, read once (Pool.Config copies the
 	// whole config): how many dead connections a pass may meet in a row.
 	poolSize int
@@ -136,10 +140,11 @@ func New(cfg Config) (*Sweeper, error) {
 	cfg.OldestXminWarn = cmp.Or(cfg.OldestXminWarn, DefaultOldestXminWarn)
 	jobs := pgx.Identifier{cfg.Schema, "jobs"}.Sanitize()
 	return &Sweeper{
-		cfg:    cfg,
-		logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("sweeper"),
-		rescue: strings.NewReplacer("{jobs}", jobs, "{lost}", lostSQL).Replace(rescueSQL),
-		purge:  strings.ReplaceAll(purgeSQL, "{jobs}", jobs),
+		cfg:       cfg,
+		logger:    cmp.Or(cfg.Logger, zap.NewNop()).Named("sweeper"),
+		rescue:    strings.NewReplacer("{jobs}", jobs, "{lost}", lostSQL).Replace(rescueSQL),
+		flowEnded: "SELECT " + pgx.Identifier{cfg.Schema, "flow_ended"}.Sanitize() + "($1)",
+		purge:     strings.ReplaceAll(purgeSQL, "{jobs}", jobs),
 		flow: strings.NewReplacer("{jobs}", jobs,
 			"{flow_keys}", pgx.Identifier{cfg.Schema, "flow_keys"}.Sanitize(),
 			"{flow_limits}", pgx.Identifier{cfg.Schema, "flow_limits"}.Sanitize()).Replace(flowKeysSQL),
@@ -183,7 +188,7 @@ SET status = CASE WHEN j.attempts >= coalesce(j.max_attempts, $1) THEN 'dead' EL
     locked_until = NULL,
     updated_at = now()
 WHERE j.id = ANY(ARRAY(SELECT id FROM s)) AND j.status = 'running' AND j.locked_until < now()
-RETURNING j.id, j.status, j.attempts`
+RETURNING j.id, j.status, j.attempts, j.queue`
 
 // lostSQL says what happened to an attempt whose lease expired.
 const lostSQL = `format('lease expired: worker %s stopped renewing it during attempt %s of %s',
@@ -304,20 +309,26 @@ func (s *Sweeper) sweepOnce(ctx context.Context, look bool) (res Result, more bo
 	if err != nil {
 		return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
 	}
-	var n int
+	var (
+		n      int
+		killed []string // the queues of the jobs killed
+	)
 	for rows.Next() {
 		var (
-			id       int64
-			status   string
-			attempts int32
+			id            int64
+			status, queue string
+			attempts      int32
 		)
-		if err := rows.Scan(&id, &status, &attempts); err != nil {
+		if err := rows.Scan(&id, &status, &attempts, &queue); err != nil {
 			rows.Close()
 			return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
 		}
 		n++
 		if status == "dead" {
 			res.Killed++
+			if !slices.Contains(killed, queue) {
+				killed = append(killed, queue)
+			}
 			s.logger.Warn("lease expired and attempts used up: job dead", zap.Int64("job_id", id), zap.Int32("attempt", attempts))
 		} else {
 			res.Rescued++
@@ -329,6 +340,14 @@ func (s *Sweeper) sweepOnce(ctx context.Context, look bool) (res Result, more bo
 		return res, false, fmt.Errorf("sweep: rescue expired leases: %w", err)
 	}
 	more = n == s.batchSize
+	// A job rescued to pending wakes its queue's sleeping workers (the
+	// trigger of migration 009); one killed may let the next job of its
+	// flow key start (flow_ended, migration 017).
+	if len(killed) > 0 {
+		if _, err := tx.Exec(ctx, s.flowEnded, killed); err != nil {
+			return res, false, fmt.Errorf("sweep: tell the queues of the jobs killed: %w", err)
+		}
+	}
 
 	for _, p := range []struct {
 		statuses []string

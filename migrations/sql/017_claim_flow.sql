@@ -445,46 +445,76 @@ BEGIN
 END
 $$;
 
--- A job of a limited queue's key that stops running (its outcome, a
--- lease the sweeper takes back, cancel(), a delete) may let the next job of
--- its key start: the workers that sleep on the queue are told, as a writer
--- tells them of a new job, only while one sleeps (the sleep key, migration
--- 007). A worker whose own job ended claims by itself; this is for the key's
--- jobs that wait on another worker's, one that stops or sleeps. The WHEN
--- costs the rows of keyless jobs one comparison.
-CREATE OR REPLACE FUNCTION {{.schema}}.notify_flow_end() RETURNS trigger
+-- flow_ended tells the workers that sleep on each limited queue of queues
+-- (a notification on the schema's channel, as a writer's insert sends, only
+-- while one sleeps: the sleep key, migration 007) that a job of it stopped
+-- running, which may let the next job of its key start. The completer of a
+-- limited queue calls it after its outcomes; the sweeper for the jobs it
+-- kills; cancel() for the running jobs it cancels. A trigger on the jobs
+-- table did this at every claim's and outcome's row, for every queue.
+CREATE OR REPLACE FUNCTION {{.schema}}.flow_ended(queues text[]) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.pg_notify({{.schema_literal}}, q.name)
+    FROM {{.schema}}.queues q
+    WHERE q.name = ANY(flow_ended.queues) AND q.limited
+      AND NOT pg_catalog.pg_try_advisory_xact_lock_shared({{.sleep_key}}, pg_catalog.hashtext(q.name))
+$$;
+
+-- cancel() is migration 010's, and tells the limited queues of the running
+-- jobs it cancels (flow_ended).
+CREATE OR REPLACE FUNCTION {{.schema}}.cancel(VARIADIC ids bigint[])
+RETURNS TABLE (id bigint, previous_status text, cancelled boolean)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
+DECLARE
+    found_ids      bigint[];
+    found_statuses text[];
+    changed        boolean[];
+    running        bigint[];
+    running_queues text[];
 BEGIN
-    IF pg_catalog.current_setting('pgdispatch.notified', true)
-           IS DISTINCT FROM pg_catalog.concat(TG_TABLE_SCHEMA, '/', OLD.queue)
-       AND pg_catalog.current_setting('pgdispatch.notify', true) IS DISTINCT FROM 'off'
-       AND EXISTS (SELECT FROM {{.schema}}.queues q WHERE q.name = OLD.queue AND q.limited) THEN
-        PERFORM pg_catalog.pg_notify(TG_TABLE_SCHEMA, OLD.queue),
-                pg_catalog.set_config('pgdispatch.notified', pg_catalog.concat(TG_TABLE_SCHEMA, '/', OLD.queue), true);
+    WITH l AS (
+        SELECT j.id, j.status, j.queue FROM {{.schema}}.jobs j WHERE j.id = ANY(cancel.ids) ORDER BY j.id FOR UPDATE
+    ), u AS (
+        UPDATE {{.schema}}.jobs j
+        SET status = 'cancelled',
+            errors = CASE WHEN l.status = 'running' THEN
+                         jsonb_path_query_array(coalesce(j.errors, '[]'), '$[last - 18 to last]')
+                         || jsonb_build_object('attempt', j.attempts, 'started_at', j.updated_at,
+                                               'finished_at', now(), 'worker', j.locked_by,
+                                               'error', 'cancelled by ' || session_user)
+                     ELSE j.errors END,
+            finished_at = now(), locked_by = NULL, locked_until = NULL, updated_at = now()
+        FROM l WHERE j.id = l.id AND l.status IN ('pending', 'running')
+        RETURNING j.id
+    )
+    SELECT array_agg(l.id ORDER BY l.id), array_agg(l.status ORDER BY l.id), array_agg(u.id IS NOT NULL ORDER BY l.id),
+           array_agg(DISTINCT l.queue) FILTER (WHERE l.status = 'running' AND u.id IS NOT NULL)
+    INTO found_ids, found_statuses, changed, running_queues
+    FROM l LEFT JOIN u ON u.id = l.id;
+
+    SELECT array_agg(f.id ORDER BY f.id) INTO running
+    FROM unnest(found_ids, found_statuses, changed) AS f(id, status, changed)
+    WHERE f.status = 'running' AND f.changed;
+    FOR i IN 0 .. (coalesce(cardinality(running), 0) - 1) / 300 LOOP
+        EXIT WHEN running IS NULL;
+        PERFORM pg_catalog.pg_notify('pgdispatch.control',
+            jsonb_build_object('schema', {{.schema_literal}}, 'cancel', to_jsonb(running[i * 300 + 1 : (i + 1) * 300]))::text);
+    END LOOP;
+    IF running_queues IS NOT NULL THEN
+        PERFORM {{.schema}}.flow_ended(running_queues);
     END IF;
-    RETURN NULL;
+
+    RETURN QUERY SELECT f.id, f.status, f.changed FROM unnest(found_ids, found_statuses, changed) AS f(id, status, changed);
 END
 $$;
 
-DROP TRIGGER IF EXISTS jobs_notify_flow_end ON {{.schema}}.jobs;
-CREATE TRIGGER jobs_notify_flow_end
-    AFTER UPDATE OF status ON {{.schema}}.jobs
-    FOR EACH ROW
-    WHEN (OLD.flow_key IS NOT NULL AND OLD.status = 'running' AND NEW.status <> 'running'
-          AND NOT pg_try_advisory_xact_lock_shared({{.sleep_key}}, hashtext(OLD.queue)))
-    EXECUTE FUNCTION {{.schema}}.notify_flow_end();
-
-DROP TRIGGER IF EXISTS jobs_notify_flow_delete ON {{.schema}}.jobs;
-CREATE TRIGGER jobs_notify_flow_delete
-    AFTER DELETE ON {{.schema}}.jobs
-    FOR EACH ROW
-    WHEN (OLD.flow_key IS NOT NULL AND OLD.status = 'running'
-          AND NOT pg_try_advisory_xact_lock_shared({{.sleep_key}}, hashtext(OLD.queue)))
-    EXECUTE FUNCTION {{.schema}}.notify_flow_end();
-
 REVOKE ALL ON FUNCTION {{.schema}}.claim_flow(text, integer, text, float8, integer, bigint, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION {{.schema}}.flow_ended(text[]) FROM PUBLIC;
 
 -- The workers' roles, those that may delete jobs (docs/roles.sql), call it.
 DO $$
@@ -500,8 +530,28 @@ BEGIN
           AND a.grantee <> c.relowner AND a.grantee <> 0
         ORDER BY 1
     LOOP
-        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.claim_flow(text, integer, text, float8, integer, bigint, text, boolean) TO %s',
-                                  {{.schema_literal}}, grantee);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.claim_flow(text, integer, text, float8, integer, bigint, text, boolean), '
+                                  '%I.flow_ended(text[]) TO %s', {{.schema_literal}}, {{.schema_literal}}, grantee);
+    END LOOP;
+END
+$$;
+
+-- The operators' roles, those that may call pause_queue() (docs/roles.sql),
+-- call flow_ended through cancel().
+DO $$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee))
+        FROM pg_catalog.pg_proc p
+        JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace,
+             pg_catalog.aclexplode(p.proacl) a
+        WHERE n.nspname = {{.schema_literal}} AND p.proname = 'pause_queue' AND a.privilege_type = 'EXECUTE'
+          AND a.grantee <> p.proowner AND a.grantee <> 0
+        ORDER BY 1
+    LOOP
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.flow_ended(text[]) TO %s', {{.schema_literal}}, grantee);
     END LOOP;
 END
 $$;

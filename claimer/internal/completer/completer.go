@@ -23,6 +23,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -81,12 +82,19 @@ type Config struct {
 	// Written, when set, hears of each batch written, and when its write
 	// began and ended (for tracing).
 	Written func(batch []runstate.Outcome, start, end time.Time)
+	// Queue is the queue of the outcomes, and Limited, when set, says
+	// whether it has flow limits: then each batch written tells the
+	// workers that sleep on it (flow_ended, migration 017), since a job
+	// that ended may let its key's next one start on another worker.
+	Queue   string
+	Limited func() bool
 }
 
 // Completer writes the outcomes the Tracker holds.
 type Completer struct {
 	cfg                        Config
 	completeSQL, deleteDoneSQL string
+	flowEndedSQL               string
 	completed                  atomic.Int64
 }
 
@@ -95,6 +103,7 @@ func New(cfg Config) *Completer {
 	return &Completer{
 		cfg: cfg, completeSQL: pinned.WithSchema(CompleteSQL, cfg.Schema),
 		deleteDoneSQL: pinned.WithSchema(DeleteDoneSQL, cfg.Schema),
+		flowEndedSQL:  "SELECT " + pgx.Identifier{cfg.Schema, "flow_ended"}.Sanitize() + "($1)",
 	}
 }
 
@@ -191,6 +200,13 @@ func (c *Completer) write(ctx context.Context, batch []runstate.Outcome) error {
 	if written < int64(len(batch)) {
 		c.cfg.Logger.Info("some outcomes were not written: their leases had been lost",
 			zap.Int("num_outcomes", len(batch)), zap.Int64("num_written", written))
+	}
+	if written > 0 && c.cfg.Limited != nil && c.cfg.Limited() {
+		// The outcomes are written: a failure here leaves the sleeping
+		// workers to their own timers, and is not the write's.
+		if _, err := c.exec(ctx, c.flowEndedSQL, []string{c.cfg.Queue}); err != nil {
+			c.cfg.Logger.Warn("telling the queue's sleeping workers that its jobs ended failed", zap.Error(err))
+		}
 	}
 	return nil
 }
