@@ -42,16 +42,17 @@
 -- flow_keys row is only ever locked by the one claim holding its key or by
 -- the sweeper, which waits for no claim.
 --
--- Its statements are planned at each call (plan_cache_mode), not once per
--- connection: a generic plan made while the table was empty, or on its
--- statistics taken then, read every job of the queue to find one by id.
--- A key's jobs are found by `flow_key >= key AND flow_key <= key` and
--- read in (queue, flow_key, ...) order, which only the keys' indexes
--- give: with `=`, the queue's other indexes serve the order too, and on
--- statistics taken while the table was small the planner found them as
--- cheap (it read every due job to find a key's). Sorts and bitmap scans are
--- off, to keep the plans on the keys' indexes in their order, and so is JIT, whose compiling the disabled plans' costs
--- asked for at every statement (hundreds of milliseconds).
+-- Its statements keep generic plans, made once per connection (the
+-- claim's plan_cache_mode, claimer/internal/pinned), so they must find a
+-- key's jobs by the key however the statistics looked when they were
+-- made: a key's jobs are found by `flow_key >= key AND flow_key <= key`
+-- and read in (queue, flow_key, ...) order, which only the keys' indexes
+-- give (with `=`, the queue's other indexes give that order too, and on
+-- statistics taken while the table was small the planner took them and
+-- read every due job of the queue to find a key's), and rows by id or
+-- ctid. Sorts and bitmap scans are off, to keep the plans on the keys'
+-- indexes in their order, and so is JIT, which the disabled plans' costs
+-- made compile every statement (hundreds of milliseconds).
 --
 -- The jobs' updated_at, which marks the claim, is the time the claim takes
 -- them (clock_timestamp() once the walk is done), not its transaction's
