@@ -565,12 +565,12 @@ BEGIN
             EXIT;
         END IF;
 
-        -- The next keys of the part, in key order, a few more than the
-        -- claim still takes, and no more than max_walk in the claim. A key
+        -- The next keys of the part, in key order, half as many again as
+        -- the claim still takes (some are at their limit), and no more than max_walk in the claim. A key
         -- at its concurrency limit in this statement's snapshot is skipped
         -- (a claim since may only have added running jobs); each other
         -- limited one is this claim's if its lock is free.
-        walk_n := least(want + 8, max_walk - n_walked);
+        walk_n := least(want + want / 2 + 8, max_walk - n_walked);
         IF walk_n < 1 THEN
             -- keys are left: look again soon, from the last one walked
             is_stranded := true;
