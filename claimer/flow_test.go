@@ -326,12 +326,23 @@ func TestFlowRateHoldsAfterASlowClaim(t *testing.T) {
 	}
 	released := make(chan release, 1)
 	go func() {
-		wait.For(t, 30*time.Second, "the claim to wait for the lock", func() bool {
-			var waiting bool
-			require.NoError(t, pgtest.Pool(t).QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND query LIKE '%claim_flow%')`).Scan(&waiting))
-			return waiting
-		})
+		// The claim waits for the lock: polled, as nothing tells (the
+		// test's context bounds it).
+		tick := time.NewTicker(wait.Poll)
+		defer tick.Stop()
+		for waiting := false; !waiting; {
+			if err := pgtest.Pool(t).QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND query LIKE '%claim_flow%')`).Scan(&waiting); err != nil {
+				released <- release{err: err}
+				return
+			}
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				released <- release{err: ctx.Err()}
+				return
+			}
+		}
 		time.Sleep(600 * time.Millisecond) // makes the claim slow; nothing waits on it
 		at := time.Now()
 		released <- release{at, tx.Rollback(ctx)}
