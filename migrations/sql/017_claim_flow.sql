@@ -21,8 +21,9 @@
 -- look_unkeyed, among the queue's first due jobs, four times as many as the
 -- claim still takes (at most 1000): give every job of a limited queue a
 -- key. That look walks the front of jobs_claim_idx, which a drain fills
--- with dead entries; the claimer asks for it while the last look found
--- such jobs, and otherwise every 100 ms.
+-- with dead entries; the claimer asks for it at each claim a wake-up
+-- starts, and at a claim a freed slot starts only while the last look
+-- found such jobs or 100 ms after it.
 --
 -- A rate's window is per and 2 % more: a key's starts are counted when its
 -- claim takes them, and its executors start a few milliseconds later, by
@@ -68,7 +69,7 @@
 -- running jobs: a job of this worker that ends may let them start), and
 -- cursor_key (where the next claim starts: the key of the last job taken,
 -- NULL for the jobs without a key, or after_key when it took none) and
--- unkeyed (it took jobs without a key).
+-- unkeyed (it took jobs without a key; NULL when it did not look).
 CREATE OR REPLACE FUNCTION {{.schema}}.claim_flow(
     claim_queue          text,
     claim_limit          integer,
