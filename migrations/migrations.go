@@ -65,6 +65,9 @@ var (
 	RunAtEnd = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 )
 
+// ternLock is the advisory lock tern's migrator takes (its lockNum).
+const ternLock = int64(9628173550095224)
+
 const (
 	versionTable        = "schema_version"
 	defaultLockTimeout  = 5 * time.Second
@@ -175,6 +178,15 @@ func migrateConn(ctx context.Context, conn *pgx.Conn, cfg Config, target int32) 
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), //nolint:errcheck // the connection is closed right after
 		"SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))", cfg.Schema)
+	// tern takes its own lock, one for the whole database, around its
+	// version table and its run, under the lock_timeout set below: a
+	// migrator of another schema running longer than LockTimeout made this
+	// one fail. Taken here first, within Timeout, tern's takes are its
+	// session's again.
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", ternLock); err != nil {
+		return 0, 0, fmt.Errorf("migrate: wait for the database's migration lock: %w", err)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", ternLock) //nolint:errcheck // as above
 	if _, err := conn.Exec(ctx, "SELECT set_config('lock_timeout', $1, false)",
 		fmt.Sprintf("%dms", cfg.LockTimeout.Milliseconds())); err != nil {
 		return 0, 0, fmt.Errorf("migrate: set lock_timeout: %w", err)

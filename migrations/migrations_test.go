@@ -57,47 +57,60 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 // its LockTimeout, by the server's clock.
 func TestMigrateWaitsForAnotherMigratorPastTheLockTimeout(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	schema := pgtest.EmptySchemaName(t)
-	holder, err := pgtest.Pool(t).Acquire(ctx)
-	require.NoError(t, err)
-	defer holder.Release()
-	_, err = holder.Exec(ctx, "SELECT pg_advisory_lock(hashtext('pgdispatch.migrate'), hashtext($1))", schema)
-	require.NoError(t, err)
-	unlocked := false
-	defer func() {
-		if !unlocked {
-			_, _ = holder.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))", schema)
-		}
-	}()
+	// The schema's own lock, and tern's, which a migrator of any schema of
+	// the database holds through its run.
+	for _, lock := range []struct{ name, lock, unlock, where string }{
+		{"this schema's", "SELECT pg_advisory_lock(hashtext('pgdispatch.migrate'), hashtext($1))",
+			"SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))",
+			"classid = hashtext('pgdispatch.migrate')::oid AND objid = hashtext($1)::oid"},
+		{"the database's", "SELECT pg_advisory_lock(9628173550095224) WHERE $1 <> ''",
+			"SELECT pg_advisory_unlock(9628173550095224) WHERE $1 <> ''",
+			"classid = (9628173550095224 >> 32)::oid AND objid = (9628173550095224 & 4294967295)::oid AND objsubid = 1 AND $1 <> ''"},
+	} {
+		t.Run(lock.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			schema := pgtest.EmptySchemaName(t)
+			holder, err := pgtest.Pool(t).Acquire(ctx)
+			require.NoError(t, err)
+			defer holder.Release()
+			_, err = holder.Exec(ctx, lock.lock, schema)
+			require.NoError(t, err)
+			unlocked := false
+			defer func() {
+				if !unlocked {
+					_, _ = holder.Exec(context.WithoutCancel(ctx), lock.unlock, schema)
+				}
+			}()
 
-	const lockTimeout = 100 * time.Millisecond
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema, LockTimeout: lockTimeout})
-		done <- err
-	}()
-	wait.For(t, 30*time.Second, "the migrator to have waited four times its lock timeout for the migration lock", func() bool {
-		var waited bool
-		err := pgtest.Pool(t).QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_locks
-			WHERE locktype = 'advisory' AND classid = hashtext('pgdispatch.migrate')::oid AND objid = hashtext($1)::oid
-			  AND NOT granted AND waitstart < clock_timestamp() - make_interval(secs => $2))`,
-			schema, 4*lockTimeout.Seconds()).Scan(&waited)
-		select {
-		case err := <-done:
-			require.Fail(t, "the migrator ended while the lock was held", "%v", err)
-		default:
-		}
-		return err == nil && waited
-	})
-	_, err = holder.Exec(ctx, "SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))", schema)
-	require.NoError(t, err)
-	unlocked = true
-	require.NoError(t, <-done)
-	v, err := migrations.Check(ctx, pgtest.Pool(t), schema)
-	require.NoError(t, err)
-	require.Equal(t, migrations.Latest(), v)
+			const lockTimeout = 100 * time.Millisecond
+			done := make(chan error, 1)
+			go func() {
+				_, _, err := migrations.Migrate(ctx, pgtest.Pool(t), migrations.Config{Schema: schema, LockTimeout: lockTimeout})
+				done <- err
+			}()
+			wait.For(t, 30*time.Second, "the migrator to have waited four times its lock timeout for the migration lock", func() bool {
+				var waited bool
+				err := pgtest.Pool(t).QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_catalog.pg_locks
+					WHERE locktype = 'advisory' AND `+lock.where+`
+					  AND NOT granted AND waitstart < clock_timestamp() - make_interval(secs => $2))`,
+					schema, 4*lockTimeout.Seconds()).Scan(&waited)
+				select {
+				case err := <-done:
+					require.Fail(t, "the migrator ended while the lock was held", "%v", err)
+				default:
+				}
+				return err == nil && waited
+			})
+			_, err = holder.Exec(ctx, lock.unlock, schema)
+			require.NoError(t, err)
+			unlocked = true
+			require.NoError(t, <-done)
+			v, err := migrations.Check(ctx, pgtest.Pool(t), schema)
+			require.NoError(t, err)
+			require.Equal(t, migrations.Latest(), v)
+		})
+	}
 }
 
 func TestCheckOutdated(t *testing.T) {
