@@ -60,12 +60,16 @@ func TestMigrateWaitsForAnotherMigratorPastTheLockTimeout(t *testing.T) {
 	// The schema's own lock, and tern's, which a migrator of any schema of
 	// the database holds through its run.
 	for _, lock := range []struct{ name, lock, unlock, where string }{
-		{"this schema's", "SELECT pg_advisory_lock(hashtext('pgdispatch.migrate'), hashtext($1))",
+		{
+			"this schema's", "SELECT pg_advisory_lock(hashtext('pgdispatch.migrate'), hashtext($1))",
 			"SELECT pg_advisory_unlock(hashtext('pgdispatch.migrate'), hashtext($1))",
-			"classid = hashtext('pgdispatch.migrate')::oid AND objid = hashtext($1)::oid"},
-		{"the database's", "SELECT pg_advisory_lock(9628173550095224) WHERE $1 <> ''",
+			"classid = hashtext('pgdispatch.migrate')::oid AND objid = hashtext($1)::oid",
+		},
+		{
+			"the database's", "SELECT pg_advisory_lock(9628173550095224) WHERE $1 <> ''",
 			"SELECT pg_advisory_unlock(9628173550095224) WHERE $1 <> ''",
-			"classid = (9628173550095224 >> 32)::oid AND objid = (9628173550095224 & 4294967295)::oid AND objsubid = 1 AND $1 <> ''"},
+			"classid = (9628173550095224 >> 32)::oid AND objid = (9628173550095224 & 4294967295)::oid AND objsubid = 1 AND $1 <> ''",
+		},
 	} {
 		t.Run(lock.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
