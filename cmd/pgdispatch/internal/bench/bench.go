@@ -70,11 +70,12 @@ type Options struct {
 	XminLone  int
 	XminPairs int
 	XminDead  []int
-	// The flow scenario's sizes. FlowWorkers workers run each part.
+	// The flow scenario's parts (FlowParts) and sizes. FlowWorkers workers run each part.
 	// concurrency: FlowJobs jobs over FlowKeys keys; strict: FlowStrictKeys
 	// keys of FlowStrictJobs jobs each; rate: 10 keys of FlowRate starts a
 	// second each, for FlowRateDuration; fair: a key with FlowBacklog due
 	// jobs; wakeups: FlowWakeups jobs of one key.
+	FlowParts        []string
 	FlowJobs         int
 	FlowKeys         int
 	FlowWorkers      int
@@ -109,6 +110,7 @@ func DefaultOptions() Options {
 		XminPairs:    2,
 		XminDead:     []int{0, 100000, 200000, 500000},
 
+		FlowParts:        FlowParts,
 		FlowJobs:         100000,
 		FlowKeys:         1000,
 		FlowWorkers:      3,

@@ -17,8 +17,8 @@ import (
 
 // Flags are the bench command's flags for the scenarios and their sizes.
 type Flags struct {
-	o                            Options
-	scenarios, writers, xminDead string
+	o                                       Options
+	scenarios, writers, xminDead, flowParts string
 }
 
 // AddFlags registers the flags on fs, with DefaultOptions as their
@@ -40,6 +40,7 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	fs.IntVar(&o.XminLone, "xmin-lone", o.XminLone, "xmin: lone jobs inserted 20 ms apart after each drain")
 	fs.IntVar(&o.XminPairs, "xmin-pairs", o.XminPairs, "xmin: pairs of drains, held and free, alternated")
 	fs.StringVar(&f.xminDead, "xmin-dead", joinInts(o.XminDead), "xmin: dead claim-index entries in front of the due jobs at which claims are timed, ascending, comma-separated")
+	fs.StringVar(&f.flowParts, "flow-parts", strings.Join(o.FlowParts, ","), "flow: comma-separated parts to run: "+strings.Join(FlowParts, ", "))
 	fs.IntVar(&o.FlowJobs, "flow-jobs", o.FlowJobs, "flow: jobs of the concurrency drains, limited and not")
 	fs.IntVar(&o.FlowKeys, "flow-keys", o.FlowKeys, "flow: keys of the concurrency drains' jobs")
 	fs.IntVar(&o.FlowWorkers, "flow-workers", o.FlowWorkers, "flow: workers in this process, each with a pool of its own")
@@ -70,6 +71,14 @@ func (f *Flags) Options() (Options, error) {
 			return Options{}, fmt.Errorf("--writers %q: want positive whole numbers", f.writers)
 		}
 		o.Writers = append(o.Writers, n)
+	}
+	o.FlowParts = nil
+	for _, s := range strings.Split(f.flowParts, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(FlowParts, s) {
+			return Options{}, fmt.Errorf("--flow-parts %q: want some of %s", s, strings.Join(FlowParts, ", "))
+		}
+		o.FlowParts = append(o.FlowParts, s)
 	}
 	o.XminDead = nil
 	for _, w := range strings.Split(f.xminDead, ",") {

@@ -19,6 +19,9 @@ import (
 // flowRateKeys is the number of keys of the flow scenario's rate part.
 const flowRateKeys = 10
 
+// FlowParts are the flow scenario's parts, in the order they run.
+var FlowParts = []string{"concurrency", "strict", "rate", "fair", "wakeups"}
+
 // flowStall is how long a part of the flow scenario waits for a job to
 // end before it reports a stall: a limited key that is never claimed again.
 const flowStall = 30 * time.Second
@@ -27,11 +30,15 @@ const flowStall = 30 * time.Second
 // workers in this process, each with a pool and a worker id of its own.
 // Each part is a result: concurrency, strict, rate, fair and wakeups.
 func (b *bench) flow(ctx context.Context) ([]*Result, error) {
+	parts := map[string]func(context.Context) (*Result, error){
+		"concurrency": b.flowConcurrency, "strict": b.flowStrict, "rate": b.flowRate, "fair": b.flowFair, "wakeups": b.flowWakeups,
+	}
 	var out []*Result
-	for _, part := range []func(context.Context) (*Result, error){
-		b.flowConcurrency, b.flowStrict, b.flowRate, b.flowFair, b.flowWakeups,
-	} {
-		r, err := part(ctx)
+	for _, name := range FlowParts {
+		if !slices.Contains(b.opts.FlowParts, name) {
+			continue
+		}
+		r, err := parts[name](ctx)
 		if err != nil {
 			return nil, err
 		}
