@@ -1,8 +1,7 @@
 // Package testhook lets tests, and the bench (cmd/pgdispatch/internal/bench),
 // watch the insides of a running worker without any exported API: they put
 // Hooks in the context they run the worker with, and the parts that know of
-// a hook call it. Otherwise the context holds none and nothing is called:
-// each part reads its hooks once, as it starts, and tests each for nil.
+// a hook call it. Otherwise the context holds none and nothing is called.
 package testhook
 
 import "context"
