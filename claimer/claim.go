@@ -191,6 +191,11 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 		}
 		return machine.Result{Limit: limit, Err: err}, false
 	}
+	if c.claimReturned != nil {
+		for _, run := range runs {
+			c.claimReturned(c.cfg.Queue, run.Job.ID)
+		}
+	}
 	if fs.limited != flow {
 		c.logger.Info("the queue's flow limits changed", zap.Bool("limited", fs.limited))
 		c.flow = flowState{limited: fs.limited, freed: c.flow.freed}

@@ -184,8 +184,12 @@ type Claimer struct {
 
 	notified chan struct{} // notifications, and Wake; capacity 1
 
-	claimSent func(queue string) // the test hook, set by the claim loop
-	lost      *giveback.Lost     // the claims whose replies were lost, their jobs not given back yet
+	// claimSent and claimReturned are the test hooks (internal/testhook),
+	// set by the claim loop.
+	claimSent     func(queue string)
+	claimReturned func(queue string, id int64)
+
+	lost *giveback.Lost // the claims whose replies were lost, their jobs not given back yet
 
 	claims, fronts, claimed, ticks, tickHits, sleeps atomic.Int64
 	paused                                           atomic.Bool

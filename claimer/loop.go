@@ -19,7 +19,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners.Runners) {
 	c.logger.Info("claimer started", zap.Int("concurrency", c.cfg.Concurrency),
 		zap.Duration("poll_interval", c.cfg.PollInterval))
 	hooks := testhook.From(ctx)
-	c.claimSent = hooks.ClaimSent
+	c.claimSent, c.claimReturned = hooks.ClaimSent, hooks.ClaimReturned
 	tick := time.NewTicker(c.cfg.PollInterval)
 	defer tick.Stop()
 	m := machine.New()

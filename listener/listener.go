@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
 	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
 
 const (
@@ -126,7 +128,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		// The delay is in connect, where it can grow with each failure.
 		ReconnectDelay: -1,
 	}
-	pl.Handle(l.cfg.Channel, handler{l})
+	pl.Handle(l.cfg.Channel, handler{l: l, notified: testhook.From(ctx).Notified})
 	if l.cfg.ControlChannel != "" {
 		pl.Handle(l.cfg.ControlChannel, controlHandler{l})
 	}
@@ -165,10 +167,16 @@ func (l *Listener) backoff(n int) time.Duration {
 	return d/2 + rand.N(d/2+1) //nolint:gosec // jitter needs no crypto
 }
 
-type handler struct{ l *Listener }
+type handler struct {
+	l        *Listener
+	notified func(queue string) // testhook.Hooks.Notified, nil but in tests and the bench
+}
 
 func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
 	h.l.notifications.Add(1)
+	if h.notified != nil {
+		h.notified(n.Payload)
+	}
 	h.l.cfg.Wake(n.Payload)
 	return nil
 }

@@ -23,7 +23,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	sizes := bench.AddFlags(fs)
 	asJSON := fs.Bool("json", false, "print the results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	latencies := fs.String("latencies", "", "latency and sustained: write each job's commit and start times to this CSV file, to see when the slowest ones ran")
+	latencies := fs.String("latencies", "", "latency, http and sustained: write each job's commit and start times to this CSV file, to see when the slowest ones ran (latency and http: and where their time went)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}

@@ -78,7 +78,7 @@ func TestBenchRuns(t *testing.T) {
 	dbURL, drop := exampledb.New()
 	t.Cleanup(drop)
 	p := start(t, env("DATABASE_URL="+withParam(dbURL, "pool_max_conns=8")), "bench", "--json", "--scenario", "latency,drain,floor,http,sustained,writers,idle,soak,xmin",
-		"--jobs", "20", "--spacing", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "1s", "--idle-duration", "200ms",
+		"--jobs", "20", "--gap", "1ms", "--drain-jobs", "500", "--writers", "2", "--duration", "1s", "--idle-duration", "200ms",
 		"--soak-duration", "1s", "--soak-writers", "2", "--latencies", latencies,
 		"--xmin-jobs", "300", "--xmin-lone", "3", "--xmin-pairs", "1", "--xmin-dead", "0,1000")
 	require.Equal(t, 0, p.wait(t, 2*time.Minute), p.stderr.String())
@@ -118,13 +118,16 @@ func TestBenchRuns(t *testing.T) {
 	require.Positive(t, got["xmin_claim"]["dead_1000_claim_p50_ms"])
 	require.Positive(t, got["soak"]["table_mb_end"])
 
-	// --latencies: a row per job of the latency and sustained scenarios.
+	// --latencies: a row per job of the latency, http and sustained scenarios.
 	f, err := os.Open(latencies)
 	require.NoError(t, err)
 	defer f.Close() //nolint:errcheck // read only
 	rows, err := csv.NewReader(f).ReadAll()
 	require.NoError(t, err)
-	require.Equal(t, []string{"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us"}, rows[0])
+	require.Equal(t, []string{
+		"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us",
+		"notified_us", "claim_sent_us", "claim_returned_us", "started_us", "request_written_us", "request_received_us",
+	}, rows[0])
 	perScenario := map[string]int{}
 	for _, row := range rows[1:] {
 		perScenario[row[0]]++
@@ -135,6 +138,7 @@ func TestBenchRuns(t *testing.T) {
 		require.Equal(t, strconv.FormatInt(started-commit, 10), row[5], "row %v", row)
 	}
 	require.Equal(t, 20, perScenario["latency"])
+	require.Equal(t, 20, perScenario["http"])
 	require.InDelta(t, got["sustained"]["inserts_per_s"], float64(perScenario["sustained"]), 0.5, "one row per job committed in the 1 s run")
 	conn, err := pgx.Connect(context.Background(), dbURL)
 	require.NoError(t, err)
@@ -294,7 +298,7 @@ func testCommands(t *testing.T, via route) {
 	require.Contains(t, retry.stdout.String(), "left as it is: done")
 
 	// bench measures PostgreSQL: it connects past a pooler.
-	b := start(t, e, "bench", "--json", "--scenario", "latency", "--jobs", "5", "--spacing", "1ms")
+	b := start(t, e, "bench", "--json", "--scenario", "latency", "--jobs", "5", "--gap", "1ms")
 	require.Equal(t, 0, b.wait(t, time.Minute), b.stderr.String())
 	if via.pooled {
 		require.Contains(t, b.stderr.String(), "bench connects to LISTEN_DATABASE_URL")

@@ -1,7 +1,7 @@
-// Package testhook lets tests watch the insides of a running worker without
-// any exported API: a test puts Hooks in the context it runs the worker
-// with, and the parts that know of a hook call it. Outside tests the
-// context holds none and nothing is called.
+// Package testhook lets tests, and the bench (cmd/pgdispatch/internal/bench),
+// watch the insides of a running worker without any exported API: they put
+// Hooks in the context they run the worker with, and the parts that know of
+// a hook call it. Otherwise the context holds none and nothing is called.
 package testhook
 
 import "context"
@@ -20,6 +20,14 @@ type Hooks struct {
 	// ClaimSent is called when a claim of the claimer of queue has been
 	// sent, before its reply is read. It may block: the claim waits.
 	ClaimSent func(queue string)
+	// Notified is called as the listener hears a notification on the
+	// jobs' channel, before it wakes the claimer of queue, on the
+	// listener's goroutine.
+	Notified func(queue string)
+	// ClaimReturned is called for each job a claim of the claimer of queue
+	// took, once the claim's transaction end has been read, before the job
+	// starts, on the claim loop's goroutine.
+	ClaimReturned func(queue string, id int64)
 	// Looked is called after each look from the front of the claimer of
 	// queue (claimer/internal/cursor), with the id of the first due job it
 	// found, 0 for none.

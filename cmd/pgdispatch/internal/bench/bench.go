@@ -42,9 +42,10 @@ type Options struct {
 	// Scenarios run in this order; each is one of Scenarios.
 	Scenarios []string
 	// Jobs is how many jobs the latency and http scenarios insert, one per
-	// transaction, Spacing apart (0: none).
-	Jobs    int
-	Spacing time.Duration
+	// transaction, Gap apart (0: none; the peers' harnesses space theirs
+	// 20 ms apart).
+	Jobs int
+	Gap  time.Duration
 	// DrainJobs is how many jobs the drain and floor scenarios insert
 	// before they start (http_drain: at most 20,000 of them).
 	DrainJobs int
@@ -85,8 +86,9 @@ type Options struct {
 	FlowRateDuration time.Duration
 	FlowBacklog      int
 	FlowWakeups      int
-	// Latencies, when set, receives a CSV row per job of the latency and
-	// sustained scenarios: its commit and start times.
+	// Latencies, when set, receives a CSV row per job of the latency, http
+	// and sustained scenarios: its commit and start times, and for latency
+	// and http, when it passed each mark of its way (hops.go).
 	Latencies io.Writer
 	// Log, when set, receives a line as each scenario starts, and what a
 	// scenario has to say while it runs.
@@ -98,7 +100,7 @@ func DefaultOptions() Options {
 	return Options{
 		Scenarios:    slices.Clone(DefaultScenarios),
 		Jobs:         500,
-		Spacing:      5 * time.Millisecond,
+		Gap:          20 * time.Millisecond,
 		DrainJobs:    100000,
 		Writers:      []int{4, 16},
 		Duration:     4 * time.Second,
@@ -152,8 +154,8 @@ func (o Options) validate(worker pgdispatch.Config) error {
 		o.FlowRate <= 0 || o.FlowRate > 10000 || o.FlowRateDuration < time.Second || o.FlowBacklog <= 0 || o.FlowWakeups < 2 {
 		errs = append(errs, errors.New("the options' Flow sizes must be above 0, FlowRate at most 10000, FlowRateDuration at least 1s and FlowWakeups at least 2"))
 	}
-	if o.Spacing < 0 {
-		errs = append(errs, errors.New("the options' Spacing must not be negative"))
+	if o.Gap < 0 {
+		errs = append(errs, errors.New("the options' Gap must not be negative"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("bench: %w", err)
@@ -206,7 +208,7 @@ func Run(ctx context.Context, worker pgdispatch.Config, o Options) ([]*Result, e
 	}
 	if o.Latencies != nil {
 		b.latencies = csv.NewWriter(o.Latencies)
-		if err := b.latencies.Write([]string{"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us"}); err != nil {
+		if err := b.latencies.Write(latencyHeader); err != nil {
 			return nil, err
 		}
 	}
@@ -262,9 +264,19 @@ type bench struct {
 	latencies *csv.Writer // Options.Latencies, or nil
 }
 
+// latencyHeader is the header of Options.Latencies. The columns after
+// latency_us are the job's marks (hops.go) as microseconds after its
+// commit, on the process's monotonic clock (started_us is latency_us on
+// that clock), empty where unknown, and in every sustained row.
+var latencyHeader = []string{
+	"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us",
+	"notified_us", "claim_sent_us", "claim_returned_us", "started_us", "request_written_us", "request_received_us",
+}
+
 // recordLatencies writes each committed job's commit and start times to
-// Options.Latencies, in commit order, when it is set.
-func (b *bench) recordLatencies(scenario string, writers int, p *probe, committed map[int64]time.Time) error {
+// Options.Latencies, in commit order, when it is set, and with jobs, its
+// marks.
+func (b *bench) recordLatencies(scenario string, writers int, p *probe, committed map[int64]time.Time, jobs map[int64]marks) error {
 	if b.latencies == nil {
 		return nil
 	}
@@ -272,10 +284,22 @@ func (b *bench) recordLatencies(scenario string, writers int, p *probe, committe
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, id := range ids {
-		c, s := committed[id].UnixMicro(), p.started[id].UnixMicro()
+		commit, started := committed[id], p.started[id]
+		m, ok := jobs[id]
+		if ok {
+			started = m[markStarted]
+		}
+		c, s := commit.UnixMicro(), started.UnixMicro()
 		row := []string{scenario, strconv.Itoa(writers), strconv.FormatInt(id, 10)}
 		for _, us := range []int64{c, s, s - c} {
 			row = append(row, strconv.FormatInt(us, 10))
+		}
+		for i := markNotified; i < nMarks; i++ {
+			cell := ""
+			if ok && !m[i].IsZero() {
+				cell = strconv.FormatInt(m[i].Sub(commit).Microseconds(), 10)
+			}
+			row = append(row, cell)
 		}
 		if err := b.latencies.Write(row); err != nil {
 			return fmt.Errorf("--latencies: %w", err)

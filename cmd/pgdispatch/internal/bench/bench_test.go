@@ -68,7 +68,7 @@ func setup(t *testing.T) (pgdispatch.Config, *pgxpool.Pool) {
 func tiny(scenarios ...string) Options {
 	o := DefaultOptions()
 	o.Scenarios = scenarios
-	o.Jobs, o.Spacing, o.DrainJobs = 10, time.Millisecond, 300
+	o.Jobs, o.Gap, o.DrainJobs = 10, time.Millisecond, 300
 	o.Writers, o.Duration = []int{2}, 400*time.Millisecond
 	o.IdleDuration = 100 * time.Millisecond
 	o.SoakDuration, o.SoakWriters = 500*time.Millisecond, 2
@@ -122,15 +122,19 @@ func requirePercentiles(t *testing.T, r *Result, name string) {
 	require.GreaterOrEqual(t, f[name+"_max_ms"], f[name+"_p99_ms"], r.Scenario)
 }
 
-// latencyRows reads the --latencies CSV and checks each row's arithmetic.
-func latencyRows(t *testing.T, raw []byte) map[string]int {
+// latencyRows reads the --latencies CSV, checks each row's arithmetic, and
+// returns the rows of each scenario.
+func latencyRows(t *testing.T, raw []byte) map[string][][]string {
 	t.Helper()
 	rows, err := csv.NewReader(bytes.NewReader(raw)).ReadAll()
 	require.NoError(t, err)
-	require.Equal(t, []string{"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us"}, rows[0])
-	perScenario := map[string]int{}
+	require.Equal(t, []string{
+		"scenario", "writers", "job_id", "commit_unix_us", "start_unix_us", "latency_us",
+		"notified_us", "claim_sent_us", "claim_returned_us", "started_us", "request_written_us", "request_received_us",
+	}, rows[0])
+	perScenario := map[string][][]string{}
 	for _, row := range rows[1:] {
-		perScenario[row[0]]++
+		perScenario[row[0]] = append(perScenario[row[0]], row)
 		commit, err := strconv.ParseInt(row[3], 10, 64)
 		require.NoError(t, err)
 		started, err := strconv.ParseInt(row[4], 10, 64)
@@ -140,19 +144,87 @@ func latencyRows(t *testing.T, raw []byte) map[string]int {
 	return perScenario
 }
 
+// requireMarksInOrder checks each lone job's marks in the --latencies rows:
+// each the listener, the claim loop, the executor and the receiver saw is
+// there (the request's only with http), and comes no sooner than the one
+// before. The notification is only there when it woke the claim that took
+// the job, and it may come before the commit's reply reaches the producer:
+// the server signals the listener's backend before it answers the
+// committer. So may the receiver's arrival before WroteRequest, which is
+// why the request's mark is WroteHeaders, before the flush.
+func requireMarksInOrder(t *testing.T, rows [][]string, http bool) {
+	t.Helper()
+	notified := 0
+	for _, row := range rows {
+		us := func(col int) (int64, bool) {
+			if row[col] == "" {
+				return 0, false
+			}
+			v, err := strconv.ParseInt(row[col], 10, 64)
+			require.NoError(t, err, "row %v", row)
+			return v, true
+		}
+		var chain []int64
+		if n, ok := us(6); ok {
+			notified++
+			chain = append(chain, n)
+		}
+		cols := []int{7, 8, 9}
+		if http {
+			cols = append(cols, 10, 11)
+		}
+		for _, col := range cols {
+			v, ok := us(col)
+			require.True(t, ok, "column %d of row %v", col, row)
+			chain = append(chain, v)
+		}
+		require.IsNonDecreasing(t, chain, "row %v", row)
+		if !http {
+			require.Equal(t, []string{"", ""}, row[10:], "row %v", row)
+		}
+	}
+	require.Positive(t, notified, "jobs 20 ms apart find the claimer asleep, and its writers notify")
+}
+
+// requireBreakdown checks that r has each hop's p50, p90 and p99, in order,
+// for the hops of a no-op job and, with http, of a request.
+func requireBreakdown(t *testing.T, r *Result, http bool) {
+	t.Helper()
+	hops := []string{"commit_to_claim_sent", "commit_to_notified", "notified_to_claim_sent", "claim_sent_to_returned", "returned_to_started"}
+	if http {
+		hops = append(hops, "started_to_written", "written_to_received")
+	}
+	require.Positive(t, r.Figures["jobs_notified"])
+	for _, h := range hops {
+		for _, q := range []string{"_p50_ms", "_p90_ms", "_p99_ms"} {
+			require.Contains(t, r.Figures, h+q)
+		}
+		require.GreaterOrEqual(t, r.Figures[h+"_p90_ms"], r.Figures[h+"_p50_ms"], h)
+		require.GreaterOrEqual(t, r.Figures[h+"_p99_ms"], r.Figures[h+"_p90_ms"], h)
+	}
+	require.Positive(t, r.Figures["claim_sent_to_returned_p50_ms"], "a claim takes a round trip")
+	if !http {
+		require.NotContains(t, r.Figures, "started_to_written_p50_ms")
+	}
+}
+
 func TestLatency(t *testing.T) {
 	t.Parallel()
 	var latencies bytes.Buffer
 	o := tiny("latency")
+	o.Gap = 20 * time.Millisecond
 	o.Latencies = &latencies
 	results, _ := run(t, o)
 	require.Len(t, results, 1)
 	r := results[0]
 	require.Equal(t, "latency", r.Scenario)
-	require.Equal(t, []string{"latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_max_ms"}, r.Names())
+	require.Equal(t, []string{"latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "latency_max_ms", "jobs_notified"}, r.Names()[:5])
 	requirePercentiles(t, r, "latency")
-	require.Equal(t, "10 jobs, one per transaction, 1ms apart, idle worker, CONCURRENCY=7, worker's synchronous_commit=on", r.Conditions)
-	require.Equal(t, map[string]int{"latency": 10}, latencyRows(t, latencies.Bytes()))
+	requireBreakdown(t, r, false)
+	require.Equal(t, "10 jobs, one per transaction, 20ms apart, idle worker, CONCURRENCY=7, worker's synchronous_commit=on", r.Conditions)
+	rows := latencyRows(t, latencies.Bytes())
+	require.Len(t, rows["latency"], 10)
+	requireMarksInOrder(t, rows["latency"], false)
 }
 
 func TestDrainAndFloor(t *testing.T) {
@@ -176,10 +248,18 @@ func TestDrainAndFloor(t *testing.T) {
 
 func TestHTTP(t *testing.T) {
 	t.Parallel()
-	results, _ := run(t, tiny("http"))
+	var latencies bytes.Buffer
+	o := tiny("http")
+	o.Gap = 20 * time.Millisecond
+	o.Latencies = &latencies
+	results, _ := run(t, o)
 	got := byScenario(results)
 	require.Len(t, got["http"], 1)
 	requirePercentiles(t, got["http"][0], "commit_to_request")
+	requireBreakdown(t, got["http"][0], true)
+	rows := latencyRows(t, latencies.Bytes())
+	require.Len(t, rows["http"], 10)
+	requireMarksInOrder(t, rows["http"], true)
 	require.Len(t, got["http_drain"], 1)
 	require.Positive(t, got["http_drain"][0].Figures["jobs_per_s"])
 	require.Contains(t, got["http_drain"][0].Conditions, "300 http_callback jobs to a Go receiver on loopback, one worker, CONCURRENCY=7")
@@ -200,7 +280,7 @@ func TestSustainedAndWriters(t *testing.T) {
 	requirePercentiles(t, s, "latency")
 	requirePercentiles(t, s, "round_trip")
 	rows := latencyRows(t, latencies.Bytes())
-	require.InDelta(t, s.Figures["inserts_per_s"]*0.4, float64(rows["sustained"]), 0.5, "a row per job committed in the run")
+	require.InDelta(t, s.Figures["inserts_per_s"]*0.4, float64(len(rows["sustained"])), 0.5, "a row per job committed in the run")
 
 	require.Len(t, got["writers"], 1)
 	w := got["writers"][0].Figures
@@ -264,7 +344,7 @@ func TestRunRefusesBadOptions(t *testing.T) {
 		"zero writers":     {func(_ *pgdispatch.Config, o *Options) { o.Writers = []int{4, 0} }, "writers [4 0]: "},
 		"no jobs":          {func(_ *pgdispatch.Config, o *Options) { o.Jobs = 0 }, "must be above 0"},
 		"no idle duration": {func(_ *pgdispatch.Config, o *Options) { o.IdleDuration = 0 }, "must be above 0"},
-		"negative spacing": {func(_ *pgdispatch.Config, o *Options) { o.Spacing = -time.Millisecond }, "Spacing must not be negative"},
+		"negative gap":     {func(_ *pgdispatch.Config, o *Options) { o.Gap = -time.Millisecond }, "Gap must not be negative"},
 	} {
 		w, o := worker, tiny("latency")
 		c.change(&w, &o)

@@ -28,8 +28,8 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	o := &f.o
 	fs.StringVar(&f.scenarios, "scenario", strings.Join(o.Scenarios, ","), "comma-separated scenarios: "+strings.Join(Scenarios, ", ")+
 		" (soak, xmin and flow are not in the default set)")
-	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency: jobs inserted one per transaction")
-	fs.DurationVar(&o.Spacing, "spacing", o.Spacing, "latency: pause between those inserts")
+	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency and http: jobs inserted one per transaction")
+	fs.DurationVar(&o.Gap, "gap", o.Gap, "latency and http: pause between those inserts")
 	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
 	fs.StringVar(&f.writers, "writers", joinInts(o.Writers), "sustained and writers: writer connection counts, comma-separated")
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "sustained: length of each run; writers: the time each side gets, in four turns")
@@ -121,7 +121,7 @@ func Print(ctx context.Context, w io.Writer, pool *pgxpool.Pool, results []*Resu
 	for _, r := range results {
 		fmt.Fprintf(w, "\n%s (%s)\n", r.Scenario, r.Conditions)
 		for _, name := range r.Names() {
-			fmt.Fprintf(w, "  %-24s %12.3f\n", name, r.Figures[name])
+			fmt.Fprintf(w, "  %-30s %12.3f\n", name, r.Figures[name])
 		}
 	}
 }

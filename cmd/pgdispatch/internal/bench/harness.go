@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/internal/testhook"
 	"github.com/pgdispatch/pgdispatch/migrations"
 )
 
@@ -48,6 +49,7 @@ type probe struct {
 	done    chan struct{}
 	once    sync.Once
 	worker  *pgdispatch.Worker // set once the worker runs
+	hops    *hops              // when set, the worker's hooks record each job's marks
 }
 
 func newProbe(target int64) *probe {
@@ -96,6 +98,9 @@ func (b *bench) runWorker(ctx context.Context, schema string, p *probe, tune fun
 	}
 	p.worker = w
 	wctx, cancel := context.WithCancel(ctx)
+	if p.hops != nil {
+		wctx = testhook.With(wctx, p.hops.hooks())
+	}
 	done := make(chan error, 1)
 	go func() { done <- w.Run(wctx) }()
 	select {
@@ -125,11 +130,15 @@ func (b *bench) connect(ctx context.Context) (*pgx.Conn, error) {
 // worker makes a schema and runs a worker on it with a probe; cleanup stops
 // the worker and drops the schema.
 func (b *bench) worker(ctx context.Context, target int64, tune func(*pgdispatch.Config)) (schema string, p *probe, cleanup func(), err error) {
+	return b.workerWith(ctx, newProbe(target), tune)
+}
+
+// workerWith is worker with the probe p.
+func (b *bench) workerWith(ctx context.Context, p *probe, tune func(*pgdispatch.Config)) (schema string, _ *probe, cleanup func(), err error) {
 	schema, drop, err := b.schema(ctx)
 	if err != nil {
 		return "", nil, nil, err
 	}
-	p = newProbe(target)
 	stop, err := b.runWorker(ctx, schema, p, tune)
 	if err != nil {
 		drop()

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -57,8 +59,8 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 func (r *receiver) close() { _ = r.srv.Close() }
 
 // httpWorker runs a worker whose http_callback executor may reach loopback,
-// on a fresh schema.
-func (b *bench) httpWorker(ctx context.Context, deleteDone bool) (string, func(), error) {
+// on a fresh schema, with the hops recorded.
+func (b *bench) httpWorker(ctx context.Context, h *hops) (string, func(), error) {
 	schema, drop, err := b.schema(ctx)
 	if err != nil {
 		return "", nil, err
@@ -68,9 +70,11 @@ func (b *bench) httpWorker(ctx context.Context, deleteDone bool) (string, func()
 		drop()
 		return "", nil, err
 	}
-	stop, err := b.runWorker(ctx, schema, newCounter(0), func(c *pgdispatch.Config) {
-		c.Registry.Register(httpcallback.Kind, exec)
-		setDeleteDone(c, deleteDone)
+	p := newCounter(0)
+	p.hops = h
+	stop, err := b.runWorker(ctx, schema, p, func(c *pgdispatch.Config) {
+		c.Registry.Register(httpcallback.Kind, tracedExecutor{exec: exec, hops: h})
+		setDeleteDone(c, false)
 	})
 	if err != nil {
 		drop()
@@ -80,8 +84,9 @@ func (b *bench) httpWorker(ctx context.Context, deleteDone bool) (string, func()
 }
 
 // httpScenario: http_callback jobs to a receiver on loopback. Latency: an
-// idle worker, jobs inserted one per transaction, spaced apart, from commit
-// to the request's arrival. Drain: jobs inserted first, then delivered.
+// idle worker, jobs inserted one per transaction, Gap apart, from commit to
+// the request's arrival, and where the time went (hops.go). Drain: jobs
+// inserted first, then delivered.
 func (b *bench) httpScenario(ctx context.Context) ([]*Result, error) {
 	rcv, err := startReceiver(0)
 	if err != nil {
@@ -90,36 +95,37 @@ func (b *bench) httpScenario(ctx context.Context) ([]*Result, error) {
 	defer rcv.close()
 	payload, _ := json.Marshal(map[string]string{"url": rcv.url})
 
-	schema, cleanup, err := b.httpWorker(ctx, false)
+	h := newHops()
+	schema, cleanup, err := b.httpWorker(ctx, h)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := b.connect(ctx)
+	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind, payload) VALUES ('http_callback', $1) RETURNING id"
+	sentAt, committed, err := b.lone(ctx, insert, payload)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind, payload) VALUES ('http_callback', $1) RETURNING id"
-	committed := make(map[int64]time.Time, b.opts.Jobs)
-	for range b.opts.Jobs {
-		var id int64
-		if err := conn.QueryRow(ctx, insert, payload).Scan(&id); err != nil {
-			_ = conn.Close(context.WithoutCancel(ctx))
-			cleanup()
-			return nil, err
-		}
-		committed[id] = time.Now()
-		time.Sleep(b.opts.Spacing) // the scenario's pacing, not synchronisation
-	}
-	_ = conn.Close(context.WithoutCancel(ctx))
 	lat, err := waitArrivals(ctx, rcv, committed, 30*time.Second)
 	cleanup()
 	if err != nil {
 		return nil, err
 	}
+	jobs := make(map[int64]marks, len(committed))
+	rcv.mu.Lock()
+	for id, c := range committed {
+		m := h.marks(id, sentAt[id])
+		m[markCommit], m[markReceived] = c, rcv.arrived[id]
+		jobs[id] = m
+	}
+	rcv.mu.Unlock()
+	if err := b.recordLatencies("http", 1, newProbe(0), committed, jobs); err != nil {
+		return nil, err
+	}
 	latency := &Result{Scenario: "http", Conditions: fmt.Sprintf("%d http_callback jobs, one per transaction, %s apart, to a Go receiver on loopback, idle worker",
-		b.opts.Jobs, b.opts.Spacing)}
+		b.opts.Jobs, b.opts.Gap)}
 	addPercentiles(latency, "commit_to_request_ms", lat)
+	addBreakdown(latency, slices.Collect(maps.Values(jobs)))
 
 	n := min(b.opts.DrainJobs, 20000)
 	drainRcv, err := startReceiver(int64(n))

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -11,39 +12,63 @@ import (
 )
 
 // latency: an idle worker; jobs inserted one per transaction from another
-// connection, spaced apart; commit-return to executor start.
+// connection, Gap apart; commit-return to executor start, and where the
+// time went (hops.go).
 func (b *bench) latency(ctx context.Context) ([]*Result, error) {
-	schema, p, cleanup, err := b.worker(ctx, 0, nil)
+	p := newProbe(0)
+	p.hops = newHops()
+	schema, _, cleanup, err := b.workerWith(ctx, p, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer cleanup()
-	conn, err := b.connect(ctx)
+	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind) VALUES ('noop') RETURNING id"
+	sentAt, committed, err := b.lone(ctx, insert)
 	if err != nil {
 		return nil, err
-	}
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind) VALUES ('noop') RETURNING id"
-	committed := make(map[int64]time.Time, b.opts.Jobs)
-	for range b.opts.Jobs {
-		var id int64
-		if err := conn.QueryRow(ctx, insert).Scan(&id); err != nil {
-			return nil, err
-		}
-		committed[id] = time.Now()
-		time.Sleep(b.opts.Spacing) // the scenario's pacing, not synchronisation
 	}
 	lat, err := waitLatencies(ctx, p, committed, 30*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	if err := b.recordLatencies("latency", 1, p, committed); err != nil {
+	jobs := make(map[int64]marks, len(committed))
+	p.mu.Lock()
+	for id, c := range committed {
+		m := p.hops.marks(id, sentAt[id])
+		m[markCommit], m[markStarted] = c, p.started[id]
+		jobs[id] = m
+	}
+	p.mu.Unlock()
+	if err := b.recordLatencies("latency", 1, p, committed, jobs); err != nil {
 		return nil, err
 	}
 	r := &Result{Scenario: "latency", Conditions: fmt.Sprintf("%d jobs, one per transaction, %s apart, idle worker, CONCURRENCY=%d, worker's synchronous_commit=%s",
-		b.opts.Jobs, b.opts.Spacing, b.base.Concurrency, b.pool.Config().ConnConfig.RuntimeParams["synchronous_commit"])}
+		b.opts.Jobs, b.opts.Gap, b.base.Concurrency, b.pool.Config().ConnConfig.RuntimeParams["synchronous_commit"])}
 	addPercentiles(r, "latency_ms", lat)
+	addBreakdown(r, slices.Collect(maps.Values(jobs)))
 	return []*Result{r}, nil
+}
+
+// lone inserts Jobs jobs with insert (which returns the id), one per
+// transaction, Gap apart, on a connection of its own, and returns when
+// each insert was sent and when its commit returned.
+func (b *bench) lone(ctx context.Context, insert string, args ...any) (sentAt, committed map[int64]time.Time, err error) {
+	conn, err := b.connect(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	sentAt, committed = make(map[int64]time.Time, b.opts.Jobs), make(map[int64]time.Time, b.opts.Jobs)
+	for range b.opts.Jobs {
+		var id int64
+		sent := time.Now()
+		if err := conn.QueryRow(ctx, insert, args...).Scan(&id); err != nil {
+			return nil, nil, err
+		}
+		committed[id], sentAt[id] = time.Now(), sent
+		time.Sleep(b.opts.Gap) // the scenario's pacing, not synchronisation
+	}
+	return sentAt, committed, nil
 }
 
 // waitLatencies waits until every committed job started and returns the
@@ -77,16 +102,25 @@ func waitLatencies(ctx context.Context, p *probe, committed map[int64]time.Time,
 	}
 }
 
+// addPercentiles adds the p50, p90, p99 and max of ds as name's
+// (name_p50_ms from name_ms).
 func addPercentiles(r *Result, name string, ds []time.Duration) {
 	if len(ds) == 0 {
 		return
 	}
-	slices.Sort(ds)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	pick := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
 	base := strings.TrimSuffix(name, "_ms")
+	addQuantiles(r, base, ds)
+	r.set(base+"_max_ms", ms(ds[len(ds)-1]))
+}
+
+// addQuantiles sorts ds, not empty, and adds its p50, p90 and p99 as
+// base's.
+func addQuantiles(r *Result, base string, ds []time.Duration) {
+	slices.Sort(ds)
+	pick := func(q float64) time.Duration { return ds[min(len(ds)-1, int(q*float64(len(ds))))] }
 	r.set(base+"_p50_ms", ms(pick(0.50)))
 	r.set(base+"_p90_ms", ms(pick(0.90)))
 	r.set(base+"_p99_ms", ms(pick(0.99)))
-	r.set(base+"_max_ms", ms(ds[len(ds)-1]))
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -151,7 +151,7 @@ func (b *bench) sustained(ctx context.Context) ([]*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := b.recordLatencies("sustained", k, p, committed); err != nil {
+		if err := b.recordLatencies("sustained", k, p, committed, nil); err != nil {
 			return nil, err
 		}
 		r := &Result{Scenario: "sustained", Conditions: fmt.Sprintf("%d writers for %s, one job per transaction, CONCURRENCY=%d", k, b.opts.Duration, b.base.Concurrency)}
