@@ -399,6 +399,16 @@ func TestXmin(t *testing.T) {
 	require.Contains(t, log, "bench: xmin: 2000 dead entries: ")
 }
 
+// --flow-parts runs the parts named, and no other.
+func TestFlowParts(t *testing.T) {
+	t.Parallel()
+	o := tiny("flow")
+	o.FlowParts, o.FlowWakeups = []string{"wakeups"}, 5
+	results, _ := run(t, o)
+	require.Len(t, results, 1)
+	require.Equal(t, "flow_wakeups", results[0].Scenario)
+}
+
 // The flow scenario, small: each limit holds, by the figures of its part.
 func TestFlow(t *testing.T) {
 	t.Parallel()
@@ -414,6 +424,7 @@ func TestFlow(t *testing.T) {
 	}
 	c := got["flow_concurrency"][0].Figures
 	require.InDelta(t, 1.0, c["max_running_per_key"], 0, "the sampler saw a key run at most one job, and saw some")
+	require.Contains(t, c, "max_running_per_key_unlimited", "the drain without a limit is sampled too")
 	require.Positive(t, c["samples"])
 	require.Positive(t, c["jobs_per_s"])
 	require.Positive(t, c["jobs_per_s_unlimited"])

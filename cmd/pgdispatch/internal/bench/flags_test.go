@@ -24,8 +24,10 @@ func TestFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, DefaultOptions(), o)
 
-	o, err = parse("--scenario", "soak, latency", "--writers", "2, 8", "--jobs", "7", "--soak-duration", "3s", "--flow-rate-duration", "5s", "--flow-workers", "2")
+	o, err = parse("--scenario", "soak, latency", "--writers", "2, 8", "--jobs", "7", "--soak-duration", "3s", "--flow-rate-duration", "5s", "--flow-workers", "2",
+		"--flow-parts", "wakeups, concurrency")
 	require.NoError(t, err)
+	require.Equal(t, []string{"wakeups", "concurrency"}, o.FlowParts)
 	require.Equal(t, 5*time.Second, o.FlowRateDuration)
 	require.Equal(t, 2, o.FlowWorkers)
 	require.Equal(t, []string{"soak", "latency"}, o.Scenarios)
@@ -40,6 +42,7 @@ func TestFlags(t *testing.T) {
 		{"--drain-jobs", "0"}:            "--jobs, --drain-jobs, --duration, --idle-duration, --soak-duration, --soak-writers, --xmin-jobs, --xmin-lone and --xmin-pairs must be above 0",
 		{"--xmin-dead", "5,1"}:           `--xmin-dead "5,1": want whole numbers, ascending`,
 		{"--xmin-dead", "-1"}:            `--xmin-dead "-1": want whole numbers, ascending`,
+		{"--flow-parts", "strict,fifo"}:  `--flow-parts "fifo": want some of concurrency, strict, rate, fair, wakeups`,
 		{"--flow-keys", "0"}:             "--flow-jobs, --flow-keys, --flow-workers, --flow-strict-keys, --flow-strict-jobs and --flow-backlog must be above 0",
 		{"--flow-rate-duration", "10ms"}: "--flow-rate must be from 1 to 10000, --flow-rate-duration at least 1s and --flow-wakeups at least 2",
 	} {
