@@ -68,8 +68,10 @@
 -- claimer's own statement claims it), held (due jobs wait for a key's
 -- running jobs: a job of this worker that ends may let them start), and
 -- cursor_key (where the next claim starts: the key of the last job taken,
--- NULL for the jobs without a key, or after_key when it took none) and
--- unkeyed (it took jobs without a key; NULL when it did not look).
+-- NULL for the jobs without a key, or after_key when it took none; but a
+-- point picked at random among the keys when other claims held more of
+-- the keys it walked than it took: see below) and unkeyed (it took jobs
+-- without a key; NULL when it did not look).
 CREATE OR REPLACE FUNCTION {{.schema}}.claim_flow(
     claim_queue          text,
     claim_limit          integer,
@@ -142,6 +144,14 @@ DECLARE
     room_caps   integer[] := '{}';
     took_keys   text[] := '{}';
     unkeyed_n   integer;
+    n_batch_nolock bigint;
+    n_nolock    bigint := 0;
+    lo_key      text;
+    hi_key      text;
+    pre         integer;
+    lo_c        integer;
+    hi_c        integer;
+    pick        integer;
 BEGIN
     SELECT coalesce(bool_or(q.paused_at IS NOT NULL), false), coalesce(bool_or(q.limited), false)
     INTO q_paused, q_limited
@@ -258,9 +268,11 @@ BEGIN
             FROM c
         )
         SELECT array_agg(d.key ORDER BY d.key), coalesce(array_agg(d.key ORDER BY d.key) FILTER (WHERE d.got), '{}'),
-               max(d.key), coalesce(bool_or(d.full), false), coalesce(bool_or(NOT d.got AND NOT coalesce(d.full, false)), false)
-        INTO walked, mine, last_walked, any_full, any_taken
+               max(d.key), coalesce(bool_or(d.full), false), coalesce(bool_or(NOT d.got AND NOT coalesce(d.full, false)), false),
+               count(*) FILTER (WHERE NOT d.got AND NOT coalesce(d.full, false))
+        INTO walked, mine, last_walked, any_full, any_taken, n_batch_nolock
         FROM d;
+        n_nolock := n_nolock + n_batch_nolock;
         n_walked := n_walked + coalesce(cardinality(walked), 0);
         last_any := coalesce(last_walked, last_any);
         IF coalesce(cardinality(walked), 0) < walk_n THEN
@@ -424,6 +436,41 @@ BEGIN
              WHERE j.status = 'pending' AND j.queue = claim_queue AND j.run_at > t0
              ORDER BY j.queue, j.run_at LIMIT 1),
             extract(epoch FROM next_due - clock_timestamp())::float8);
+    END IF;
+
+    -- Another claim held more of the keys walked than this one took: it
+    -- walks the same keys just ahead, and would again at the next claim.
+    -- The next claim starts elsewhere: at a point picked at random between
+    -- the queue's first and last keys, three characters past what they
+    -- have in common, each between theirs (a character, not a surrogate).
+    IF n_nolock > taken THEN
+        SELECT (SELECT j.flow_key FROM {{.schema}}.jobs j
+                WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > ''
+                ORDER BY j.queue, j.flow_key LIMIT 1),
+               (SELECT j.flow_key FROM {{.schema}}.jobs j
+                WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > ''
+                ORDER BY j.queue DESC, j.flow_key DESC LIMIT 1)
+        INTO lo_key, hi_key;
+        IF lo_key < hi_key AND (getdatabaseencoding() = 'UTF8' OR lo_key || hi_key ~ '^[\x01-\x7f]*$') THEN
+            pre := 0;
+            WHILE pre < length(lo_key) AND substr(lo_key, pre + 1, 1) = substr(hi_key, pre + 1, 1) LOOP
+                pre := pre + 1;
+            END LOOP;
+            new_cursor := left(lo_key, pre);
+            FOR i IN pre + 1 .. pre + 3 LOOP
+                lo_c := ascii(substr(lo_key, i, 1));
+                hi_c := ascii(substr(hi_key, i, 1));
+                EXIT WHEN lo_c = 0 AND hi_c = 0;
+                IF lo_c = 0 OR hi_c = 0 THEN
+                    lo_c := greatest(lo_c, hi_c); hi_c := lo_c;
+                END IF;
+                pick := least(lo_c, hi_c) + floor(random() * (abs(hi_c - lo_c) + 1))::integer;
+                IF pick BETWEEN 55296 AND 57343 THEN
+                    pick := 57344;
+                END IF;
+                new_cursor := new_cursor || chr(pick);
+            END LOOP;
+        END IF;
     END IF;
 
     RETURN QUERY
