@@ -26,8 +26,9 @@ type SigningSecret struct {
 type Rotation struct {
 	// ID is the new secret's.
 	ID int64 `json:"id"`
-	// OthersExpireAt is when the other secrets stop signing.
-	OthersExpireAt time.Time `json:"others_expire_at"`
+	// OthersExpireAt is when the last of the other secrets stops
+	// signing; nil: none signs.
+	OthersExpireAt *time.Time `json:"others_expire_at"`
 }
 
 // RotateSigningSecret adds secret, which signs every http_callback

@@ -1206,6 +1206,7 @@ BEGIN
     DELETE FROM pgdispatch.signing_secrets s WHERE s.expires_at <= now();
     UPDATE pgdispatch.signing_secrets s SET expires_at = ends
     WHERE s.expires_at IS NULL OR s.expires_at > ends;
+    SELECT max(s.expires_at) INTO ends FROM pgdispatch.signing_secrets s WHERE s.expires_at > now();
     INSERT INTO pgdispatch.signing_secrets AS s (secret) VALUES (rotate_signing_secret.secret)
     RETURNING s.id INTO new_id;
     PERFORM pg_catalog.pg_notify('pgdispatch.control',

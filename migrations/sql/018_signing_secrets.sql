@@ -30,8 +30,8 @@ REVOKE ALL ON {{.schema}}.signing_secrets FROM PUBLIC;
 -- then, they sign too. A secret that ends sooner keeps its end. The
 -- secrets that ended are deleted. Workers are told on the channel
 -- pgdispatch.control and sign with the new secret from their next request
--- on. It returns the new secret's id and the old ones' end. Two rotations
--- at once take turns.
+-- on. It returns the new secret's id and when the last of the others
+-- stops signing (NULL: none signs). Two rotations at once take turns.
 CREATE OR REPLACE FUNCTION {{.schema}}.rotate_signing_secret(secret bytea, overlap interval)
 RETURNS TABLE (id bigint, others_expire_at timestamptz)
 LANGUAGE plpgsql
@@ -52,6 +52,7 @@ BEGIN
     DELETE FROM {{.schema}}.signing_secrets s WHERE s.expires_at <= now();
     UPDATE {{.schema}}.signing_secrets s SET expires_at = ends
     WHERE s.expires_at IS NULL OR s.expires_at > ends;
+    SELECT max(s.expires_at) INTO ends FROM {{.schema}}.signing_secrets s WHERE s.expires_at > now();
     INSERT INTO {{.schema}}.signing_secrets AS s (secret) VALUES (rotate_signing_secret.secret)
     RETURNING s.id INTO new_id;
     PERFORM pg_catalog.pg_notify('pgdispatch.control',
