@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,6 +49,9 @@ type Refresher struct {
 	cfg    RefresherConfig
 	logger *zap.Logger
 	wake   chan struct{}
+
+	mu  sync.Mutex
+	ids []int64 // of the last read; nil before the first
 }
 
 // NewRefresher checks cfg and returns a Refresher.
@@ -94,7 +99,16 @@ WHERE expires_at IS NULL OR expires_at > now()`)
 		return fmt.Errorf("read the signing secrets: %w", describe(err))
 	}
 	r.cfg.Keyring.Set(keys)
-	r.logger.Debug("signing secrets read", zap.Int64s("secret_ids", r.cfg.Keyring.IDs()))
+	ids := r.cfg.Keyring.IDs()
+	r.mu.Lock()
+	changed := r.ids == nil || !slices.Equal(ids, r.ids)
+	r.ids = ids
+	r.mu.Unlock()
+	if changed {
+		r.logger.Info("signing secrets read; each signs every http_callback request", zap.Int64s("secret_ids", ids))
+	} else {
+		r.logger.Debug("signing secrets read", zap.Int64s("secret_ids", ids))
+	}
 	return nil
 }
 

@@ -190,7 +190,7 @@ func logExecutors(logger *zap.Logger, v *settings.Values, reg *executors.Registr
 	if i := slices.Index(configured, httpcallback.Kind); i >= 0 && v.Str("HTTP_SIGNING_SECRET") != "" {
 		configured[i] += " (signed)"
 	} else if i >= 0 {
-		configured[i] += " (unsigned)"
+		configured[i] += " (signed when 'secrets rotate' made a secret)"
 	}
 	logger.Info("executors", zap.Strings("configured", configured), zap.Strings("not_configured", missing))
 }
