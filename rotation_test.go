@@ -205,3 +205,47 @@ func waitClosed(t *testing.T, c <-chan struct{}, what string) {
 		t.Fatalf("timed out after %s waiting for %s", waitFor, what)
 	}
 }
+
+// A rotation while the worker's listener is away reaches the worker when
+// the listener connects again.
+func TestRotationWhileTheListenerIsAway(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := b.config(t, "w")
+	app := "pgdispatch-listener-" + b.schema
+	cfg.ListenConnConfig = pgtest.Pool(t).Config().ConnConfig.Copy()
+	cfg.ListenConnConfig.RuntimeParams["application_name"] = app
+	pgdispatch.SetReconnect(&cfg, 500*time.Millisecond, 500*time.Millisecond)
+	cfg.SigningKeys = signing.NewKeyring()
+	start(t, cfg)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.Positive(t, pgtest.TerminateApp(ctx, t, app))
+	r, err := admin.New(pgtest.Pool(t), b.schema, 0).RotateSigningSecret(ctx, signing.Generate(), time.Hour)
+	require.NoError(t, err)
+	wait.On(t, waitFor, "the worker to read the new secret", func() (bool, <-chan struct{}) {
+		changed := cfg.SigningKeys.Changed()
+		return slices.Equal(cfg.SigningKeys.IDs(), []int64{r.ID}), changed
+	})
+}
+
+// A worker that cannot read the signing secrets does not start: it would
+// sign with none, and every receiver would refuse its requests.
+func TestWorkerThatCannotReadTheSecretsDoesNotStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := createRoles(t)
+	applyRolesScript(t, b.schema, r)
+	_, err := pgtest.Pool(t).Exec(context.Background(), "REVOKE SELECT ON "+pgx.Identifier{b.schema, "signing_secrets"}.Sanitize()+
+		" FROM "+pgx.Identifier{r.worker}.Sanitize())
+	require.NoError(t, err)
+	cfg := b.config(t, "w-no-secrets")
+	cfg.Pool = rolePool(t, r.worker)
+	cfg.SigningKeys = signing.NewKeyring()
+	w, err := pgdispatch.NewWorker(cfg)
+	require.NoError(t, err)
+	err = w.Run(context.Background())
+	require.ErrorContains(t, err, "read the signing secrets")
+	require.ErrorContains(t, err, "run docs/roles.sql again")
+}
