@@ -46,7 +46,7 @@ func secretsRotate(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs := newFlagSet("secrets rotate", "Add a signing secret for http_callback requests; the others sign too until --overlap ends.", stderr)
 	v := settings.New(fs, connSettings)
 	overlap := fs.Duration("overlap", defaultOverlap, "how long the secrets before it keep signing beside it; 0: they stop at once")
-	print := fs.Bool("print", false, "make a new secret and print it, once: give it to the receivers")
+	printSecret := fs.Bool("print", false, "make a new secret and print it, once: give it to the receivers")
 	fromStdin := fs.Bool("stdin", false, "read the new secret, whsec_ and base64 of 16 to 64 bytes, from standard input")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -54,7 +54,7 @@ func secretsRotate(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if *overlap < 0 {
 		return usageError(fs, "--overlap must be zero or more, not %s", *overlap)
 	}
-	if *print == *fromStdin {
+	if *printSecret == *fromStdin {
 		return usageError(fs, "give --print or --stdin: the receivers need the new secret")
 	}
 	var secret signing.Secret
@@ -74,7 +74,7 @@ func secretsRotate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		if err != nil {
 			return err
 		}
-		if *print {
+		if *printSecret {
 			fmt.Fprintf(stdout, "%s\n", secret.Text())
 		}
 		if r.OthersExpireAt == nil {
