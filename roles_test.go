@@ -19,6 +19,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/schedule"
+	"github.com/pgdispatch/pgdispatch/signing"
 	"github.com/pgdispatch/pgdispatch/sweeper"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
@@ -165,6 +166,7 @@ func TestRolesScript(t *testing.T) {
 	require.NoError(t, writer.QueryRow(ctx, "SELECT "+enqueue+"('record', queue => 'limited', flow_key => 'acme')").Scan(&limited))
 	cfg := b.config(t, "w-role")
 	cfg.Pool = worker
+	cfg.SigningKeys = signing.NewKeyring()
 	cfg.Queues = []pgdispatch.Queue{{Name: pgdispatch.DefaultQueue}, {Name: "limited"}}
 	start(t, cfg)
 	b.watch.Status(t, id, "done", waitFor)
@@ -242,6 +244,27 @@ func TestRolesScript(t *testing.T) {
 		requireDenied(t, writer, sql)
 	}
 	requireDenied(t, operator, "DELETE FROM "+pgx.Identifier{b.schema, "flow_keys"}.Sanitize())
+
+	// The operator rotates the signing secrets and lists them without
+	// reading one; the worker reads them (it did at start, with
+	// SigningKeys); no one else reads them.
+	secrets := pgx.Identifier{b.schema, "signing_secrets"}.Sanitize()
+	rotation, err := a.RotateSigningSecret(ctx, signing.Generate(), time.Hour)
+	require.NoError(t, err)
+	listed, err := a.SigningSecrets(ctx)
+	require.NoError(t, err)
+	require.Equal(t, rotation.ID, listed[len(listed)-1].ID)
+	requireAllowed(t, worker, "SELECT secret FROM "+secrets)
+	requireDenied(t, operator, "SELECT secret FROM "+secrets)
+	requireDenied(t, operator, "SELECT * FROM "+secrets)
+	requireDenied(t, writer, "SELECT secret FROM "+secrets)
+	requireDenied(t, writer, "SELECT id FROM "+secrets)
+	for _, db := range []*pgxpool.Pool{worker, writer} {
+		_, err := admin.New(db, b.schema, 10*time.Second).RotateSigningSecret(ctx, signing.Generate(), 0)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "42501", pgErr.Code)
+	}
 
 	// The operator declares a schedule, which the worker fires as its own
 	// role; the operator pauses, resumes, lists and removes it.

@@ -36,6 +36,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/listener"
 	"github.com/pgdispatch/pgdispatch/migrations"
 	"github.com/pgdispatch/pgdispatch/schedule"
+	"github.com/pgdispatch/pgdispatch/signing"
 	"github.com/pgdispatch/pgdispatch/sweeper"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
@@ -134,6 +135,13 @@ type Config struct {
 	// "Tracing" in docs/operations.md). Default: nil, no tracing, at no
 	// cost per job. pgdispatch run builds one from the OTEL_* environment.
 	TracerProvider trace.TracerProvider
+	// SigningKeys, when set, is kept filled with the schema's signing
+	// secrets in force (the signing_secrets table): Run reads them before
+	// it claims any job, and fails when it cannot, and reads them again
+	// when a rotation notifies and after the listener connects again. Give
+	// the same keyring to the http_callback executor
+	// (httpcallback.Config.Keyring).
+	SigningKeys *signing.Keyring
 	// Logger receives all logs. Default: no logging.
 	Logger *zap.Logger
 
@@ -152,6 +160,7 @@ type Worker struct {
 	sweeper   *sweeper.Sweeper
 	scheduler *schedule.Scheduler
 	settler   *atworker.Settler
+	secrets   *signing.Refresher // nil without Config.SigningKeys
 }
 
 // DefaultWorkerID returns a new name for a worker: the hostname, the
@@ -243,6 +252,14 @@ func NewWorker(cfg Config) (*Worker, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pgdispatch: %w", err)
+	}
+	if cfg.SigningKeys != nil {
+		w.secrets, err = signing.NewRefresher(signing.RefresherConfig{
+			DB: cfg.Pool, Schema: cfg.Schema, Keyring: cfg.SigningKeys, StatementTimeout: cfg.StatementTimeout, Logger: logger,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("pgdispatch: %w", err)
+		}
 	}
 	return w, nil
 }
@@ -344,7 +361,8 @@ func (w *Worker) wake(queue string) {
 // control acts on a message of pgdispatch's SQL functions (triggers.Control):
 // cancel() names the running jobs it cancelled, whose claimers beat at
 // once and stop the runs whose rows are no longer theirs (claimer.Cancel),
-// and a change to the schedules table wakes the scheduler.
+// a change to the schedules table wakes the scheduler, and a rotation of
+// the signing secrets has them read again.
 func (w *Worker) control(payload string) {
 	var msg triggers.Control
 	if err := json.Unmarshal([]byte(payload), &msg); err != nil {
@@ -358,6 +376,9 @@ func (w *Worker) control(payload string) {
 	if msg.Schedules {
 		w.scheduler.Wake()
 	}
+	if msg.Secrets && w.secrets != nil {
+		w.secrets.Wake()
+	}
 	if len(msg.Cancel) == 0 {
 		return
 	}
@@ -368,14 +389,17 @@ func (w *Worker) control(payload string) {
 
 // wakeAll runs when the listener has connected again: whatever was notified
 // while it was away is lost, so every claimer looks for due jobs and beats
-// at once, which stops runs cancelled meanwhile, and the scheduler reads
-// the schedules.
+// at once, which stops runs cancelled meanwhile, the scheduler reads
+// the schedules, and the signing secrets are read again.
 func (w *Worker) wakeAll() {
 	for _, c := range w.claimers {
 		c.Wake()
 		c.CheckRuns()
 	}
 	w.scheduler.Wake()
+	if w.secrets != nil {
+		w.secrets.Wake()
+	}
 }
 
 // Run checks the schema, then serves the queues until ctx ends and shuts down
@@ -394,6 +418,16 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return err
 	}
+	if w.secrets != nil {
+		if err := w.secrets.Load(ctx); err != nil {
+			if ctx.Err() != nil {
+				w.logger.Info("worker stopped before it started")
+				return nil
+			}
+			return fmt.Errorf("pgdispatch: %w", err)
+		}
+		defer w.cfg.SigningKeys.Stop()
+	}
 	queues := make([]string, 0, len(w.claimers))
 	for q := range w.claimers {
 		queues = append(queues, q)
@@ -406,6 +440,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	g.Go(func() error { return w.sweeper.Run(gctx) })
 	g.Go(func() error { return w.scheduler.Run(gctx) })
 	g.Go(func() error { return w.settler.Run(gctx) })
+	if w.secrets != nil {
+		g.Go(func() error { return w.secrets.Run(gctx) })
+	}
 	for _, c := range w.claimers {
 		g.Go(func() error { return c.Run(gctx) })
 	}

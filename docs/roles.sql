@@ -19,17 +19,18 @@
 --             whose tables have dispatch triggers need it too: the trigger
 --             inserts jobs with the rights of the role that wrote the row.
 --   worker    what `pgdispatch run` needs: it reads, claims, updates and
---             purges jobs, keeps the flow keys' state, and fires the
---             schedules. It inserts no jobs but
+--             purges jobs, keeps the flow keys' state, fires the
+--             schedules, and reads the signing secrets. It inserts no jobs but
 --             those of the schedules' slots (fire_schedule_slots()), and
 --             never runs a migration (`pgdispatch migrate` runs as the
 --             owner).
 --   operator  what the admin commands need: `stats`, `jobs list|show|retry|
 --             cancel|snooze`, `queues list|pause|resume`, `schedules add|
---             list|remove|pause|resume`, `limits set|list|clear`, the SQL
+--             list|remove|pause|resume`, `limits set|list|clear`, `secrets
+--             rotate|list` (it reads no secret: only the worker does), the SQL
 --             functions cancel(), snooze(), pause_queue(), resume_queue(),
 --             schedule(), unschedule(), pause_schedule(), resume_schedule(),
---             set_flow_limit() and clear_flow_limit(),
+--             set_flow_limit(), clear_flow_limit() and rotate_signing_secret(),
 --             `triggers list` and `triggers add`, which also needs
 --             the TRIGGER privilege on the application's table (its owner
 --             grants it). `triggers remove` drops a trigger, which
@@ -63,7 +64,7 @@ GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts, t
 
 -- worker
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
-GRANT SELECT ON :"schema".schema_version, :"schema".queues, :"schema".flow_limits TO :"worker";
+GRANT SELECT ON :"schema".schema_version, :"schema".queues, :"schema".flow_limits, :"schema".signing_secrets TO :"worker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_keys TO :"worker";
 GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, taken, warning) ON :"schema".schedules TO :"worker";
 -- insert_scheduled_jobs() is what workers of builds before migration 12 call.
@@ -82,6 +83,7 @@ GRANT SELECT, INSERT, UPDATE ON :"schema".queues TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedules TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_limits TO :"operator";
 GRANT SELECT ON :"schema".flow_keys TO :"operator";
+GRANT SELECT (id, created_at, expires_at), INSERT (secret), UPDATE (expires_at), DELETE ON :"schema".signing_secrets TO :"operator";
 GRANT EXECUTE ON FUNCTION
     :"schema".cancel(bigint[]),
     :"schema".flow_ended(text[]),
@@ -93,5 +95,6 @@ GRANT EXECUTE ON FUNCTION
     :"schema".pause_schedule(text),
     :"schema".resume_schedule(text),
     :"schema".set_flow_limit(text, text, integer, boolean, integer, interval),
-    :"schema".clear_flow_limit(text, text)
+    :"schema".clear_flow_limit(text, text),
+    :"schema".rotate_signing_secret(bytea, interval)
     TO :"operator";

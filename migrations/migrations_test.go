@@ -833,3 +833,51 @@ func TestFlowIndexesBuiltAhead(t *testing.T) {
 	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, flow_key) VALUES ('noop', '')")
 	require.Equal(t, "jobs_flow_key_check", pgErrorOf(t, err).ConstraintName, "the column added ahead has its constraint")
 }
+
+// The worker and operator roles granted what they needed before migration
+// 18 read (worker) and rotate (operator) the signing secrets after it,
+// and only the worker reads a secret.
+func TestSigningSecretGrantsCarryOverMigration18(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.EmptySchemaName(t)
+	pool := pgtest.Pool(t)
+	_, _, err := migrations.MigrateTo(ctx, pool, migrations.Config{Schema: schema}, 17)
+	require.NoError(t, err)
+	s := pgx.Identifier{schema}.Sanitize()
+	rolePool := func(suffix, grants string) *pgxpool.Pool {
+		role := "pgdt_" + strings.ReplaceAll(schema, "pgdt_", "") + "_" + suffix
+		ident := pgx.Identifier{role}.Sanitize()
+		_, err := pool.Exec(ctx, "CREATE ROLE "+ident+" NOLOGIN; GRANT USAGE ON SCHEMA "+s+" TO "+ident+"; "+
+			strings.ReplaceAll(grants, "{role}", ident))
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			_, err := pool.Exec(context.Background(), "DROP OWNED BY "+ident+"; DROP ROLE "+ident)
+			require.NoError(t, err)
+		})
+		cfg, err := pgxpool.ParseConfig(pgtest.URL())
+		require.NoError(t, err)
+		cfg.ConnConfig.RuntimeParams["role"] = role
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(p.Close)
+		return p
+	}
+	worker := rolePool("worker", "GRANT SELECT, UPDATE, DELETE ON "+s+".jobs TO {role}")
+	operator := rolePool("operator", "GRANT SELECT, UPDATE ON "+s+".jobs TO {role}; GRANT EXECUTE ON FUNCTION "+s+".pause_queue(text) TO {role}")
+	_, _, err = migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
+	require.NoError(t, err)
+
+	var id int64
+	require.NoError(t, operator.QueryRow(ctx, "SELECT id FROM "+s+".rotate_signing_secret(decode(repeat('ab', 32), 'hex'), '1 hour')").Scan(&id))
+	_, err = operator.Exec(ctx, "SELECT id, created_at, expires_at FROM "+s+".signing_secrets")
+	require.NoError(t, err)
+	_, err = operator.Exec(ctx, "SELECT secret FROM "+s+".signing_secrets")
+	require.Equal(t, "42501", pgErrorOf(t, err).Code)
+	var n int
+	require.NoError(t, worker.QueryRow(ctx, "SELECT count(secret) FROM "+s+".signing_secrets").Scan(&n))
+	require.Equal(t, 1, n)
+	_, err = worker.Exec(ctx, "SELECT "+s+".rotate_signing_secret(decode(repeat('ab', 32), 'hex'), '0')")
+	require.Equal(t, "42501", pgErrorOf(t, err).Code)
+}

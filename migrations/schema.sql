@@ -135,6 +135,16 @@ CREATE TABLE schema_version (
     version integer NOT NULL
 );
 
+CREATE TABLE signing_secrets (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    secret bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone,
+    CONSTRAINT signing_secrets_expires_at_check CHECK ((expires_at >= created_at)),
+    CONSTRAINT signing_secrets_pkey PRIMARY KEY (id),
+    CONSTRAINT signing_secrets_secret_check CHECK (((octet_length(secret) >= 16) AND (octet_length(secret) <= 64)))
+);
+
 -- Indexes
 
 CREATE UNIQUE INDEX event_triggers_pkey ON pgdispatch.event_triggers USING btree (name);
@@ -168,6 +178,8 @@ CREATE UNIQUE INDEX schedules_name_key ON pgdispatch.schedules USING btree (name
 CREATE INDEX schedules_next_run_idx ON pgdispatch.schedules USING btree (next_run_at) WHERE (enabled AND (error IS NULL));
 
 CREATE UNIQUE INDEX schedules_pkey ON pgdispatch.schedules USING btree (id);
+
+CREATE UNIQUE INDEX signing_secrets_pkey ON pgdispatch.signing_secrets USING btree (id);
 
 -- Views
 
@@ -1216,6 +1228,35 @@ BEGIN
     END IF;
     UPDATE pgdispatch.schedules s SET enabled = true WHERE s.name = resume_schedule.name AND NOT s.enabled;
     RETURN FOUND;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.rotate_signing_secret(secret bytea, overlap interval)
+ RETURNS TABLE(id bigint, others_expire_at timestamp with time zone)
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
+    ends   timestamptz;
+BEGIN
+    IF overlap IS NULL OR overlap < interval '0' THEN
+        RAISE EXCEPTION 'rotate_signing_secret: the overlap must be zero or more, not %', overlap
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext(E'pgdispatch' || '.signing_secrets'));
+    ends := now() + overlap;
+    PERFORM FROM pgdispatch.signing_secrets s ORDER BY s.id FOR UPDATE;
+    DELETE FROM pgdispatch.signing_secrets s WHERE s.expires_at <= now();
+    UPDATE pgdispatch.signing_secrets s SET expires_at = ends
+    WHERE s.expires_at IS NULL OR s.expires_at > ends;
+    SELECT max(s.expires_at) INTO ends FROM pgdispatch.signing_secrets s WHERE s.expires_at > now();
+    INSERT INTO pgdispatch.signing_secrets AS s (secret) VALUES (rotate_signing_secret.secret)
+    RETURNING s.id INTO new_id;
+    PERFORM pg_catalog.pg_notify('pgdispatch.control',
+        pg_catalog.jsonb_build_object('schema', E'pgdispatch', 'secrets', true)::text);
+    RETURN QUERY SELECT new_id, ends;
 END
 $function$;
 

@@ -51,12 +51,14 @@ func Channel(schema string) string { return schema }
 const ControlChannel = "pgdispatch.control"
 
 // Control is a message on ControlChannel: cancel() sends the ids of the
-// running jobs it cancelled, at most 300 a message, and a change to the
-// schedules table sends schedules: true.
+// running jobs it cancelled, at most 300 a message, a change to the
+// schedules table sends schedules: true, and rotate_signing_secret()
+// sends secrets: true.
 type Control struct {
 	Schema    string  `json:"schema"`
 	Cancel    []int64 `json:"cancel,omitempty"`
 	Schedules bool    `json:"schedules,omitempty"`
+	Secrets   bool    `json:"secrets,omitempty"`
 }
 
 // DefaultLockWait bounds how long Add and Remove wait for the table's lock.

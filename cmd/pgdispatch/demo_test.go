@@ -38,22 +38,23 @@ func TestDemoOnThrowawayCluster(t *testing.T) {
 		"a webhook delivered, its signature verified": `(?m)^job \d+ +http_callback +attempt 1 .* done\n +receiver: POST /orders, signature verified, body \{.*"order_id":1042`,
 		"an email received":                           `(?m)^job \d+ +email +attempt 1 .* done\n +receiver: mail "Order 1042 has shipped" from .* to alice@example\.com`,
 		"a retry":                                     `(?m)^job (\d+) +http_callback +attempt 1 .* retry\n +receiver: POST /flaky, signature verified; answered 503`,
-		"the retried job delivered":                   `(?m)^job \d+ +http_callback +attempt 2 .* after its run_at +done\n +receiver: POST /flaky, signature verified`,
+		"the retried job delivered":                   `(?m)^job \d+ +http_callback +attempt 2 .* after its run_at +done\n +receiver: POST /flaky, signatures? (by all 2 secrets it knows )?verified`,
 		"a dead job":                                  `(?m)^job \d+ +email +attempt 1 .* dead\n +error: .*550`,
 		"a scheduled job":                             `(?m)^job \d+ +email +attempt 1 .* after its run_at +done\n +receiver: mail "How was order 1042\?"`,
+		"a webhook signed by both secrets":            `(?m)^job \d+ +http_callback +attempt 1 .* done\n +receiver: POST /orders, signatures by all 2 secrets it knows verified, body \{.*"order_id":1047`,
 	} {
 		require.Regexp(t, re, out, what)
 	}
-	require.Contains(t, out, "8 jobs, 7 delivered (1 after a retry), 1 dead")
+	require.Contains(t, out, "9 jobs, 8 delivered (1 after a retry), 1 dead")
 	require.Contains(t, out, "rabbitmq  none: set RABBITMQ_URL")
 
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, time.Minute), p.stderr.String())
 	out = p.stdout.String()
-	m := regexp.MustCompile(`(\d+) dispatches. Jobs by status: dead=1 done=7\n`).FindStringSubmatch(out)
+	m := regexp.MustCompile(`(\d+) dispatches. Jobs by status: dead=1 done=8\n`).FindStringSubmatch(out)
 	require.NotNil(t, m, out)
 	n, _ := strconv.Atoi(m[1])
-	require.Equal(t, 9, n, "an attempt per job, and two for the retried one")
+	require.Equal(t, 10, n, "an attempt per job, and two for the retried one")
 	require.Contains(t, out, "Throwaway PostgreSQL stopped and removed.")
 	require.NotContains(t, out+p.stderr.String(), "whsec_", "the signing secret is never printed")
 }
@@ -84,7 +85,7 @@ func TestDemoPublishesToRabbitMQ(t *testing.T) {
 	p.stdout.waitFor(t, "The tour took", time.Minute)
 	out := p.stdout.String()
 	require.Regexp(t, `(?m)^job (\d+) +rabbitmq +attempt 1 .* done\n +receiver: queue amq\.gen-\S+ got message_id \d+, body \{"event":"shipped","order_id":1042\}`, out)
-	require.Contains(t, out, "9 jobs, 8 delivered (1 after a retry), 1 dead")
+	require.Contains(t, out, "10 jobs, 9 delivered (1 after a retry), 1 dead")
 	require.NotContains(t, out, "guest:guest", "RABBITMQ_URL's password is never printed")
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, p.wait(t, time.Minute), p.stderr.String())

@@ -14,11 +14,12 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
+	"github.com/pgdispatch/pgdispatch/signing"
 )
 
 // The executors' settings, for run.
 var executorSettings = []settings.Setting{
-	{Env: "HTTP_SIGNING_SECRET", Help: "sign `http_callback` requests per Standard Webhooks with this base64 secret (`whsec_` prefix optional; make one with `echo \"whsec_$(openssl rand -base64 32)\"`)"},
+	{Env: "HTTP_SIGNING_SECRET", Help: "sign `http_callback` requests per Standard Webhooks with this base64 secret too (`whsec_` prefix optional), after the secrets of `pgdispatch secrets rotate`, for as long as it is set ([rotating](operations.md#rotating-the-signing-secret))"},
 	{Env: "HTTP_ALLOW_HOSTS", Flag: "http-allow-hosts", Help: "comma-separated hosts `http_callback` may reach by name: exact names, IPs (`10.0.0.5`, `[::1]`), or `*.example.com`; empty: any name. `HTTP_ALLOW_NETWORKS` applies too"},
 	{Env: "HTTP_ALLOW_NETWORKS", Flag: "http-allow-networks", Default: httpcallback.NetworksPublic, Help: "comma-separated networks `http_callback` may dial, checked on the address of every connection after DNS: CIDRs, IPs, and `public`, `private` or `loopback` ([http_callback](#http_callback))"},
 	{Env: "HTTP_MAX_CONNECTIONS_PER_HOST", Flag: "http-max-connections-per-host", Default: strconv.Itoa(httpcallback.DefaultMaxConnsPerHost), Help: "requests, and so connections, a worker has open to one host (name and port) at once; `http_callback` jobs beyond it wait for one within their own timeout"},
@@ -36,15 +37,15 @@ var executorSettings = []settings.Setting{
 }
 
 // buildRegistry registers the built-in executors that the settings
-// configure. A kind whose settings are missing is still registered, and
+// configure; http_callback signs with keyring's secrets too. A kind whose settings are missing is still registered, and
 // fails its jobs with a message that says what to set. close releases the
 // executors' connections.
-func buildRegistry(v *settings.Values, logger *zap.Logger, workerID string) (reg *executors.Registry, close func(), err error) {
+func buildRegistry(v *settings.Values, logger *zap.Logger, workerID string, keyring *signing.Keyring) (reg *executors.Registry, close func(), err error) {
 	reg = executors.NewRegistry()
 	var errs []error
 
 	httpExec, err := httpcallback.New(httpcallback.Config{
-		SigningSecret: v.Str("HTTP_SIGNING_SECRET"), AllowHosts: list(v.Str("HTTP_ALLOW_HOSTS")),
+		SigningSecret: v.Str("HTTP_SIGNING_SECRET"), Keyring: keyring, AllowHosts: list(v.Str("HTTP_ALLOW_HOSTS")),
 		AllowNetworks:   list(v.Str("HTTP_ALLOW_NETWORKS")),
 		MaxConnsPerHost: max(v.PositiveInt("HTTP_MAX_CONNECTIONS_PER_HOST", &errs), 0), // a bad value is reported once
 		Logger:          logger,

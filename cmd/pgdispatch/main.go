@@ -11,6 +11,7 @@
 //	pgdispatch queues     pause and resume queues
 //	pgdispatch schedules  add, list, remove, pause and resume cron schedules
 //	pgdispatch limits     set, list and clear flow limits by key
+//	pgdispatch secrets    rotate and list the secrets that sign http_callback requests
 //	pgdispatch at-worker  run the AT Worker's table on pgdispatch, and give it back
 //	pgdispatch console    serve the web console
 //
@@ -48,6 +49,7 @@ Usage:
   pgdispatch queues list|pause|resume   pause a queue's claims on every worker, and resume them
   pgdispatch schedules add|list|remove|pause|resume   create jobs on a cron schedule or an interval, once per slot
   pgdispatch limits set|list|clear   flow control: limit a queue's keys' concurrency, order and rate
+  pgdispatch secrets rotate|list   rotate the secrets that sign http_callback requests, with an overlap, without a restart
   pgdispatch at-worker switch|revert   run the AT Worker's scheduled_tasks on pgdispatch, producers and SQL unchanged, and give it back
   pgdispatch console [flags]   serve the web console: queues, workers, jobs, schedules, live, with actions
 
@@ -79,7 +81,7 @@ func subcommand(ctx context.Context, name, usage string, subs map[string]command
 var commands = map[string]commandFunc{
 	"run": runCommand, "migrate": migrateCommand, "enqueue": enqueueCommand, "demo": demoCommand, "bench": benchCommand,
 	"triggers": triggersCommand, "stats": statsCommand, "jobs": jobsCommand, "queues": queuesCommand,
-	"schedules": schedulesCommand, "limits": limitsCommand, "at-worker": atWorkerCommand, "console": consoleCommand,
+	"schedules": schedulesCommand, "limits": limitsCommand, "secrets": secretsCommand, "at-worker": atWorkerCommand, "console": consoleCommand,
 }
 
 func main() {

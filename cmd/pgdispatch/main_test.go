@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,8 +129,15 @@ func isSetting(name string) bool {
 
 func start(t *testing.T, environ []string, args ...string) *proc {
 	t.Helper()
+	return startWithInput(t, environ, nil, args...)
+}
+
+// startWithInput is start with stdin as the process's standard input.
+func startWithInput(t *testing.T, environ []string, stdin io.Reader, args ...string) *proc {
+	t.Helper()
 	p := &proc{cmd: exec.Command(binary, args...), stdout: newSyncBuffer(), stderr: newSyncBuffer(), done: make(chan struct{})}
 	p.cmd.Env = environ
+	p.cmd.Stdin = stdin
 	p.cmd.Dir = t.TempDir() // no stray .env
 	p.cmd.Stdout, p.cmd.Stderr = p.stdout, p.stderr
 	require.NoError(t, p.cmd.Start())

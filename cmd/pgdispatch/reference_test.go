@@ -33,6 +33,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/metrics"
+	"github.com/pgdispatch/pgdispatch/signing"
 )
 
 const referencePath = "../../docs/reference.md"
@@ -462,7 +463,7 @@ func checkSchemaAndMetrics(t *testing.T, ref doc) map[string]bool {
 	// The executors as run builds them, so that those that are collectors
 	// are registered as in production.
 	registry, closeExecutors, err := buildRegistry(settings.New(flag.NewFlagSet("reference", flag.ContinueOnError), executorSettings),
-		zap.NewNop(), "reference")
+		zap.NewNop(), "reference", signing.NewKeyring())
 	require.NoError(t, err)
 	defer closeExecutors()
 	m := metrics.New(pool, registry)

@@ -23,6 +23,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/metrics"
 	"github.com/pgdispatch/pgdispatch/migrations"
+	"github.com/pgdispatch/pgdispatch/signing"
 )
 
 // conn is what every database command shares: the pool, schema and logger.
@@ -130,7 +131,8 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	registry, closeExecutors, err := buildRegistry(v, c.logger, cfg.WorkerID)
+	cfg.SigningKeys = signing.NewKeyring()
+	registry, closeExecutors, err := buildRegistry(v, c.logger, cfg.WorkerID, cfg.SigningKeys)
 	if err != nil {
 		return err
 	}
@@ -188,7 +190,7 @@ func logExecutors(logger *zap.Logger, v *settings.Values, reg *executors.Registr
 	if i := slices.Index(configured, httpcallback.Kind); i >= 0 && v.Str("HTTP_SIGNING_SECRET") != "" {
 		configured[i] += " (signed)"
 	} else if i >= 0 {
-		configured[i] += " (unsigned)"
+		configured[i] += " (signed when 'secrets rotate' made a secret)"
 	}
 	logger.Info("executors", zap.Strings("configured", configured), zap.Strings("not_configured", missing))
 }

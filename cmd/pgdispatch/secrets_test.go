@@ -29,6 +29,8 @@ var everyCommand = []struct{ words, args []string }{
 	{[]string{"jobs", "show"}, []string{"1"}},
 	{[]string{"jobs", "retry"}, []string{"1"}},
 	{[]string{"jobs", "cancel"}, []string{"1"}},
+	{[]string{"secrets", "list"}, nil},
+	{[]string{"secrets", "rotate"}, []string{"--print"}},
 }
 
 // Passwords with the characters that confuse URL parsers, and so redaction:

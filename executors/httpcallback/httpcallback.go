@@ -9,7 +9,9 @@
 // timeouts retry; a Retry-After on 429 or 503 sets the next attempt. Any
 // other status is a permanent failure. Every request carries an
 // Idempotency-Key stable across retries, the job id and the attempt number,
-// and, with a signing secret, Standard Webhooks signature headers.
+// and, with signing secrets, Standard Webhooks signature headers: one
+// signature by each secret in force, the keyring's newest first, then
+// SigningSecret's.
 //
 // Targets can be limited to AllowHosts by name, and are limited to
 // AllowNetworks (public addresses unless told otherwise) by the address
@@ -30,9 +32,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,6 +55,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	mask "github.com/pgdispatch/pgdispatch/internal/redact"
 	"github.com/pgdispatch/pgdispatch/internal/tracing"
+	"github.com/pgdispatch/pgdispatch/signing"
 )
 
 // Kind is the job kind this executor runs.
@@ -82,6 +82,9 @@ type Config struct {
 	// SigningSecret, when set, signs every request per the Standard Webhooks
 	// specification. It is base64, optionally prefixed "whsec_".
 	SigningSecret string
+	// Keyring, when set, holds more secrets: each one in force when a
+	// request is sent signs it, before SigningSecret (see package signing).
+	Keyring *signing.Keyring
 	// AllowHosts, when not empty, limits targets to these hosts: exact names
 	// or IPs (IPv6 with or without brackets), or "*.example.com" for any
 	// subdomain. It applies to the URL's host; AllowNetworks applies too.
@@ -114,7 +117,8 @@ const DefaultMaxConnsPerHost = 32
 // prometheus.Collector of its waits for connections.
 type Executor struct {
 	client    *http.Client
-	secret    []byte
+	secret    signing.Secret
+	keyring   *signing.Keyring
 	guard     *guard
 	slots     *hostSlots
 	userAgent string
@@ -134,11 +138,12 @@ func New(cfg Config) (*Executor, error) {
 		guard:     g,
 		slots:     newHostSlots(perHost, cmp.Or(cfg.Logger, zap.NewNop()).Named("http_callback")),
 		userAgent: cmp.Or(cfg.UserAgent, defaultUserAgent),
+		keyring:   cmp.Or(cfg.Keyring, signing.NewKeyring()),
 	}
 	if cfg.SigningSecret != "" {
-		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(cfg.SigningSecret, "whsec_"))
-		if err != nil || len(key) == 0 {
-			return nil, errors.New("http_callback: the signing secret must be base64, optionally prefixed whsec_") // never echo it
+		key, err := signing.ParseSecret(cfg.SigningSecret)
+		if err != nil {
+			return nil, fmt.Errorf("http_callback: %w", err) // never echoes it
 		}
 		e.secret = key
 	}
@@ -334,11 +339,10 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set("Pgdispatch-Job-Id", strconv.FormatInt(job.ID, 10))
 	req.Header.Set("Pgdispatch-Attempt", strconv.Itoa(job.Attempt))
-	if e.secret != nil {
-		ts := strconv.FormatInt(time.Now().Unix(), 10)
+	if ts, sig := e.signature(key, time.Now(), r.body); sig != "" {
 		req.Header.Set("Webhook-Id", key)
 		req.Header.Set("Webhook-Timestamp", ts)
-		req.Header.Set("Webhook-Signature", "v1,"+e.sign(key, ts, r.body))
+		req.Header.Set("Webhook-Signature", sig)
 	}
 	// The attempt's trace context, over any the payload's headers set; the
 	// signature covers the body, not the headers.
@@ -460,13 +464,24 @@ func cutRune(b []byte) []byte {
 	return b
 }
 
-// sign is the Standard Webhooks v1 signature: base64 of
-// HMAC-SHA256(secret, id.timestamp.body).
-func (e *Executor) sign(id, ts string, body []byte) string {
-	mac := hmac.New(sha256.New, e.secret)
-	mac.Write([]byte(id + "." + ts + "."))
-	mac.Write(body)
-	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
+// signature is the webhook-timestamp and webhook-signature headers of a
+// message sent at now: a Standard Webhooks v1 signature by each secret in
+// force, space-separated, the keyring's newest first, then
+// SigningSecret's. sig is empty when no secret signs.
+func (e *Executor) signature(id string, now time.Time, body []byte) (ts, sig string) {
+	secrets := e.keyring.Secrets(now)
+	if e.secret != nil {
+		secrets = append(secrets, e.secret)
+	}
+	if len(secrets) == 0 {
+		return "", ""
+	}
+	ts = strconv.FormatInt(now.Unix(), 10)
+	sigs := make([]string, len(secrets))
+	for i, s := range secrets {
+		sigs[i] = "v1," + signing.Sign(s, id, ts, body)
+	}
+	return ts, strings.Join(sigs, " ")
 }
 
 func idempotencyKey(jobID int64) string { return "pgdispatch-job-" + strconv.FormatInt(jobID, 10) }

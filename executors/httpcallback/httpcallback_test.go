@@ -24,6 +24,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
+	"github.com/pgdispatch/pgdispatch/signing"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
@@ -406,4 +407,47 @@ func TestConnectionsPerHostAreCapped(t *testing.T) {
 		b.watch.Status(t, id, "done", waitFor)
 	}
 	require.Equal(t, int64(perHost), conns.Load(), "the waiting jobs reuse the connections")
+}
+
+// Every secret in force signs, the keyring's newest first and then
+// SigningSecret's, each verified by the specification's own library; an
+// expired secret no longer signs.
+func TestEverySecretInForceSigns(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusOK) })
+	old, current := signing.Generate(), signing.Generate()
+	keyring := signing.NewKeyring()
+	t.Cleanup(keyring.Stop)
+	keyring.Set([]signing.Key{{ID: 1, Secret: old, ExpiresAt: time.Now().Add(time.Hour)}, {ID: 2, Secret: current}})
+	b := setup(t, httpcallback.Config{SigningSecret: secret, Keyring: keyring, AllowNetworks: loopback})
+
+	id := b.enqueue(t, map[string]any{"url": rc.URL, "data": "during the overlap"}, 5)
+	b.watch.Status(t, id, "done", waitFor)
+	got := <-rc.got
+	require.Len(t, strings.Fields(got.header.Get("Webhook-Signature")), 3)
+	for _, s := range []string{current.Text(), old.Text(), secret} {
+		wh, err := standardwebhooks.NewWebhook(s)
+		require.NoError(t, err)
+		require.NoError(t, wh.Verify([]byte(got.body), got.header))
+	}
+	require.True(t, strings.HasPrefix(got.header.Get("Webhook-Signature"),
+		"v1,"+signing.Sign(current, got.header.Get("Webhook-Id"), got.header.Get("Webhook-Timestamp"), []byte(got.body))+" "),
+		"the newest secret signs first")
+
+	// The old secret's overlap is over.
+	changed := keyring.Changed()
+	keyring.Set([]signing.Key{{ID: 1, Secret: old, ExpiresAt: time.Now()}, {ID: 2, Secret: current}})
+	<-changed
+	id = b.enqueue(t, map[string]any{"url": rc.URL, "data": "after the overlap"}, 5)
+	b.watch.Status(t, id, "done", waitFor)
+	got = <-rc.got
+	require.Len(t, strings.Fields(got.header.Get("Webhook-Signature")), 2)
+	wh, err := standardwebhooks.NewWebhook(old.Text())
+	require.NoError(t, err)
+	require.Error(t, wh.Verify([]byte(got.body), got.header))
+	for _, s := range []string{current.Text(), secret} {
+		wh, err := standardwebhooks.NewWebhook(s)
+		require.NoError(t, err)
+		require.NoError(t, wh.Verify([]byte(got.body), got.header))
+	}
 }

@@ -19,11 +19,13 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/claimer"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/executors/rabbitmq"
+	"github.com/pgdispatch/pgdispatch/signing"
 )
 
 // Config configures Run.
@@ -68,6 +70,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer closeReceivers()
+	// The first signing secret, as `pgdispatch secrets rotate` makes it.
+	d.keyring = signing.NewKeyring()
+	if _, err := d.rotate(ctx, 0); err != nil {
+		return err
+	}
+	cfg.Worker.SigningKeys = d.keyring
 	registry, closeExecutors, err := d.registry()
 	if err != nil {
 		return err
@@ -110,7 +118,7 @@ type demo struct {
 	mail     *mailCatcher
 	amqp     *amqpConsumer
 	amqpErr  error
-	secret   string
+	keyring  *signing.Keyring // the worker's signing secrets
 	reg      *executors.Registry
 
 	// insertMu is held across each insert and the record of its commit, so
@@ -151,8 +159,7 @@ type event struct {
 // startReceivers starts the webhook receiver, the mail catcher and, with
 // RabbitMQURL, the queue consumer.
 func (d *demo) startReceivers() (closeAll func(), err error) {
-	d.secret = newSecret()
-	if d.webhooks, err = startWebhookReceiver(d.secret, d.got); err != nil {
+	if d.webhooks, err = startWebhookReceiver(d.got); err != nil {
 		return nil, err
 	}
 	if d.mail, err = startMailCatcher(d.got); err != nil {
@@ -171,6 +178,21 @@ func (d *demo) startReceivers() (closeAll func(), err error) {
 	}, nil
 }
 
+// rotate makes a signing secret, which the receiver accepts at once, and
+// rotates to it with overlap, as `pgdispatch secrets rotate --print`
+// does. It returns the secret's id.
+func (d *demo) rotate(ctx context.Context, overlap time.Duration) (int64, error) {
+	secret := signing.Generate()
+	if err := d.webhooks.accept(secret.Text()); err != nil {
+		return 0, err
+	}
+	r, err := admin.New(d.cfg.Worker.Pool, d.cfg.Worker.Schema, d.cfg.Worker.StatementTimeout).RotateSigningSecret(ctx, secret, overlap)
+	if err != nil {
+		return 0, err
+	}
+	return r.ID, nil
+}
+
 // allowNetworks lets http_callback reach this machine, where the receiver
 // listens, besides the public addresses it reaches by default.
 var allowNetworks = []string{httpcallback.NetworksPublic, httpcallback.NetworksLoopback}
@@ -179,7 +201,7 @@ var allowNetworks = []string{httpcallback.NetworksPublic, httpcallback.NetworksL
 func (d *demo) registry() (*executors.Registry, func(), error) {
 	reg := executors.NewRegistry()
 	reg.Register(executors.KindNoop, d.wrap(executors.Noop{}))
-	hook, err := httpcallback.New(httpcallback.Config{SigningSecret: d.secret, AllowNetworks: allowNetworks})
+	hook, err := httpcallback.New(httpcallback.Config{Keyring: d.keyring, AllowNetworks: allowNetworks})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -217,7 +239,8 @@ func (d *demo) introduce(workerID string) {
 	}
 	fmt.Fprintf(&b, "\nWorker %q serves schema %q, its executors set as `pgdispatch run` would be by\n", workerID, d.cfg.Worker.Schema)
 	fmt.Fprintf(&b, "  HTTP_ALLOW_NETWORKS=%s  (http_callback dials public addresses only unless told)\n", strings.Join(allowNetworks, ","))
-	fmt.Fprintf(&b, "  HTTP_SIGNING_SECRET=<made for this run, not shown>  (signs each request per Standard Webhooks)\n")
+	fmt.Fprintf(&b, "  and a signing secret made for this run with `pgdispatch secrets rotate`, not shown, given to\n"+
+		"  the receiver (it signs each request per Standard Webhooks)\n")
 	fmt.Fprintf(&b, "  SMTP_HOST=%s SMTP_PORT=%d SMTP_TLS=none SMTP_FROM=%q\n", d.mail.Host, d.mail.Port, mailFrom)
 	if d.amqp != nil {
 		fmt.Fprintf(&b, "  RABBITMQ_URL=<as set>\n")

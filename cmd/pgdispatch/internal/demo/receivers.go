@@ -2,9 +2,8 @@ package demo
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -68,41 +67,62 @@ func (r *receipts) get(jobID int64, attempt int, wait time.Duration) (string, bo
 	}
 }
 
-// newSecret makes a Standard Webhooks signing secret for this run.
-func newSecret() string {
-	key := make([]byte, 32)
-	_, _ = rand.Read(key) // never fails (crypto/rand)
-	return "whsec_" + base64.StdEncoding.EncodeToString(key)
-}
-
 // webhookReceiver is the HTTP endpoint of the http_callback jobs. It
-// verifies each request's signature as a real receiver would, refusing an
-// unsigned or forged one with 401. Under /flaky it answers every first
-// attempt with 503 and Retry-After: 1.
+// verifies each request's signature as a real receiver would, with any
+// secret it was given (accept), refusing an unsigned or forged one with
+// 401. Under /flaky it answers every first attempt with 503 and
+// Retry-After: 1.
 type webhookReceiver struct {
-	verifier *standardwebhooks.Webhook
-	got      *receipts
-	srv      *http.Server
-	done     chan struct{}
-	URL      string
+	mu        sync.Mutex
+	verifiers []*standardwebhooks.Webhook
+	got       *receipts
+	srv       *http.Server
+	done      chan struct{}
+	URL       string
 }
 
 // FlakyPath fails every first attempt, so that the job is retried.
 const flakyPath = "/flaky"
 
-func startWebhookReceiver(secret string, got *receipts) (*webhookReceiver, error) {
-	verifier, err := standardwebhooks.NewWebhook(secret)
-	if err != nil {
-		return nil, fmt.Errorf("webhook receiver: %w", err)
-	}
+func startWebhookReceiver(got *receipts) (*webhookReceiver, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("webhook receiver: %w", err)
 	}
-	r := &webhookReceiver{verifier: verifier, got: got, done: make(chan struct{}), URL: "http://" + l.Addr().String()}
+	r := &webhookReceiver{got: got, done: make(chan struct{}), URL: "http://" + l.Addr().String()}
 	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 	go func() { defer close(r.done); _ = r.srv.Serve(l) }()
 	return r, nil
+}
+
+// accept makes the receiver accept requests signed by secret too, as a
+// receiver told of a rotation's new secret does.
+func (r *webhookReceiver) accept(secret string) error {
+	verifier, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		return fmt.Errorf("webhook receiver: %w", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.verifiers = append(r.verifiers, verifier)
+	return nil
+}
+
+// verify returns how many of the receiver's secrets signed the request,
+// and the error of the last that did not.
+func (r *webhookReceiver) verify(body []byte, header http.Header) (int, error) {
+	r.mu.Lock()
+	verifiers := r.verifiers
+	r.mu.Unlock()
+	n, err := 0, errors.New("no secret to verify with")
+	for _, v := range verifiers {
+		if e := v.Verify(body, header); e != nil {
+			err = e
+		} else {
+			n++
+		}
+	}
+	return n, err
 }
 
 func (r *webhookReceiver) close() {
@@ -121,7 +141,8 @@ func (r *webhookReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	request := req.Method + " " + req.URL.Path
 	// Recorded before the response goes out: when the job's attempt ends,
 	// its receipt is there.
-	if err := r.verifier.Verify(body, req.Header); err != nil {
+	signed, err := r.verify(body, req.Header)
+	if signed == 0 {
 		r.got.add(jobID, receipt{attempt, fmt.Sprintf("%s refused with 401: the signature does not verify (%v)", request, err)})
 		http.Error(w, "invalid signature", http.StatusUnauthorized)
 		return
@@ -132,7 +153,11 @@ func (r *webhookReceiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "try again in a second", http.StatusServiceUnavailable)
 		return
 	}
-	r.got.add(jobID, receipt{attempt, fmt.Sprintf("%s, signature verified, body %s", request, compact(body))})
+	verified := "signature verified"
+	if signed > 1 {
+		verified = fmt.Sprintf("signatures by all %d secrets it knows verified", signed)
+	}
+	r.got.add(jobID, receipt{attempt, fmt.Sprintf("%s, %s, body %s", request, verified, compact(body))})
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -3,15 +3,18 @@ package demo
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
 
-// step is one insert of the tour.
+// step is one insert of the tour, or, with do, one thing an operator
+// does, said in what.
 type step struct {
 	what, sql string
+	do        func(context.Context) error
 }
 
 // steps are the tour's inserts, as a reader can paste them into psql.
@@ -23,27 +26,32 @@ func (d *demo) steps() []step {
 		"{hooks}", d.webhooks.URL,
 	)
 	steps := []step{
-		{"A webhook: the worker POSTs data to url, signed.", `INSERT INTO {jobs} (kind, payload)
+		{what: "A webhook: the worker POSTs data to url, signed.", sql: `INSERT INTO {jobs} (kind, payload)
 VALUES ('http_callback', '{"url": "{hooks}/orders", "data": {"order_id": 1042, "status": "paid"}}')
 RETURNING id`},
-		{"An email, through the SMTP server.", `INSERT INTO {jobs} (kind, payload)
+		{what: "An email, through the SMTP server.", sql: `INSERT INTO {jobs} (kind, payload)
 VALUES ('email', '{"to": ["alice@example.com"], "subject": "Order 1042 has shipped", "text": "It is on its way."}')
 RETURNING id`},
-		{"A webhook whose receiver is not ready: attempt 1 gets 503, and the job is retried.", `INSERT INTO {jobs} (kind, payload)
+		{what: "A webhook whose receiver is not ready: attempt 1 gets 503, and the job is retried.", sql: `INSERT INTO {jobs} (kind, payload)
 VALUES ('http_callback', '{"url": "{hooks}/flaky", "data": {"order_id": 1043, "status": "paid"}}')
 RETURNING id`},
-		{"An email the server refuses for good (550): the job is dead at once, the reply in last_error.", `INSERT INTO {jobs} (kind, payload)
+		{what: "An email the server refuses for good (550): the job is dead at once, the reply in last_error.", sql: `INSERT INTO {jobs} (kind, payload)
 VALUES ('email', '{"to": ["nobody@example.com"], "subject": "Order 1043 has shipped", "text": "It is on its way."}')
 RETURNING id`},
-		{"A job for later, through the enqueue() function: due in 2 seconds.", `SELECT {enqueue}('email', '{"to": ["alice@example.com"], "subject": "How was order 1042?", "text": "Tell us."}',
+		{what: "A job for later, through the enqueue() function: due in 2 seconds.", sql: `SELECT {enqueue}('email', '{"to": ["alice@example.com"], "subject": "How was order 1042?", "text": "Tell us."}',
     run_at => now() + interval '2 seconds')`},
-		{"Three webhooks from one statement, each its own job.", `INSERT INTO {jobs} (kind, payload)
+		{what: "Three webhooks from one statement, each its own job.", sql: `INSERT INTO {jobs} (kind, payload)
 SELECT 'http_callback', jsonb_build_object('url', '{hooks}/orders', 'data', jsonb_build_object('order_id', n, 'status', 'paid'))
 FROM generate_series(1044, 1046) AS n
 RETURNING id`},
+		{what: "The signing secret is rotated, as `pgdispatch secrets rotate --overlap 1m --print` does: the\n" +
+			"-- receiver is given the new secret, and for a minute each webhook is signed by both.", do: d.rotateOnce},
+		{what: "A webhook during the overlap.", sql: `INSERT INTO {jobs} (kind, payload)
+VALUES ('http_callback', '{"url": "{hooks}/orders", "data": {"order_id": 1047, "status": "paid"}}')
+RETURNING id`},
 	}
 	if d.amqp != nil {
-		steps = append(steps, step{"A message to RabbitMQ, done when the broker confirms it.", `INSERT INTO {jobs} (kind, payload)
+		steps = append(steps, step{what: "A message to RabbitMQ, done when the broker confirms it.", sql: `INSERT INTO {jobs} (kind, payload)
 VALUES ('rabbitmq', '{"routing_key": "` + d.amqp.Queue + `", "body": {"order_id": 1042, "event": "shipped"}}')
 RETURNING id`})
 	}
@@ -77,6 +85,16 @@ func (d *demo) tour(ctx context.Context) error {
 				return nil
 			case <-pause.C:
 			}
+		}
+		if s.do != nil {
+			d.write(fmt.Sprintf("\n-- %s\n", s.what))
+			if err := s.do(ctx); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			continue
 		}
 		d.write(fmt.Sprintf("\n-- %s\n%s;\n", s.what, s.sql))
 		got, err := d.insert(ctx, conn, s.sql)
@@ -124,6 +142,26 @@ func (d *demo) tour(ctx context.Context) error {
 		"to send it again, or point a job's url at an endpoint of your own. Ctrl-C stops.\n",
 		time.Since(began).Seconds(), len(ids), done, retried, dead, where))
 	return nil
+}
+
+// rotateOnce rotates the signing secret with a minute's overlap and waits
+// until the worker signs with the new one.
+func (d *demo) rotateOnce(ctx context.Context) error {
+	id, err := d.rotate(ctx, time.Minute)
+	if err != nil {
+		return fmt.Errorf("rotate the signing secret: %w", err)
+	}
+	for {
+		changed := d.keyring.Changed()
+		if slices.Contains(d.keyring.IDs(), id) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-changed:
+		}
+	}
 }
 
 // insert runs one step and records when its jobs committed.
