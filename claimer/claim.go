@@ -34,11 +34,13 @@ import (
 //
 // It returns the time of the claim, now(), the seconds the server took
 // (read once every CTE has run, so that the claim is timed on the server,
-// not across the network), and when it claims fewer than asked, the
-// seconds until the earliest future run_at, on the database's clock, and
-// whether it skipped due rows: its snapshot sees the rows it claimed as
-// pending, so more due rows than it claimed means some were locked by
-// another transaction.
+// not across the network), and when it claims nothing, the seconds until
+// the earliest future run_at, on the database's clock, and whether it
+// skipped due rows: any due row its snapshot sees was locked by another
+// transaction. A claim that takes jobs but fewer than asked reports
+// neither (NULL): the claimer looks again within a millisecond after it
+// (internal/machine: lingering), and that look reports them. A lone job's
+// claim, which takes it, is spared the two reads.
 //
 // It commits without waiting for its WAL flush (pinned.ClaimPlanSQL): a claim lost
 // in a server crash leaves its jobs pending, and they run again. The UPDATE
@@ -74,14 +76,14 @@ WITH p AS (
 ), k AS (
     SELECT count(*) AS claimed FROM u
 ), n AS (
-    SELECT CASE WHEN k.claimed < $2 AND NOT p.paused AND NOT p.limited THEN
+    SELECT CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
                (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
                 WHERE status = 'pending' AND queue = $1 AND run_at > now())
            END AS next_in,
-           CASE WHEN k.claimed < $2 AND NOT p.paused AND NOT p.limited THEN
-               (SELECT count(*) FROM (SELECT FROM {jobs}
-                                      WHERE status = 'pending' AND queue = $1 AND run_at <= now()
-                                      LIMIT $2 + 1) d) > k.claimed
+           CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
+               EXISTS (SELECT FROM {jobs}
+                       WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+                       )
            END AS stranded,
            p.paused AND NOT p.limited AS paused, p.limited
     FROM k, p
@@ -118,22 +120,29 @@ type flowState struct {
 	freed  bool
 }
 
-// claim takes up to limit due jobs, leases them, and starts them on jobs.
-// It claims from the cursor or from the front (internal/cursor), or, while
-// the queue has flow limits, with claim_flow. A claim that finds the queue's
-// limits declared or gone claims nothing: the other statement claims
-// again at once.
-func (c *Claimer) claim(ctx context.Context, limit int, jobs *runners.Runners) machine.Result {
-	r, switched := c.claimOnce(ctx, limit, jobs)
+// claim takes up to limit due jobs, leases them, and returns their runs,
+// tracked, for the caller to start (start). It claims from the cursor or
+// from the front (internal/cursor), or, while the queue has flow limits,
+// with claim_flow. A claim that finds the queue's limits declared or gone
+// claims nothing: the other statement claims again at once.
+func (c *Claimer) claim(ctx context.Context, limit int) (machine.Result, []*runstate.Run) {
+	r, runs, switched := c.claimOnce(ctx, limit)
 	if switched {
-		r, _ = c.claimOnce(ctx, limit, jobs)
+		r, runs, _ = c.claimOnce(ctx, limit)
 	}
-	return r
+	return r, runs
+}
+
+// start starts the claimed runs on jobs.
+func start(jobs *runners.Runners, runs []*runstate.Run) {
+	for _, run := range runs {
+		jobs.Start(run)
+	}
 }
 
 // claimOnce is one claim statement. switched: the statement found the
 // queue's flow limits declared or gone, and claimed nothing.
-func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runners) (machine.Result, bool) {
+func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*runstate.Run, bool) {
 	r := machine.Result{Limit: limit}
 	if c.lost.Pending() {
 		c.giveBack(ctx)
@@ -145,7 +154,7 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 	conn, err := c.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		c.cursor.Reset()
-		return machine.Result{Limit: limit, Err: fmt.Errorf("claim jobs: %w", err)}, false
+		return machine.Result{Limit: limit, Err: fmt.Errorf("claim jobs: %w", err)}, nil, false
 	}
 	defer conn.Release()
 	notices := c.runs.Notices()
@@ -189,7 +198,7 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 		if giveback.ReplyLost(err) {
 			c.lost.Note(int32(conn.Conn().PgConn().PID()))
 		}
-		return machine.Result{Limit: limit, Err: err}, false
+		return machine.Result{Limit: limit, Err: err}, nil, false
 	}
 	if c.claimReturned != nil {
 		for _, run := range runs {
@@ -201,7 +210,7 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 		c.flow = flowState{limited: fs.limited, freed: c.flow.freed}
 		c.limited.Store(fs.limited)
 		c.cursor.Reset()
-		return r, true
+		return r, nil, true
 	}
 	switch {
 	case flow:
@@ -217,8 +226,11 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 	}
 	r.Claimed = len(runs)
 	if r.Claimed == 0 {
-		return r, false
+		return r, nil, false
 	}
+	// The plain claim reads the next run_at and the skipped rows only when
+	// it takes nothing (claimSQL).
+	r.Untold = !flow && r.Claimed < limit
 	if c.trace != nil {
 		c.trace.Claimed(runs, limit, sent, time.Now())
 	}
@@ -230,10 +242,7 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int, jobs *runners.Runner
 	}
 	c.claimed.Add(int64(r.Claimed))
 	c.logger.Debug("claimed jobs", zap.Int("num_claimed", r.Claimed))
-	for _, run := range runs {
-		jobs.Start(run)
-	}
-	return r, false
+	return r, runs, false
 }
 
 // readClaim reads a claim's results: the settings', then the claimed jobs,

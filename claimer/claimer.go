@@ -67,10 +67,10 @@
 // do not notify. The timer is the gather wait while saturated, the next
 // look while lingering, the retry in backoff (100 ms doubling to 10 s, at
 // once after a dead connection, internal/retry), and, drowsy or asleep, the
-// earliest future run_at a short claim reported (1 ms to 24 h away) or the
-// next look for stranded rows: due rows the claim skipped because another
-// transaction held them locked, whose lock may end without a change that
-// notifies. Those looks come 10 ms to 1 s apart, as long after as the rows
+// earliest future run_at that the last claim, which found nothing, reported
+// (1 ms to 24 h away) or the next look for stranded rows: due rows the claim
+// skipped because another transaction held them locked, whose lock may end
+// without a change that notifies. Those looks come 10 ms to 1 s apart, as long after as the rows
 // have been skipped. The tick claims in every state but stopping; a tick
 // that finds jobs means a notification was missed, and is counted
 // (Stats.TickHits).

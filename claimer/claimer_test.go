@@ -95,7 +95,8 @@ func claimNow(ctx context.Context, t *testing.T, c *Claimer, limit int) ([]*runs
 		runs []*runstate.Run
 	)
 	jobs := runners.New(func(r *runstate.Run) { mu.Lock(); runs = append(runs, r); mu.Unlock() })
-	r := c.claim(ctx, limit, jobs)
+	r, claimed := c.claim(ctx, limit)
+	start(jobs, claimed)
 	<-jobs.Wait()
 	jobs.Close(true)
 	require.NoError(t, r.Err)
@@ -146,8 +147,9 @@ func TestClaimedPayloadsAreTheirOwn(t *testing.T) {
 	}
 }
 
-// A claim that comes up short says when the next job is due, and whether it
-// skipped due rows that another transaction held locked.
+// A claim that finds nothing says when the next job is due, and whether it
+// skipped due rows that another transaction held locked. One that takes
+// jobs, fewer than asked, says neither (Untold): the look after it does.
 func TestClaimReportsNextAndStranded(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -165,6 +167,13 @@ func TestClaimReportsNextAndStranded(t *testing.T) {
 	runs, r := claimNow(ctx, t, c, 5)
 	require.Len(t, runs, 1)
 	require.Equal(t, ids[1], runs[0].Job.ID)
+	require.True(t, r.Untold, "a claim that took a job reads neither")
+	require.False(t, r.Stranded)
+	require.Nil(t, r.Next)
+
+	runs, r = claimNow(ctx, t, c, 5)
+	require.Empty(t, runs)
+	require.False(t, r.Untold)
 	require.True(t, r.Stranded, "the locked job was skipped")
 	require.NotNil(t, r.Next)
 	require.InDelta(t, time.Hour.Seconds(), r.Next.Seconds(), 5)
@@ -174,6 +183,10 @@ func TestClaimReportsNextAndStranded(t *testing.T) {
 	require.Len(t, runs, 1)
 	require.Equal(t, ids[0], runs[0].Job.ID)
 	require.False(t, r.Stranded)
+	runs, r = claimNow(ctx, t, c, 5)
+	require.Empty(t, runs)
+	require.False(t, r.Stranded, "nothing due is left")
+	require.NotNil(t, r.Next)
 
 	// A full claim reports neither.
 	insertJobs(ctx, t, pool, jobs, 3)
@@ -181,6 +194,7 @@ func TestClaimReportsNextAndStranded(t *testing.T) {
 	require.Equal(t, 2, r.Claimed)
 	require.Nil(t, r.Next)
 	require.False(t, r.Stranded)
+	require.False(t, r.Untold)
 }
 
 // A claim stops adding jobs once their payloads pass ClaimBytes, and takes
@@ -197,7 +211,7 @@ func TestClaimBytesBoundAClaim(t *testing.T) {
 	require.NoError(t, err)
 	runs, r := claimNow(ctx, t, c, 100)
 	require.Len(t, runs, 3, "100 kB, 200 kB, then past 250 kB")
-	require.True(t, r.Stranded, "the rest are due: the claimer looks again soon")
+	require.True(t, r.Untold, "the rest are due: the claimer looks again soon, lingering")
 
 	c.cfg.ClaimBytes = 1
 	runs, _ = claimNow(ctx, t, c, 100)

@@ -86,7 +86,7 @@ func TestCursorResetByGiveBackAndFailure(t *testing.T) {
 	require.True(t, c.cursor.Set)
 	canceled, cancelNow := context.WithCancel(ctx)
 	cancelNow()
-	r := c.claim(canceled, 1, nil)
+	r, _ := c.claim(canceled, 1)
 	require.Error(t, r.Err)
 	require.False(t, c.cursor.Set, "after a failed claim, from the front")
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/runners"
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
 	"github.com/pgdispatch/pgdispatch/internal/retry"
 	"github.com/pgdispatch/pgdispatch/internal/testhook"
 )
@@ -49,14 +50,16 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners.Runners) {
 		}
 		from := m.State
 		free := c.runs.Free()
+		var runs []*runstate.Run
 		if m.Event(ev, free, c.cfg.Concurrency) {
 			// Not cut short by ctx: a claim the server committed must reach
 			// its jobs, which then go through the shutdown as running ones.
 			c.flow.freed = ev == machine.EventSlotFreed
-			r := c.claim(context.WithoutCancel(ctx), free, jobs)
+			var r machine.Result
+			r, runs = c.claim(context.WithoutCancel(ctx), free)
 			r.At = time.Now()
 			if r.Err != nil {
-				if ctx.Err() != nil {
+				if ctx.Err() != nil { // a failed claim has no runs
 					c.enter(from, machine.StateStopping, hooks)
 					return
 				}
@@ -82,6 +85,11 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners.Runners) {
 			m.Claimed(ev, r)
 		}
 		c.enter(from, m.State, hooks)
+		// The jobs start after the move, not before: a runner readied last
+		// runs first once the loop waits, ahead of the goroutines that
+		// giving back the sleep key readies (the context's AfterFunc, the
+		// hold's wait).
+		start(jobs, runs)
 		if m.Rearm { // else the timer runs on: an event that changed nothing must not push it out
 			m.Rearm = false
 			if m.Timer == machine.NoTimer {

@@ -74,6 +74,10 @@ type Result struct {
 	Stranded bool
 	// Paused: the queue is paused, and nothing was claimed.
 	Paused bool
+	// Untold: the claim took jobs, fewer than Limit, and told neither Next
+	// nor Stranded (the plain claim reads them only when it takes none).
+	// The look that follows it, lingering, tells them.
+	Untold bool
 	// Held: due jobs wait for their key's running jobs to end (flow
 	// limits): a job of this worker that ends may let them start.
 	Held  bool
@@ -167,6 +171,11 @@ func (m *Machine) Claimed(ev Event, r Result) {
 		} else {
 			m.State, m.Timer = StateLingering, lookWait(m.looks-1)
 		}
+	}
+	if r.Untold {
+		// The look comes sooner than either timer would, and tells them:
+		// the stranded rows' backoff keeps its start until then.
+		return
 	}
 	if r.Next != nil {
 		m.soon(max(*r.Next, minScheduleWait))

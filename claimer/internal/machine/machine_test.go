@@ -130,6 +130,23 @@ func TestMachineClaimed(t *testing.T) {
 	}
 }
 
+// A claim that took some jobs and told neither a run_at nor stranded rows
+// leaves the stranded rows' backoff where it was: the looks after it tell
+// whether the rows are still skipped.
+func TestMachineUntoldKeepsStrandedBackoff(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := &Machine{State: StateAsleep, Timer: NoTimer}
+	m.Claimed(EventTick, Result{Limit: 5, Stranded: true, At: t0})
+	require.Equal(t, strandedMin, m.Timer)
+	m.Claimed(EventWake, Result{Claimed: 2, Limit: 5, Untold: true, At: t0.Add(20 * time.Millisecond)})
+	require.Equal(t, StateLingering, m.State)
+	require.Equal(t, lookMin, m.Timer, "the look after a short claim")
+	m.State = StateAsleep
+	m.Claimed(EventTick, Result{Limit: 5, Stranded: true, At: t0.Add(50 * time.Millisecond)})
+	require.Equal(t, 50*time.Millisecond, m.Timer, "as long after as the rows were first skipped, not restarted")
+}
+
 // Looks for stranded rows come as long after as the rows were first
 // skipped, from 10 ms to 1 s, however many claims other events make
 // meanwhile, and start again from 10 ms once a claim skips none.
