@@ -71,8 +71,9 @@ REVOKE ALL ON FUNCTION {{.schema}}.rotate_signing_secret(bytea, interval) FROM P
 
 -- The roles of docs/roles.sql keep working without running it again: a
 -- role that may pause queues (the operator) may rotate the secrets and
--- read every column but secret; a role that may delete jobs (the worker)
--- reads the secrets.
+-- read every column but secret; a role that may delete jobs and fire the
+-- schedules' slots (the worker; the console's role or a purge may delete
+-- jobs too, but fires nothing) reads the secrets.
 DO $$
 DECLARE
     grantee text;
@@ -98,6 +99,10 @@ BEGIN
              pg_catalog.aclexplode(c.relacl) a
         WHERE n.nspname = {{.schema_literal}} AND c.relname = 'jobs' AND a.privilege_type = 'DELETE'
           AND a.grantee <> c.relowner AND a.grantee <> 0
+          AND EXISTS (
+              SELECT FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) f
+              WHERE p.pronamespace = n.oid AND p.proname = 'fire_schedule_slots'
+                AND f.privilege_type = 'EXECUTE' AND f.grantee = a.grantee)
         ORDER BY 1
     LOOP
         EXECUTE pg_catalog.format('GRANT SELECT ON %I.signing_secrets TO %s', {{.schema_literal}}, grantee);
