@@ -5,9 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/signing"
 )
 
@@ -79,4 +81,32 @@ func TestConcurrentRotationsTakeTurns(t *testing.T) {
 		require.NotNil(t, s.ExpiresAt, s.ID)
 	}
 	require.Nil(t, list[7].ExpiresAt)
+}
+
+// A rotation in a transaction that began before another rotation
+// committed ends that rotation's secret without breaking the table's
+// checks: its end is never before the secret was made.
+func TestRotationInOlderTransaction(t *testing.T) {
+	t.Parallel()
+	a, schema, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT now()`) // the transaction's now() is fixed here
+	require.NoError(t, err)
+	first, err := a.RotateSigningSecret(ctx, signing.Generate(), time.Hour)
+	require.NoError(t, err)
+	var id int64
+	err = tx.QueryRow(ctx, `SELECT id FROM `+pgx.Identifier{schema, "rotate_signing_secret"}.Sanitize()+`($1, interval '0')`,
+		[]byte(signing.Generate())).Scan(&id)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	list, err := a.SigningSecrets(ctx)
+	require.NoError(t, err)
+	require.Len(t, list, 2)
+	require.Equal(t, []int64{first.ID, id}, []int64{list[0].ID, list[1].ID})
+	require.True(t, list[0].Expired, "the overlap of 0 ends the first at once")
+	require.False(t, list[1].Expired)
 }

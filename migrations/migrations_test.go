@@ -836,7 +836,8 @@ func TestFlowIndexesBuiltAhead(t *testing.T) {
 
 // The worker and operator roles granted what they needed before migration
 // 18 read (worker) and rotate (operator) the signing secrets after it,
-// and only the worker reads a secret.
+// and only the worker reads a secret: not a role that deletes jobs
+// without running a worker (the console's, a purge's).
 func TestSigningSecretGrantsCarryOverMigration18(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -864,8 +865,13 @@ func TestSigningSecretGrantsCarryOverMigration18(t *testing.T) {
 		t.Cleanup(p.Close)
 		return p
 	}
-	worker := rolePool("worker", "GRANT SELECT, UPDATE, DELETE ON "+s+".jobs TO {role}")
+	worker := rolePool("worker", "GRANT SELECT, UPDATE, DELETE ON "+s+".jobs TO {role}; "+
+		"GRANT EXECUTE ON FUNCTION "+s+".fire_schedule_slots(bigint[], timestamptz[]) TO {role}")
 	operator := rolePool("operator", "GRANT SELECT, UPDATE ON "+s+".jobs TO {role}; GRANT EXECUTE ON FUNCTION "+s+".pause_queue(text) TO {role}")
+	// The console's delete needs DELETE on jobs: its role is no worker.
+	console := rolePool("console", "GRANT SELECT, UPDATE, DELETE ON "+s+".jobs TO {role}; GRANT EXECUTE ON FUNCTION "+s+".pause_queue(text) TO {role}")
+	// A purge by cron deletes jobs too.
+	purger := rolePool("purger", "GRANT SELECT, DELETE ON "+s+".jobs TO {role}")
 	_, _, err = migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
 	require.NoError(t, err)
 
@@ -875,6 +881,10 @@ func TestSigningSecretGrantsCarryOverMigration18(t *testing.T) {
 	require.NoError(t, err)
 	_, err = operator.Exec(ctx, "SELECT secret FROM "+s+".signing_secrets")
 	require.Equal(t, "42501", pgErrorOf(t, err).Code)
+	for _, p := range []*pgxpool.Pool{console, purger} {
+		_, err = p.Exec(ctx, "SELECT secret FROM "+s+".signing_secrets")
+		require.Equal(t, "42501", pgErrorOf(t, err).Code, "a role that deletes jobs but runs no worker reads no secret")
+	}
 	var n int
 	require.NoError(t, worker.QueryRow(ctx, "SELECT count(secret) FROM "+s+".signing_secrets").Scan(&n))
 	require.Equal(t, 1, n)

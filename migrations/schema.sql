@@ -1239,6 +1239,7 @@ AS $function$
 #variable_conflict use_column
 DECLARE
     new_id bigint;
+    t      timestamptz;
     ends   timestamptz;
 BEGIN
     IF overlap IS NULL OR overlap < interval '0' THEN
@@ -1246,12 +1247,17 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext(E'pgdispatch' || '.signing_secrets'));
-    ends := now() + overlap;
+    -- The time once the lock is held, not the transaction's start: a
+    -- rotation that committed while this one waited made its secret
+    -- after this transaction began, and an end is never before a
+    -- secret was made (nor is a secret deleted before it ends).
+    t := pg_catalog.clock_timestamp();
+    ends := t + overlap;
     PERFORM FROM pgdispatch.signing_secrets s ORDER BY s.id FOR UPDATE;
-    DELETE FROM pgdispatch.signing_secrets s WHERE s.expires_at <= now();
-    UPDATE pgdispatch.signing_secrets s SET expires_at = ends
+    DELETE FROM pgdispatch.signing_secrets s WHERE s.expires_at <= t;
+    UPDATE pgdispatch.signing_secrets s SET expires_at = greatest(ends, s.created_at)
     WHERE s.expires_at IS NULL OR s.expires_at > ends;
-    SELECT max(s.expires_at) INTO ends FROM pgdispatch.signing_secrets s WHERE s.expires_at > now();
+    SELECT max(s.expires_at) INTO ends FROM pgdispatch.signing_secrets s WHERE s.expires_at > t;
     INSERT INTO pgdispatch.signing_secrets AS s (secret) VALUES (rotate_signing_secret.secret)
     RETURNING s.id INTO new_id;
     PERFORM pg_catalog.pg_notify('pgdispatch.control',

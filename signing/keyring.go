@@ -15,6 +15,8 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -32,12 +34,20 @@ const (
 	GeneratedSecretSize = 32
 )
 
-// Secret is a signing key. It prints as "[secret]", whatever the verb, so
-// that a value logged or formatted by mistake shows nothing of it.
+// Secret is a signing key. It prints as "[secret]", whatever the verb,
+// and is "[secret]" in JSON and text encodings, so that a value logged,
+// formatted or encoded by mistake shows nothing of it.
 type Secret []byte
 
 func (Secret) String() string   { return "[secret]" }
 func (Secret) GoString() string { return "[secret]" }
+
+// Format writes "[secret]" for every verb, %d and %x as much as %v.
+func (Secret) Format(f fmt.State, _ rune) { _, _ = io.WriteString(f, "[secret]") }
+
+// MarshalText is "[secret]": encoding/json, and zap's reflection, write
+// that rather than the bytes' base64.
+func (Secret) MarshalText() ([]byte, error) { return []byte("[secret]"), nil }
 
 // Text is the secret's text form: Prefix and the base64 of its bytes. It
 // is what a receiver is given.

@@ -1,6 +1,7 @@
 package signing_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -78,4 +79,21 @@ func TestKeyringExpires(t *testing.T) {
 		<-changed
 	}
 	require.Equal(t, []signing.Secret{current}, k.Secrets(time.Now()))
+}
+
+// A secret shows nothing of itself under the verbs that format bytes as
+// numbers, nor as JSON, which zap.Any writes a struct holding one as.
+func TestSecretIsNeverEncoded(t *testing.T) {
+	t.Parallel()
+	s := signing.Generate()
+	key := signing.Key{ID: 1, Secret: s}
+	for _, verb := range []string{"%d", "%o", "%b", "%c", "%U", "%08d"} {
+		out := fmt.Sprintf(verb, key) + fmt.Sprintf(verb, s)
+		require.NotContains(t, out, fmt.Sprint(int(s[0]))+" "+fmt.Sprint(int(s[1])), verb)
+		require.Contains(t, out, "[secret]", verb)
+	}
+	out, err := json.Marshal(key)
+	require.NoError(t, err)
+	require.NotContains(t, string(out), s.Text()[len(signing.Prefix):])
+	require.Contains(t, string(out), `"[secret]"`)
 }

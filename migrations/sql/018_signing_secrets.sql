@@ -40,6 +40,7 @@ AS $$
 #variable_conflict use_column
 DECLARE
     new_id bigint;
+    t      timestamptz;
     ends   timestamptz;
 BEGIN
     IF overlap IS NULL OR overlap < interval '0' THEN
@@ -47,12 +48,17 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext({{.schema_literal}} || '.signing_secrets'));
-    ends := now() + overlap;
+    -- The time once the lock is held, not the transaction's start: a
+    -- rotation that committed while this one waited made its secret
+    -- after this transaction began, and an end is never before a
+    -- secret was made (nor is a secret deleted before it ends).
+    t := pg_catalog.clock_timestamp();
+    ends := t + overlap;
     PERFORM FROM {{.schema}}.signing_secrets s ORDER BY s.id FOR UPDATE;
-    DELETE FROM {{.schema}}.signing_secrets s WHERE s.expires_at <= now();
-    UPDATE {{.schema}}.signing_secrets s SET expires_at = ends
+    DELETE FROM {{.schema}}.signing_secrets s WHERE s.expires_at <= t;
+    UPDATE {{.schema}}.signing_secrets s SET expires_at = greatest(ends, s.created_at)
     WHERE s.expires_at IS NULL OR s.expires_at > ends;
-    SELECT max(s.expires_at) INTO ends FROM {{.schema}}.signing_secrets s WHERE s.expires_at > now();
+    SELECT max(s.expires_at) INTO ends FROM {{.schema}}.signing_secrets s WHERE s.expires_at > t;
     INSERT INTO {{.schema}}.signing_secrets AS s (secret) VALUES (rotate_signing_secret.secret)
     RETURNING s.id INTO new_id;
     PERFORM pg_catalog.pg_notify('pgdispatch.control',
@@ -65,8 +71,9 @@ REVOKE ALL ON FUNCTION {{.schema}}.rotate_signing_secret(bytea, interval) FROM P
 
 -- The roles of docs/roles.sql keep working without running it again: a
 -- role that may pause queues (the operator) may rotate the secrets and
--- read every column but secret; a role that may delete jobs (the worker)
--- reads the secrets.
+-- read every column but secret; a role that may delete jobs and fire the
+-- schedules' slots (the worker; the console's role or a purge may delete
+-- jobs too, but fires nothing) reads the secrets.
 DO $$
 DECLARE
     grantee text;
@@ -92,6 +99,10 @@ BEGIN
              pg_catalog.aclexplode(c.relacl) a
         WHERE n.nspname = {{.schema_literal}} AND c.relname = 'jobs' AND a.privilege_type = 'DELETE'
           AND a.grantee <> c.relowner AND a.grantee <> 0
+          AND EXISTS (
+              SELECT FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) f
+              WHERE p.pronamespace = n.oid AND p.proname = 'fire_schedule_slots'
+                AND f.privilege_type = 'EXECUTE' AND f.grantee = a.grantee)
         ORDER BY 1
     LOOP
         EXECUTE pg_catalog.format('GRANT SELECT ON %I.signing_secrets TO %s', {{.schema_literal}}, grantee);
