@@ -151,12 +151,22 @@ func (k *Keyring) expire(now time.Time) {
 	}
 }
 
-// Secrets returns the secrets in force at now, newest first.
+// MaxSigners is the most secrets that sign a request: each adds about 50
+// bytes to its webhook-signature header, and rotations more often than
+// their overlap would otherwise grow it past what receivers accept (8 KB
+// of headers is a common limit), failing every request.
+const MaxSigners = 8
+
+// Secrets returns the secrets in force at now, newest first, at most
+// MaxSigners of them.
 func (k *Keyring) Secrets(now time.Time) []Secret {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	out := make([]Secret, 0, len(k.keys))
+	out := make([]Secret, 0, min(len(k.keys), MaxSigners))
 	for _, key := range k.keys {
+		if len(out) == MaxSigners {
+			break
+		}
 		if key.ExpiresAt.IsZero() || now.Before(key.ExpiresAt) {
 			out = append(out, key.Secret)
 		}

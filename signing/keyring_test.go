@@ -97,3 +97,24 @@ func TestSecretIsNeverEncoded(t *testing.T) {
 	require.NotContains(t, string(out), s.Text()[len(signing.Prefix):])
 	require.Contains(t, string(out), `"[secret]"`)
 }
+
+// However many secrets are in force, at most MaxSigners of them sign, the
+// newest: rotations more often than their overlap leave dozens in force,
+// and a header with a signature for each would pass what receivers accept.
+func TestAtMostMaxSignersSign(t *testing.T) {
+	t.Parallel()
+	k := signing.NewKeyring()
+	t.Cleanup(k.Stop)
+	var keys []signing.Key
+	var newest []signing.Secret
+	for id := int64(1440); id >= 1; id-- {
+		s := signing.Generate()
+		keys = append(keys, signing.Key{ID: id, Secret: s, ExpiresAt: time.Now().Add(time.Hour)})
+		if len(newest) < signing.MaxSigners {
+			newest = append(newest, s)
+		}
+	}
+	k.Set(keys)
+	require.Len(t, k.IDs(), 1440)
+	require.Equal(t, newest, k.Secrets(time.Now()))
+}
