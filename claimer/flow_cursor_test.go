@@ -2,7 +2,6 @@ package claimer
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -94,6 +93,6 @@ func TestFlowClaimBehindAnotherPicksACharacter(t *testing.T) {
 		err = tx.QueryRow(ctx, "SELECT cursor_key FROM "+pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+
 			"($1, 1, 'w', 30, 5, 1048576, NULL, false)", c.cfg.Queue).Scan(&cursor)
 		require.NoError(t, tx.Rollback(ctx))
-		require.NoError(t, err, fmt.Sprintf("claim %d", i))
+		require.NoErrorf(t, err, "claim %d", i)
 	}
 }
