@@ -363,3 +363,51 @@ func TestBrowserQueueNamedLikeAProperty(t *testing.T) {
 	require.Equal(t, "live on", br.eval(t, `document.getElementById('live').className`))
 	br.noIncidents(t)
 }
+
+// A job held back by its key's limit says why on its page, as `jobs show`
+// does: in a queue whose keys run one at a time, the pending job of a key
+// with a running job shows its key and the limit it waits on; a job
+// without a key shows neither. A writer's key is hostile: 256 characters
+// of markup and escapes show as text, run nothing and widen no page.
+func TestBrowserJobWaitsOnItsKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.exec(t, `SELECT {schema}.set_flow_limit('limited', concurrency => 1)`)
+	long := hostile + strings.Repeat("k", 256-len(hostile))
+	insert := func(key any, status string) int64 {
+		t.Helper()
+		return b.queryInt(t, `INSERT INTO {jobs} (queue, kind, flow_key, status, run_at, locked_by, locked_until)
+			VALUES ('limited', 'email', $1, $2, now() - interval '1 second',
+			        CASE WHEN $2 = 'running' THEN 'worker-a' END, CASE WHEN $2 = 'running' THEN now() + interval '1 minute' END)
+			RETURNING id`, key, status)
+	}
+	insert("acme", "running")
+	waiting := insert("acme", "pending")
+	insert(long, "running")
+	hostileWaiting := insert(long, "pending")
+	plain := insert(nil, "pending")
+
+	br := newBrowser(t, "ann", viewerToken)
+	open := func(id int64) {
+		t.Helper()
+		br.do(t, fmt.Sprintf("open job %d", id), chromedp.Navigate(fmt.Sprintf("%sjobs/%d", b.url, id)), chromedp.WaitVisible("#payload"))
+	}
+
+	open(waiting)
+	require.Equal(t, "acme", br.eval(t, `document.querySelector('#flow-key td').textContent`))
+	require.Equal(t, "waiting: key acme at its concurrency limit of 1 (1 running)", br.eval(t, `document.querySelector('#waiting').textContent`))
+	br.screenshot(t, "job-waiting")
+
+	open(plain)
+	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('#flow-key, #waiting').length)`))
+	require.NotContains(t, br.eval(t, `document.querySelector('main').innerText`), "flow key")
+
+	open(hostileWaiting)
+	shown := visible(long)
+	require.Equal(t, shown, br.eval(t, `document.querySelector('#flow-key td').textContent`))
+	require.Equal(t, "waiting: key "+shown+" at its concurrency limit of 1 (1 running)", br.eval(t, `document.querySelector('#waiting').textContent`))
+	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
+	require.Equal(t, "true", br.eval(t, `String(document.documentElement.scrollWidth <= document.documentElement.clientWidth)`),
+		"the long key widens the page")
+	br.noIncidents(t)
+}

@@ -525,6 +525,12 @@ func (s *Server) showJob(w http.ResponseWriter, r *http.Request, reveal bool) {
 		s.render(w, r, "job", "layout.html", p)
 		return
 	}
+	// What holds the job back, as `jobs show` says it; the rest of the
+	// page shows without it.
+	wait, err := s.admin.FlowWait(r.Context(), j)
+	if err != nil {
+		p.Error = s.dbError("read why the job waits", err)
+	}
 	u := userOf(r)
 	reveal = reveal && u.Operator()
 	masked := false
@@ -560,7 +566,10 @@ func (s *Server) showJob(w http.ResponseWriter, r *http.Request, reveal bool) {
 		Masked   bool
 		Revealed bool
 		Timeline []timelineEntry
-	}{j, attempts, skipped, masked, reveal, timeline}
+		// Waiting is why a pending job with a flow key is not started
+		// (admin.FlowWait); empty for any other.
+		Waiting string
+	}{j, attempts, skipped, masked, reveal, timeline, wait}
 	s.render(w, r, "job", "layout.html", p)
 }
 
