@@ -120,6 +120,9 @@ func TestSlotOutlivesAHolderThatDiesOrFreezes(t *testing.T) {
 			t.Logf("the holder's pass: %v", err)
 
 			require.Equal(t, []string{"schedule:tick:2030-01-01T00:00:00Z"}, e.keys(t))
+			// The job is visible once its pass commits, and the pass counts
+			// it after the commit returns.
+			wait.For(t, 30*time.Second, "healthy.Stats().Created >= 1", func() bool { return healthy.Stats().Created >= 1 })
 			require.EqualValues(t, 1, healthy.Stats().Created)
 			require.Zero(t, holder.Stats().Created)
 		})
