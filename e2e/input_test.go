@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sync/errgroup"
@@ -73,7 +75,24 @@ func deadlockHunt(t *testing.T, name string, limits *flowLimits) {
 		flowPrefix = new("f")
 		running = s.sampleRunning()
 	}
-	ws := s.startWorkers(3)
+	// Each worker names its sessions, so that the kill below can wait for
+	// the killed one's to end: a statement it sent just before, such as
+	// an outcome, may still commit.
+	start := func(id string) *worker {
+		u, err := url.Parse(s.url)
+		require.NoError(t, err)
+		q := u.Query()
+		q.Set("application_name", "pgdispatch-"+id)
+		u.RawQuery = q.Encode()
+		return s.startWorker(id, "DATABASE_URL="+u.String())
+	}
+	ws := make([]*worker, 3)
+	for i := range ws {
+		ws[i] = start(fmt.Sprintf("%s-%d", s.name, i+1))
+	}
+	for _, w := range ws {
+		s.waitListening(w)
+	}
 	// A transaction held open from the start to the end of the drain, as a
 	// report's: no row version the claims and outcomes leave behind can be
 	// removed, so the workers claim from their cursors, and the jobs the
@@ -157,13 +176,16 @@ func deadlockHunt(t *testing.T, name string, limits *flowLimits) {
 			s.fault(ws[0].kill9)
 			var held int
 			callCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			err := s.pool.QueryRow(callCtx, "SELECT count(*) FROM "+s.jobs()+" WHERE status = 'running' AND locked_by = $1", ws[0].id).Scan(&held)
+			err := waitGone(callCtx, s.pool, "pgdispatch-"+ws[0].id)
+			if err == nil {
+				err = s.pool.QueryRow(callCtx, "SELECT count(*) FROM "+s.jobs()+" WHERE status = 'running' AND locked_by = $1", ws[0].id).Scan(&held)
+			}
 			cancel()
 			if err != nil {
 				return fmt.Errorf("count the jobs of the killed worker: %w", err)
 			}
 			t.Logf("killed %s, which held %d jobs", ws[0].id, held)
-			ws[0] = s.startWorker(fmt.Sprintf("%s-1-r%d", s.name, try))
+			ws[0] = start(fmt.Sprintf("%s-1-r%d", s.name, try))
 			if held > 0 {
 				return nil
 			}
@@ -686,4 +708,23 @@ func cpuTime(t *testing.T, w *worker) time.Duration {
 	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
 	require.NoError(t, errors.Join(err1, err2))
 	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+// waitGone waits until no session of the database named app is left: the
+// sessions of a killed process end once the statements it sent have.
+func waitGone(ctx context.Context, pool *pgxpool.Pool, app string) error {
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sessions of %s still open: %w", app, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
