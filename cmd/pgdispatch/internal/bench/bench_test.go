@@ -115,8 +115,18 @@ func byScenario(results []*Result) map[string][]*Result {
 // requirePercentiles checks that name's percentiles came in order.
 func requirePercentiles(t *testing.T, r *Result, name string) {
 	t.Helper()
+	require.Positive(t, r.Figures[name+"_p50_ms"], r.Scenario)
+	requireOrdered(t, r, name)
+}
+
+// requireOrdered checks that name's percentiles came in order, for a time
+// that may be below 0: commit → start is read from the producer's commit
+// returning, and a job can start before its producer's goroutine wakes
+// for that.
+func requireOrdered(t *testing.T, r *Result, name string) {
+	t.Helper()
 	f := r.Figures
-	require.Positive(t, f[name+"_p50_ms"], r.Scenario)
+	require.Contains(t, f, name+"_p50_ms", r.Scenario)
 	require.GreaterOrEqual(t, f[name+"_p90_ms"], f[name+"_p50_ms"], r.Scenario)
 	require.GreaterOrEqual(t, f[name+"_p99_ms"], f[name+"_p90_ms"], r.Scenario)
 	require.GreaterOrEqual(t, f[name+"_max_ms"], f[name+"_p99_ms"], r.Scenario)
@@ -387,8 +397,8 @@ func TestXmin(t *testing.T) {
 		require.Positive(t, d.Figures["jobs_per_s_free"])
 		require.Positive(t, d.Figures["jobs_per_s_held"])
 		require.InDelta(t, d.Figures["jobs_per_s_held"]/d.Figures["jobs_per_s_free"], d.Figures["ratio"], 1e-9)
-		requirePercentiles(t, got["xmin_lone"][i], "free")
-		requirePercentiles(t, got["xmin_lone"][i], "held")
+		requireOrdered(t, got["xmin_lone"][i], "free") // 3 jobs: a p50 can be below 0
+		requireOrdered(t, got["xmin_lone"][i], "held")
 	}
 	require.Len(t, got["xmin_claim"], 1)
 	c := got["xmin_claim"][0]
