@@ -52,8 +52,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
-	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/endpoints"
+	"github.com/pgdispatch/pgdispatch/executors"
 	mask "github.com/pgdispatch/pgdispatch/internal/redact"
 	"github.com/pgdispatch/pgdispatch/internal/tracing"
 	"github.com/pgdispatch/pgdispatch/signing"
