@@ -253,9 +253,9 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, r
 	var err error
 	if failed {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.reopen, endpoint, excerpt(reason), b.cfg.CoolDown.Seconds(),
-			b.cfg.MaxCoolDown.Seconds()).Scan(&left)
+			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema).Scan(&left)
 	} else {
-		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint).Scan(&left)
+		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.cfg.Schema).Scan(&left)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
