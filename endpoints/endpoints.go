@@ -212,14 +212,14 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	}
 	switch {
 	case probe:
-		b.set(endpoint, "half_open", probeFor)
+		b.set(endpoint, "half_open", b.wait("half_open", probeFor))
 		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))
 		return Admission{Probe: true}
 	case state == nil || *state == "closed":
 		b.set(endpoint, "", 0)
 		return Admission{}
 	default:
-		wait := max(seconds(left), minWait)
+		wait := b.wait(*state, seconds(left))
 		b.set(endpoint, *state, wait)
 		return Admission{Wait: wait}
 	}
@@ -272,6 +272,17 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, r
 		b.logger.Info("endpoint closed: its probe succeeded", zap.String("endpoint", endpoint))
 	}
 	return nil
+}
+
+// wait is how long a job waits for an endpoint in state that holds for
+// left: until an open endpoint's cool-down ends, and at most CoolDown for
+// a probe, so that a probe's success lets the backlog go within CoolDown
+// however long the probe's timeout.
+func (b *Breaker) wait(state string, left time.Duration) time.Duration {
+	if state == "half_open" {
+		left = min(left, b.cfg.CoolDown)
+	}
+	return max(left, minWait)
 }
 
 // set notes endpoint's state: closed when state is "", else until wait

@@ -83,7 +83,11 @@ func (b *Breaker) Load(ctx context.Context) error {
 	now := time.Now()
 	open := make(map[string]gate, len(read))
 	for _, x := range read {
-		open[x.endpoint] = gate{state: x.state, until: now.Add(seconds(&x.left))}
+		left := seconds(&x.left)
+		if x.state == "half_open" {
+			left = min(left, b.cfg.CoolDown)
+		}
+		open[x.endpoint] = gate{state: x.state, until: now.Add(left)}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
