@@ -65,7 +65,9 @@ type outcomes struct {
 	changed chan struct{}
 }
 
-func newOutcomes() *outcomes { return &outcomes{of: map[int64][]claimer.Outcome{}, changed: make(chan struct{})} }
+func newOutcomes() *outcomes {
+	return &outcomes{of: map[int64][]claimer.Outcome{}, changed: make(chan struct{})}
+}
 
 func (o *outcomes) JobStarted(*executors.Job) {}
 
