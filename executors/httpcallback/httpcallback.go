@@ -19,7 +19,9 @@
 // Link-local and cloud metadata addresses are refused unless an allowed
 // network lies within them. Redirects are followed only within one host.
 // Each host gets at most MaxConnsPerHost requests at once; jobs beyond it
-// wait for one, and only jobs for that host wait.
+// wait for one, and only jobs for that host wait. With a Breaker, a job
+// whose endpoint (scheme, host and port) is open sends nothing and is
+// snoozed until the endpoint's cool-down ends (see package endpoints).
 //
 // Every attempt that sent a request records its result (see
 // executors.RecordResult): the status, the time from sending the request to
