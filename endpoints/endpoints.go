@@ -156,6 +156,11 @@ func New(cfg Config) (*Breaker, error) {
 	}, nil
 }
 
+// MaxEndpoint is the longest endpoint the endpoints table holds, in
+// bytes: the outcomes of longer ones, which a writer's URL can make, are
+// not counted.
+const MaxEndpoint = 300
+
 // Of is the endpoint of a URL: its scheme, lowercased host and port, the
 // scheme's default port filled in (https://example.com:443). It holds no
 // user info, path or query.
@@ -228,6 +233,9 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 // Record counts the outcome of a request to endpoint that was not a
 // probe; reason is a failure's text, already redacted.
 func (b *Breaker) Record(endpoint string, failed bool, reason string) {
+	if len(endpoint) > MaxEndpoint {
+		return // the table cannot hold it, and its flush would fail every other endpoint's
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	t := b.counts[endpoint]

@@ -3,6 +3,7 @@ package endpoints_test
 import (
 	"context"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -66,6 +67,10 @@ func TestFlushOpensPastTheThreshold(t *testing.T) {
 	require.NoError(t, err)
 
 	const down, up = "http://down:80", "http://up:80"
+	// A host no table row can hold is not counted, and does not keep the
+	// others' outcomes from being written.
+	long := "http://" + strings.Repeat("h", endpoints.MaxEndpoint) + ":80"
+	br.Record(long, true, "HTTP 503 Service Unavailable")
 	for range 3 {
 		br.Record(down, true, "HTTP 503 Service Unavailable")
 		br.Record(up, false, "")
