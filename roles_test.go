@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 	"github.com/pgdispatch/pgdispatch/schedule"
 	"github.com/pgdispatch/pgdispatch/signing"
@@ -244,6 +245,28 @@ func TestRolesScript(t *testing.T) {
 		requireDenied(t, writer, sql)
 	}
 	requireDenied(t, operator, "DELETE FROM "+pgx.Identifier{b.schema, "flow_keys"}.Sanitize())
+
+	// The worker keeps the endpoints' circuits: it counts, opens, probes
+	// and closes; the operator lists them; the writer reads none.
+	const ep = "http://roles.example:80"
+	endpointsTable := pgx.Identifier{b.schema, "endpoints"}.Sanitize()
+	br, err := endpoints.New(endpoints.Config{DB: worker, Schema: b.schema, MinAttempts: 1, FailureRatio: 1, CoolDown: time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+	br.Record(ep, true, "HTTP 503")
+	require.NoError(t, br.Flush(ctx))
+	require.Equal(t, "open", br.State(ep))
+	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+endpointsTable+" SET open_until = now()")
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+	require.True(t, br.Admit(ctx, ep, time.Minute).Probe)
+	require.NoError(t, br.ProbeDone(ctx, ep, false, ""))
+	require.Equal(t, "closed", br.State(ep))
+	eps, err := a.Endpoints(ctx)
+	require.NoError(t, err)
+	require.Len(t, eps, 1)
+	requireDenied(t, operator, "UPDATE "+endpointsTable+" SET state = 'open'")
+	requireDenied(t, writer, "SELECT * FROM "+endpointsTable)
 
 	// The operator rotates the signing secrets and lists them without
 	// reading one; the worker reads them (it did at start, with

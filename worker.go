@@ -31,6 +31,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/atworker"
 	"github.com/pgdispatch/pgdispatch/claimer"
+	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 	"github.com/pgdispatch/pgdispatch/listener"
@@ -142,6 +143,14 @@ type Config struct {
 	// the same keyring to the http_callback executor
 	// (httpcallback.Config.Keyring).
 	SigningKeys *signing.Keyring
+	// Endpoints, when set, is the circuit breakers of the schema's
+	// endpoints: Run reads the open ones before it claims any job, and
+	// fails when it cannot, reads them again when a change notifies,
+	// after the listener connects again and every few seconds, and writes
+	// the outcomes it counted every second and once its jobs have ended.
+	// Give the same Breaker to the http_callback executor
+	// (httpcallback.Config.Breaker).
+	Endpoints *endpoints.Breaker
 	// Logger receives all logs. Default: no logging.
 	Logger *zap.Logger
 
@@ -361,8 +370,9 @@ func (w *Worker) wake(queue string) {
 // control acts on a message of pgdispatch's SQL functions (triggers.Control):
 // cancel() names the running jobs it cancelled, whose claimers beat at
 // once and stop the runs whose rows are no longer theirs (claimer.Cancel),
-// a change to the schedules table wakes the scheduler, and a rotation of
-// the signing secrets has them read again.
+// a change to the schedules table wakes the scheduler, a rotation of the
+// signing secrets has them read again, and a change of an endpoint's
+// circuit has the endpoints read again.
 func (w *Worker) control(payload string) {
 	var msg triggers.Control
 	if err := json.Unmarshal([]byte(payload), &msg); err != nil {
@@ -378,6 +388,9 @@ func (w *Worker) control(payload string) {
 	}
 	if msg.Secrets && w.secrets != nil {
 		w.secrets.Wake()
+	}
+	if msg.Endpoints && w.cfg.Endpoints != nil {
+		w.cfg.Endpoints.Wake()
 	}
 	if len(msg.Cancel) == 0 {
 		return
@@ -399,6 +412,9 @@ func (w *Worker) wakeAll() {
 	w.scheduler.Wake()
 	if w.secrets != nil {
 		w.secrets.Wake()
+	}
+	if w.cfg.Endpoints != nil {
+		w.cfg.Endpoints.Wake()
 	}
 }
 
@@ -427,6 +443,27 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("pgdispatch: %w", err)
 		}
 		defer w.cfg.SigningKeys.Stop()
+	}
+	if w.cfg.Endpoints != nil {
+		if err := w.cfg.Endpoints.Load(ctx); err != nil {
+			if ctx.Err() != nil {
+				w.logger.Info("worker stopped before it started")
+				return nil
+			}
+			return fmt.Errorf("pgdispatch: %w", err)
+		}
+		// The breaker outlives the claimers, so that it writes the
+		// outcomes of the last jobs.
+		bctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = w.cfg.Endpoints.Run(bctx)
+		}()
+		defer func() {
+			stop()
+			<-done
+		}()
 	}
 	queues := make([]string, 0, len(w.claimers))
 	for q := range w.claimers {

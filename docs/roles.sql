@@ -20,14 +20,16 @@
 --             inserts jobs with the rights of the role that wrote the row.
 --   worker    what `pgdispatch run` needs: it reads, claims, updates and
 --             purges jobs, keeps the flow keys' state, fires the
---             schedules, and reads the signing secrets. It inserts no jobs but
+--             schedules, reads the signing secrets, and keeps the
+--             endpoints' circuit breakers. It inserts no jobs but
 --             those of the schedules' slots (fire_schedule_slots()), and
 --             never runs a migration (`pgdispatch migrate` runs as the
 --             owner).
 --   operator  what the admin commands need: `stats`, `jobs list|show|retry|
 --             cancel|snooze`, `queues list|pause|resume`, `schedules add|
 --             list|remove|pause|resume`, `limits set|list|clear`, `secrets
---             rotate|list` (it reads no secret: only the worker does), the SQL
+--             rotate|list` (it reads no secret: only the worker does),
+--             `endpoints list`, the SQL
 --             functions cancel(), snooze(), pause_queue(), resume_queue(),
 --             schedule(), unschedule(), pause_schedule(), resume_schedule(),
 --             set_flow_limit(), clear_flow_limit() and rotate_signing_secret(),
@@ -66,13 +68,15 @@ GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts, t
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
 GRANT SELECT ON :"schema".schema_version, :"schema".queues, :"schema".flow_limits, :"schema".signing_secrets TO :"worker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_keys TO :"worker";
+GRANT SELECT, INSERT, UPDATE ON :"schema".endpoints TO :"worker";
 GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, taken, warning) ON :"schema".schedules TO :"worker";
 -- insert_scheduled_jobs() is what workers of builds before migration 12 call.
 GRANT EXECUTE ON FUNCTION
     :"schema".fire_schedule_slots(bigint[], timestamptz[]),
     :"schema".insert_scheduled_jobs(bigint[], timestamptz[]),
     :"schema".claim_flow(text, integer, text, float8, integer, bigint, text, boolean),
-    :"schema".flow_ended(text[])
+    :"schema".flow_ended(text[]),
+    :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval)
     TO :"worker";
 
 -- operator
@@ -83,6 +87,7 @@ GRANT SELECT, INSERT, UPDATE ON :"schema".queues TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedules TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_limits TO :"operator";
 GRANT SELECT ON :"schema".flow_keys TO :"operator";
+GRANT SELECT ON :"schema".endpoints TO :"operator";
 GRANT SELECT (id, created_at, expires_at), INSERT (secret), UPDATE (expires_at), DELETE ON :"schema".signing_secrets TO :"operator";
 GRANT EXECUTE ON FUNCTION
     :"schema".cancel(bigint[]),

@@ -10,6 +10,26 @@
 
 -- Tables
 
+CREATE TABLE endpoints (
+    endpoint text NOT NULL,
+    state text DEFAULT 'closed'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    failures integer DEFAULT 0 NOT NULL,
+    window_started_at timestamp with time zone DEFAULT now() NOT NULL,
+    opened_at timestamp with time zone,
+    open_until timestamp with time zone,
+    cool_down interval,
+    probe_until timestamp with time zone,
+    reason text,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT endpoints_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT endpoints_endpoint_check CHECK (((char_length(endpoint) >= 1) AND (char_length(endpoint) <= 300))),
+    CONSTRAINT endpoints_failures_check CHECK ((failures >= 0)),
+    CONSTRAINT endpoints_pkey PRIMARY KEY (endpoint),
+    CONSTRAINT endpoints_reason_check CHECK ((char_length(reason) <= 300)),
+    CONSTRAINT endpoints_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text])))
+);
+
 CREATE TABLE event_triggers (
     name text NOT NULL,
     table_oid oid NOT NULL,
@@ -146,6 +166,8 @@ CREATE TABLE signing_secrets (
 );
 
 -- Indexes
+
+CREATE UNIQUE INDEX endpoints_pkey ON pgdispatch.endpoints USING btree (endpoint);
 
 CREATE UNIQUE INDEX event_triggers_pkey ON pgdispatch.event_triggers USING btree (name);
 
@@ -1140,6 +1162,51 @@ BEGIN
     END IF;
     UPDATE pgdispatch.schedules s SET enabled = false WHERE s.name = pause_schedule.name AND s.enabled;
     RETURN FOUND;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.record_endpoint_outcomes(endpoints text[], attempts integer[], failures integer[], reasons text[], win interval, min_attempts integer, fail_ratio double precision, cool_down interval)
+ RETURNS SETOF text
+ LANGUAGE plpgsql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    i integer;
+    e pgdispatch.endpoints;
+BEGIN
+    FOR i IN 1 .. coalesce(pg_catalog.array_length(record_endpoint_outcomes.endpoints, 1), 0) LOOP
+        INSERT INTO pgdispatch.endpoints AS x (endpoint) VALUES (record_endpoint_outcomes.endpoints[i])
+        ON CONFLICT (endpoint) DO NOTHING;
+        SELECT * INTO e FROM pgdispatch.endpoints x WHERE x.endpoint = record_endpoint_outcomes.endpoints[i] FOR UPDATE;
+        IF e.window_started_at <= now() - win THEN
+            e.attempts := 0;
+            e.failures := 0;
+            e.window_started_at := now();
+        END IF;
+        e.attempts := e.attempts + record_endpoint_outcomes.attempts[i];
+        e.failures := e.failures + record_endpoint_outcomes.failures[i];
+        IF record_endpoint_outcomes.failures[i] > 0 AND reasons[i] IS NOT NULL THEN
+            e.reason := pg_catalog.left(reasons[i], 300);
+        END IF;
+        IF e.state = 'closed' AND e.attempts >= min_attempts AND e.failures >= fail_ratio * e.attempts THEN
+            e.state := 'open';
+            e.opened_at := now();
+            e.cool_down := record_endpoint_outcomes.cool_down;
+            e.open_until := now() + record_endpoint_outcomes.cool_down;
+            e.attempts := 0;
+            e.failures := 0;
+            e.window_started_at := now();
+            PERFORM pg_catalog.pg_notify('pgdispatch.control',
+                pg_catalog.jsonb_build_object('schema', E'pgdispatch', 'endpoints', true, 'endpoint', e.endpoint)::text);
+            RETURN NEXT e.endpoint;
+        END IF;
+        UPDATE pgdispatch.endpoints x
+        SET state = e.state, attempts = e.attempts, failures = e.failures, window_started_at = e.window_started_at,
+            opened_at = e.opened_at, open_until = e.open_until, cool_down = e.cool_down, reason = e.reason,
+            updated_at = now()
+        WHERE x.endpoint = e.endpoint;
+    END LOOP;
 END
 $function$;
 

@@ -59,6 +59,7 @@ type Control struct {
 	Cancel    []int64 `json:"cancel,omitempty"`
 	Schedules bool    `json:"schedules,omitempty"`
 	Secrets   bool    `json:"secrets,omitempty"`
+	Endpoints bool    `json:"endpoints,omitempty"`
 }
 
 // DefaultLockWait bounds how long Add and Remove wait for the table's lock.

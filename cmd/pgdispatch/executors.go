@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
+	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/email"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
@@ -23,6 +25,12 @@ var executorSettings = []settings.Setting{
 	{Env: "HTTP_ALLOW_HOSTS", Flag: "http-allow-hosts", Help: "comma-separated hosts `http_callback` may reach by name: exact names, IPs (`10.0.0.5`, `[::1]`), or `*.example.com`; empty: any name. `HTTP_ALLOW_NETWORKS` applies too"},
 	{Env: "HTTP_ALLOW_NETWORKS", Flag: "http-allow-networks", Default: httpcallback.NetworksPublic, Help: "comma-separated networks `http_callback` may dial, checked on the address of every connection after DNS: CIDRs, IPs, and `public`, `private` or `loopback` ([http_callback](#http_callback))"},
 	{Env: "HTTP_MAX_CONNECTIONS_PER_HOST", Flag: "http-max-connections-per-host", Default: strconv.Itoa(httpcallback.DefaultMaxConnsPerHost), Help: "requests, and so connections, a worker has open to one host (name and port) at once; `http_callback` jobs beyond it wait for one within their own timeout"},
+	{Env: "HTTP_BREAKER", Flag: "http-breaker", Default: "true", Help: "`false` turns off the circuit breaker per endpoint of `http_callback` jobs ([endpoints](operations.md#endpoints-and-the-circuit-breaker))"},
+	{Env: "HTTP_BREAKER_WINDOW", Flag: "http-breaker-window", Default: settings.DurationText(endpoints.DefaultWindow), Help: "the span over which an endpoint's outcomes are counted"},
+	{Env: "HTTP_BREAKER_MIN_ATTEMPTS", Flag: "http-breaker-min-attempts", Default: strconv.Itoa(endpoints.DefaultMinAttempts), Help: "the fewest attempts in a window that can open an endpoint's circuit"},
+	{Env: "HTTP_BREAKER_FAILURE_PERCENT", Flag: "http-breaker-failure-percent", Default: strconv.Itoa(int(endpoints.DefaultFailureRatio * 100)), Help: "the percentage (1 to 100) of an endpoint's attempts in a window that, failed (429, 5xx, no connection, timeout), open its circuit"},
+	{Env: "HTTP_BREAKER_COOL_DOWN", Flag: "http-breaker-cool-down", Default: settings.DurationText(endpoints.DefaultCoolDown), Help: "how long an endpoint stays open before one probe goes; doubled at each failed probe"},
+	{Env: "HTTP_BREAKER_MAX_COOL_DOWN", Flag: "http-breaker-max-cool-down", Default: settings.DurationText(endpoints.DefaultMaxCoolDown), Help: "the longest cool-down"},
 	{Env: "RABBITMQ_URL", Help: "the `rabbitmq` executor's broker, `amqp://user:password@host:5672/vhost`"},
 	{Env: "SMTP_HOST", Flag: "smtp-host", Help: "the `email` executor's SMTP server"},
 	{Env: "SMTP_PORT", Flag: "smtp-port", Help: "the SMTP server's port; empty: 25, 587 or 465 by `SMTP_TLS`"},
@@ -36,11 +44,38 @@ var executorSettings = []settings.Setting{
 	{Env: "SMTP_MAX_CONNECTIONS", Flag: "smtp-max-connections", Default: strconv.Itoa(email.DefaultMaxConnections), Help: "SMTP sessions a worker opens at once; `email` jobs beyond it wait for one within their own timeout"},
 }
 
+// buildBreaker is the circuit breaker of schema's endpoints that the
+// settings configure, or nil when HTTP_BREAKER is false.
+func buildBreaker(v *settings.Values, db endpoints.DB, schema string, timeout time.Duration, logger *zap.Logger) (*endpoints.Breaker, error) {
+	on, err := strconv.ParseBool(v.Str("HTTP_BREAKER"))
+	if err != nil {
+		return nil, fmt.Errorf("invalid HTTP_BREAKER %q: want true or false", v.Str("HTTP_BREAKER"))
+	}
+	if !on {
+		return nil, nil
+	}
+	var errs []error
+	percent := v.PositiveInt("HTTP_BREAKER_FAILURE_PERCENT", &errs)
+	errs = append(errs, refuse(percent > 100, "invalid HTTP_BREAKER_FAILURE_PERCENT %d: at most 100", percent))
+	cfg := endpoints.Config{
+		DB: db, Schema: schema, StatementTimeout: timeout, Logger: logger,
+		Window: v.PositiveDuration("HTTP_BREAKER_WINDOW", &errs), MinAttempts: v.PositiveInt("HTTP_BREAKER_MIN_ATTEMPTS", &errs),
+		FailureRatio: float64(percent) / 100,
+		CoolDown:     v.PositiveDuration("HTTP_BREAKER_COOL_DOWN", &errs), MaxCoolDown: v.PositiveDuration("HTTP_BREAKER_MAX_COOL_DOWN", &errs),
+	}
+	errs = append(errs, refuse(cfg.MaxCoolDown < cfg.CoolDown, "HTTP_BREAKER_MAX_COOL_DOWN (%s) must not be less than HTTP_BREAKER_COOL_DOWN (%s)", cfg.MaxCoolDown, cfg.CoolDown))
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return endpoints.New(cfg)
+}
+
 // buildRegistry registers the built-in executors that the settings
-// configure; http_callback signs with keyring's secrets too. A kind whose settings are missing is still registered, and
+// configure; http_callback signs with keyring's secrets too, and keeps
+// breaker's circuits (nil: none). A kind whose settings are missing is still registered, and
 // fails its jobs with a message that says what to set. close releases the
 // executors' connections.
-func buildRegistry(v *settings.Values, logger *zap.Logger, workerID string, keyring *signing.Keyring) (reg *executors.Registry, close func(), err error) {
+func buildRegistry(v *settings.Values, logger *zap.Logger, workerID string, keyring *signing.Keyring, breaker *endpoints.Breaker) (reg *executors.Registry, close func(), err error) {
 	reg = executors.NewRegistry()
 	var errs []error
 
@@ -48,6 +83,7 @@ func buildRegistry(v *settings.Values, logger *zap.Logger, workerID string, keyr
 		SigningSecret: v.Str("HTTP_SIGNING_SECRET"), Keyring: keyring, AllowHosts: list(v.Str("HTTP_ALLOW_HOSTS")),
 		AllowNetworks:   list(v.Str("HTTP_ALLOW_NETWORKS")),
 		MaxConnsPerHost: max(v.PositiveInt("HTTP_MAX_CONNECTIONS_PER_HOST", &errs), 0), // a bad value is reported once
+		Breaker:         breaker,
 		Logger:          logger,
 	})
 	if err != nil {

@@ -463,7 +463,7 @@ func checkSchemaAndMetrics(t *testing.T, ref doc) map[string]bool {
 	// The executors as run builds them, so that those that are collectors
 	// are registered as in production.
 	registry, closeExecutors, err := buildRegistry(settings.New(flag.NewFlagSet("reference", flag.ContinueOnError), executorSettings),
-		zap.NewNop(), "reference", signing.NewKeyring())
+		zap.NewNop(), "reference", signing.NewKeyring(), nil)
 	require.NoError(t, err)
 	defer closeExecutors()
 	m := metrics.New(pool, registry)

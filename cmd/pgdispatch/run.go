@@ -132,7 +132,10 @@ func runCommand(ctx context.Context, args []string, _, stderr io.Writer) error {
 		return err
 	}
 	cfg.SigningKeys = signing.NewKeyring()
-	registry, closeExecutors, err := buildRegistry(v, c.logger, cfg.WorkerID, cfg.SigningKeys)
+	if cfg.Endpoints, err = buildBreaker(v, c.pool, cfg.Schema, cfg.StatementTimeout, c.logger); err != nil {
+		return err
+	}
+	registry, closeExecutors, err := buildRegistry(v, c.logger, cfg.WorkerID, cfg.SigningKeys, cfg.Endpoints)
 	if err != nil {
 		return err
 	}

@@ -124,6 +124,9 @@ func TestBadConfigurationIsAClearError(t *testing.T) {
 		{"LOG_LEVEL=loud", `invalid LOG_LEVEL "loud"`},
 		{"LEASE=-1s", `invalid LEASE "-1s": must not be negative`},
 		{"SYNCHRONOUS_COMMIT=maybe", `invalid synchronous_commit "maybe"`},
+		{"HTTP_BREAKER=maybe", `invalid HTTP_BREAKER "maybe"`},
+		{"HTTP_BREAKER_FAILURE_PERCENT=150", `invalid HTTP_BREAKER_FAILURE_PERCENT 150: at most 100`},
+		{"HTTP_BREAKER_MAX_COOL_DOWN=1s", `HTTP_BREAKER_MAX_COOL_DOWN (1s) must not be less than HTTP_BREAKER_COOL_DOWN (30s)`},
 	} {
 		p := start(t, dbEnv(schema, tc.env), "run")
 		require.Equal(t, 1, p.wait(t, 30*time.Second), tc.env)

@@ -19,7 +19,9 @@
 // Link-local and cloud metadata addresses are refused unless an allowed
 // network lies within them. Redirects are followed only within one host.
 // Each host gets at most MaxConnsPerHost requests at once; jobs beyond it
-// wait for one, and only jobs for that host wait.
+// wait for one, and only jobs for that host wait. With a Breaker, a job
+// whose endpoint (scheme, host and port) is open sends nothing and is
+// snoozed until the endpoint's cool-down ends (see package endpoints).
 //
 // Every attempt that sent a request records its result (see
 // executors.RecordResult): the status, the time from sending the request to
@@ -52,6 +54,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/executors"
 	mask "github.com/pgdispatch/pgdispatch/internal/redact"
 	"github.com/pgdispatch/pgdispatch/internal/tracing"
@@ -104,6 +107,14 @@ type Config struct {
 	// timeout; jobs for other hosts do not wait for them. Default:
 	// DefaultMaxConnsPerHost.
 	MaxConnsPerHost int
+	// Breaker, when set, keeps a circuit breaker per endpoint (see package
+	// endpoints): a job whose endpoint is open waits, pending, its attempt
+	// given back, and every request's outcome is counted. A success is a
+	// response that is not 429 or 5xx; a failure is 429, 5xx, no
+	// connection, or no response before the job's timeout. A request
+	// refused by the rules, or cut short by the worker's stop, counts
+	// neither way. Default: none.
+	Breaker *endpoints.Breaker
 	// Logger receives a warning, at most once a minute per host, when jobs
 	// wait for a host's connections. Default: none.
 	Logger *zap.Logger
@@ -122,6 +133,8 @@ type Executor struct {
 	guard     *guard
 	slots     *hostSlots
 	userAgent string
+	breaker   *endpoints.Breaker
+	logger    *zap.Logger
 }
 
 // New checks cfg and returns an Executor.
@@ -134,9 +147,12 @@ func New(cfg Config) (*Executor, error) {
 	if err != nil {
 		return nil, err
 	}
+	logger := cmp.Or(cfg.Logger, zap.NewNop()).Named("http_callback")
 	e := &Executor{
 		guard:     g,
-		slots:     newHostSlots(perHost, cmp.Or(cfg.Logger, zap.NewNop()).Named("http_callback")),
+		slots:     newHostSlots(perHost, logger),
+		breaker:   cfg.Breaker,
+		logger:    logger,
 		userAgent: cmp.Or(cfg.UserAgent, defaultUserAgent),
 		keyring:   cmp.Or(cfg.Keyring, signing.NewKeyring()),
 	}
@@ -311,9 +327,48 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	if err := e.guard.checkURL(r.url); err != nil {
 		return executors.Permanent(fmt.Errorf("%s: %w", target, err))
 	}
+	if e.breaker == nil {
+		_, err := e.send(ctx, job, r, target)
+		return err
+	}
+	endpoint := endpoints.Of(r.url)
+	admission := e.breaker.Admit(ctx, endpoint, job.Timeout)
+	if admission.Wait > 0 {
+		e.logger.Debug("the job's endpoint is open; the job waits", zap.Int64("job_id", job.ID),
+			zap.String("endpoint", endpoint), zap.Duration("wait", admission.Wait))
+		return executors.Snooze(admission.Wait)
+	}
+	v, err := e.send(ctx, job, r, target)
+	if v == unknown {
+		return err
+	}
+	var reason string
+	if v == failed {
+		reason = err.Error()
+	}
+	if !admission.Probe {
+		e.breaker.Record(endpoint, v == failed, reason)
+	} else if perr := e.breaker.ProbeDone(ctx, endpoint, v == failed, reason); perr != nil {
+		e.logger.Warn("the outcome of an endpoint's probe was not recorded; another probe goes after this one's time",
+			zap.Int64("job_id", job.ID), zap.String("endpoint", endpoint), zap.Error(perr))
+	}
+	return err
+}
+
+// verdict is what a request says of its endpoint's health.
+type verdict int
+
+const (
+	unknown verdict = iota // no request, or one the worker cut short
+	healthy                // a response other than 429 or 5xx
+	failed                 // 429, 5xx, no connection, or no response in time
+)
+
+// send sends the request of job, and says what it says of the endpoint.
+func (e *Executor) send(ctx context.Context, job *executors.Job, r *request, target string) (v verdict, err error) {
 	release, err := e.slots.acquire(ctx, origin(r.url), job.ID)
 	if err != nil {
-		return fmt.Errorf("%s: %w", target, err)
+		return unknown, fmt.Errorf("%s: %w", target, err)
 	}
 	defer release()
 	// reqCtx ends the body's reading after bodyWait.
@@ -326,7 +381,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	defer func() { tracing.End(span, err) }()
 	req, err := http.NewRequestWithContext(reqCtx, r.method, r.url.String(), bytes.NewReader(r.body))
 	if err != nil {
-		return executors.Permanent(fmt.Errorf("build request: %w", err))
+		return unknown, executors.Permanent(fmt.Errorf("build request: %w", err))
 	}
 	for name, value := range r.headers {
 		req.Header.Set(name, value)
@@ -363,14 +418,18 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 		)
 		switch {
 		case errors.As(err, &redirected):
-			return executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, redirected.message(known)), known))
+			return unknown, executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, redirected.message(known)), known))
 		case errors.As(err, &refused):
-			return executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, refused.msg), known))
+			return unknown, executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, refused.msg), known))
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("%s: no response before the job's timeout: %w", target, context.Cause(ctx))
+			v = unknown // the worker stopped it
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				v = failed
+			}
+			return v, fmt.Errorf("%s: no response before the job's timeout: %w", target, context.Cause(ctx))
 		}
-		return maskReply(fmt.Errorf("%s: %w", target, unwrapURLError(err)), known)
+		return failed, maskReply(fmt.Errorf("%s: %w", target, unwrapURLError(err)), known)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if span != nil {
@@ -386,10 +445,14 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 		known = mask.NewSecrets(mask.PayloadSecrets(job.Payload)...)
 	}
 	_ = executors.RecordResult(ctx, result{Status: resp.StatusCode, DurationMS: ms(took), Body: bodyExcerpt(snippet, known)})
-	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
-		return nil
+	v = healthy
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
+		v = failed
 	}
-	return classify(target, resp, snippet, known)
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+		return v, nil
+	}
+	return v, classify(target, resp, snippet, known)
 }
 
 // spanAttributes are the attributes of a request's client span: the

@@ -1,0 +1,374 @@
+// Package endpoints keeps a circuit breaker per receiver of http_callback
+// jobs, in the schema's endpoints table, so that every worker sees the same
+// state and it outlives a restart.
+//
+// An endpoint is a URL's scheme, host and port (Of). The executor asks
+// Admit before each request: a closed endpoint's request goes; an open
+// one's job waits, pending, without spending an attempt, until the
+// endpoint's cool-down ends; then exactly one job, the probe, takes the
+// endpoint half-open (a compare-and-set in SQL) and goes, and the others
+// wait until the probe ends. The probe's outcome closes the circuit, or
+// opens it again with the cool-down doubled (ProbeDone).
+//
+// The outcomes of the requests of a closed endpoint are counted in memory
+// (Record) and written every FlushInterval in one statement,
+// record_endpoint_outcomes (migration 019), which opens an endpoint whose
+// failures reach FailureRatio of at least MinAttempts attempts in a Window.
+// Every change of state is told on the channel pgdispatch.control; a
+// Breaker reads the endpoints that are not closed when it starts, when
+// woken (Wake: a notification, a listener that connected again) and every
+// RefreshInterval.
+package endpoints
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap"
+
+	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
+)
+
+// The breaker's defaults.
+const (
+	// DefaultWindow is the span over which outcomes are counted.
+	DefaultWindow = time.Minute
+	// DefaultMinAttempts is the fewest attempts in a window that can open
+	// the circuit.
+	DefaultMinAttempts = 20
+	// DefaultFailureRatio is the share of failed attempts that opens it.
+	DefaultFailureRatio = 0.5
+	// DefaultCoolDown is how long it stays open first.
+	DefaultCoolDown = 30 * time.Second
+	// DefaultMaxCoolDown caps the cool-down, which doubles at each failed
+	// probe.
+	DefaultMaxCoolDown = 10 * time.Minute
+	// DefaultFlushInterval is how often the counted outcomes are written.
+	DefaultFlushInterval = time.Second
+	// DefaultRefreshInterval is how often the endpoints that are not
+	// closed are read, besides when a change is notified.
+	DefaultRefreshInterval = 5 * time.Second
+)
+
+const (
+	// MaxReason bounds the reason stored, in characters.
+	MaxReason = 300
+	// minWait is the least a job waits: a probe claimed at the same
+	// moment by another worker leaves no time to wait for.
+	minWait = time.Second
+	// finalFlushTimeout bounds the last write at shutdown.
+	finalFlushTimeout = 5 * time.Second
+)
+
+// DB runs the breaker's statements: a pool.
+type DB interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Config configures a Breaker. A zero value means the default.
+type Config struct {
+	// DB reads and writes the endpoints table. Required.
+	DB DB
+	// Schema holds the table. Required.
+	Schema string
+	// Window, MinAttempts and FailureRatio: a closed endpoint opens when,
+	// in a window of Window, at least MinAttempts attempts were made and
+	// FailureRatio of them (0 < r ≤ 1) failed.
+	Window       time.Duration
+	MinAttempts  int
+	FailureRatio float64
+	// CoolDown is how long an endpoint stays open when it opens; each
+	// failed probe doubles it, up to MaxCoolDown.
+	CoolDown, MaxCoolDown time.Duration
+	// FlushInterval is how often the outcomes counted are written, and
+	// RefreshInterval how often the endpoints that are not closed are read
+	// without a notification.
+	FlushInterval, RefreshInterval time.Duration
+	// StatementTimeout bounds each statement. Default: 10s.
+	StatementTimeout time.Duration
+	// Logger receives the changes of state and the failures to write or
+	// read. Default: none.
+	Logger *zap.Logger
+}
+
+// Breaker is the circuit breakers of a schema's endpoints, as one worker
+// sees them. It is safe for concurrent use; run it with Run.
+type Breaker struct {
+	cfg    Config
+	logger *zap.Logger
+	wake   chan struct{}
+	sql    statements
+
+	mu      sync.Mutex
+	counts  map[string]*tally // outcomes not yet written
+	open    map[string]gate   // the endpoints not closed, as last read
+	changed chan struct{}     // closed at the next change of open
+}
+
+// tally is an endpoint's outcomes since the last write.
+type tally struct {
+	attempts, failures int32
+	reason             string
+}
+
+// gate is an endpoint that is not closed: its jobs wait until until
+// (local time), then one of them tries to take the probe.
+type gate struct {
+	state string
+	until time.Time
+}
+
+// New checks cfg and returns a Breaker.
+func New(cfg Config) (*Breaker, error) {
+	switch {
+	case cfg.DB == nil:
+		return nil, errors.New("endpoints: DB is required")
+	case cfg.Schema == "":
+		return nil, errors.New("endpoints: Schema is required")
+	case cfg.FailureRatio < 0 || cfg.FailureRatio > 1:
+		return nil, errors.New("endpoints: FailureRatio must be within 0 and 1")
+	case cfg.Window < 0 || cfg.MinAttempts < 0 || cfg.CoolDown < 0 || cfg.MaxCoolDown < 0 ||
+		cfg.FlushInterval < 0 || cfg.RefreshInterval < 0:
+		return nil, errors.New("endpoints: durations and MinAttempts must not be negative")
+	}
+	cfg.Window = cmp.Or(cfg.Window, DefaultWindow)
+	cfg.MinAttempts = cmp.Or(cfg.MinAttempts, DefaultMinAttempts)
+	cfg.FailureRatio = cmp.Or(cfg.FailureRatio, DefaultFailureRatio)
+	cfg.CoolDown = cmp.Or(cfg.CoolDown, DefaultCoolDown)
+	cfg.MaxCoolDown = max(cmp.Or(cfg.MaxCoolDown, DefaultMaxCoolDown), cfg.CoolDown)
+	cfg.FlushInterval = cmp.Or(cfg.FlushInterval, DefaultFlushInterval)
+	cfg.RefreshInterval = cmp.Or(cfg.RefreshInterval, DefaultRefreshInterval)
+	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
+	return &Breaker{
+		cfg: cfg, logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("endpoints"), wake: make(chan struct{}, 1),
+		sql: newStatements(cfg.Schema), counts: map[string]*tally{}, open: map[string]gate{},
+	}, nil
+}
+
+// MaxEndpoint is the longest endpoint the endpoints table holds, in
+// bytes: the outcomes of longer ones, which a writer's URL can make, are
+// not counted.
+const MaxEndpoint = 300
+
+// Of is the endpoint of a URL: its scheme, lowercased host and port, the
+// scheme's default port filled in (https://example.com:443). It holds no
+// user info, path or query.
+func Of(u *url.URL) string {
+	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
+	}
+	return strings.ToLower(u.Scheme) + "://" + net.JoinHostPort(host, port)
+}
+
+// Admission is what Admit decides for a request.
+type Admission struct {
+	// Wait, when above 0, is how long the job waits before it asks again:
+	// the endpoint is open, or another job probes it.
+	Wait time.Duration
+	// Probe says the request is the endpoint's probe: report its outcome
+	// with ProbeDone, not Record.
+	Probe bool
+}
+
+// Admit says whether a request to endpoint may go. A request to a closed
+// endpoint goes; one to an open endpoint waits until its cool-down ends;
+// after it, the first to ask takes the probe for probeFor (its timeout),
+// and the others wait for the probe. A probe that was not reported within
+// probeFor is given to the next to ask. When the table cannot be read, the
+// job waits RefreshInterval.
+func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Duration) Admission {
+	b.mu.Lock()
+	g, ok := b.open[endpoint]
+	b.mu.Unlock()
+	if !ok {
+		return Admission{}
+	}
+	if wait := time.Until(g.until); wait > 0 {
+		return Admission{Wait: max(wait, minWait)}
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
+	defer cancel()
+	var (
+		probe bool
+		state *string
+		left  *float64
+	)
+	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			b.set(endpoint, "", 0)
+			return Admission{}
+		}
+		b.logger.Warn("taking the probe of an open endpoint failed; its job waits", zap.String("endpoint", endpoint),
+			zap.Error(describe(err)), zap.Duration("wait", b.cfg.RefreshInterval))
+		return Admission{Wait: b.cfg.RefreshInterval}
+	}
+	switch {
+	case probe:
+		b.set(endpoint, "half_open", b.wait("half_open", probeFor))
+		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))
+		return Admission{Probe: true}
+	case state == nil || *state == "closed":
+		b.set(endpoint, "", 0)
+		return Admission{}
+	default:
+		wait := b.wait(*state, seconds(left))
+		b.set(endpoint, *state, wait)
+		return Admission{Wait: wait}
+	}
+}
+
+// Record counts the outcome of a request to endpoint that was not a
+// probe; reason is a failure's text, already redacted.
+func (b *Breaker) Record(endpoint string, failed bool, reason string) {
+	if len(endpoint) > MaxEndpoint {
+		return // the table cannot hold it, and its flush would fail every other endpoint's
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.counts[endpoint]
+	if t == nil {
+		t = &tally{}
+		b.counts[endpoint] = t
+	}
+	t.attempts++
+	if failed {
+		t.failures++
+		t.reason = reason
+	}
+}
+
+// ProbeDone reports the outcome of endpoint's probe: a success closes
+// the circuit, a failure opens it again with the cool-down doubled, up to
+// MaxCoolDown. A probe that is no longer the endpoint's (it took longer
+// than its probeFor and another was taken) changes nothing.
+func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, reason string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.StatementTimeout)
+	defer cancel()
+	var left *float64
+	var err error
+	if failed {
+		err = b.cfg.DB.QueryRow(ctx, b.sql.reopen, endpoint, excerpt(reason), b.cfg.CoolDown.Seconds(),
+			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema).Scan(&left)
+	} else {
+		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.cfg.Schema).Scan(&left)
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("record the probe of %s: %w", endpoint, describe(err))
+	}
+	if failed {
+		b.set(endpoint, "open", seconds(left))
+		b.logger.Warn("endpoint open again: its probe failed", zap.String("endpoint", endpoint),
+			zap.Duration("cool_down", seconds(left)), zap.String("reason", excerpt(reason)))
+	} else {
+		b.set(endpoint, "", 0)
+		b.logger.Info("endpoint closed: its probe succeeded", zap.String("endpoint", endpoint))
+	}
+	return nil
+}
+
+// wait is how long a job waits for an endpoint in state that holds for
+// left: until an open endpoint's cool-down ends, and at most CoolDown for
+// a probe, so that a probe's success lets the backlog go within CoolDown
+// however long the probe's timeout.
+func (b *Breaker) wait(state string, left time.Duration) time.Duration {
+	if state == "half_open" {
+		left = min(left, b.cfg.CoolDown)
+	}
+	return max(left, minWait)
+}
+
+// set notes endpoint's state: closed when state is "", else until wait
+// from now.
+func (b *Breaker) set(endpoint, state string, wait time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old, had := b.open[endpoint]
+	if state == "" {
+		delete(b.open, endpoint)
+	} else {
+		b.open[endpoint] = gate{state: state, until: time.Now().Add(wait)}
+	}
+	if had != (state != "") || old.state != state {
+		b.notify()
+	}
+}
+
+// notify closes the changed channel; under mu.
+func (b *Breaker) notify() {
+	if b.changed != nil {
+		close(b.changed)
+		b.changed = nil
+	}
+}
+
+// Changed returns a channel closed at the next change of the endpoints
+// this worker knows are not closed.
+func (b *Breaker) Changed() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.changed == nil {
+		b.changed = make(chan struct{})
+	}
+	return b.changed
+}
+
+// State is the state this worker knows endpoint in: "closed", "open" or
+// "half_open".
+func (b *Breaker) State(endpoint string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if g, ok := b.open[endpoint]; ok {
+		return g.state
+	}
+	return "closed"
+}
+
+func seconds(s *float64) time.Duration {
+	if s == nil {
+		return 0
+	}
+	return time.Duration(*s * float64(time.Second))
+}
+
+// excerpt bounds a reason to MaxReason characters.
+func excerpt(s string) string {
+	if r := []rune(s); len(r) > MaxReason {
+		return string(r[:MaxReason-1]) + "…"
+	}
+	return s
+}
+
+// describe says what to do about a role that may not use the table.
+func describe(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("%w (grant the worker's role its rights on endpoints: run docs/roles.sql again)", err)
+	}
+	return err
+}
+
+// sortedKeys is m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

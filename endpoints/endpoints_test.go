@@ -1,0 +1,184 @@
+package endpoints_test
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgdispatch/pgdispatch/endpoints"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
+
+// An endpoint is the URL's scheme, lowercased host and port, the
+// default port filled in, without user info, path or query.
+func TestOf(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"https://Hooks.Example.com/a/b?token=s3cret": "https://hooks.example.com:443",
+		"http://user:pw@example.com:8080/x":          "http://example.com:8080",
+		"HTTP://example.com./":                       "http://example.com:80",
+		"https://[::1]/":                             "https://[::1]:443",
+	} {
+		u, err := url.Parse(in)
+		require.NoError(t, err)
+		require.Equal(t, want, endpoints.Of(u), in)
+	}
+}
+
+type bundle struct {
+	schema string
+	cfg    endpoints.Config
+}
+
+func setup(t *testing.T) bundle {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	return bundle{schema: schema, cfg: endpoints.Config{
+		DB: pgtest.Pool(t), Schema: schema, MinAttempts: 4, FailureRatio: 0.5, CoolDown: time.Hour, MaxCoolDown: 3 * time.Hour,
+		Logger: zaptest.NewLogger(t),
+	}}
+}
+
+func (b bundle) state(t *testing.T, endpoint string) (state string, attempts, failures int, coolDown *time.Duration) {
+	t.Helper()
+	err := pgtest.Pool(t).QueryRow(context.Background(), "SELECT state, attempts, failures, cool_down FROM "+
+		pgx.Identifier{b.schema, "endpoints"}.Sanitize()+" WHERE endpoint = $1", endpoint).Scan(&state, &attempts, &failures, &coolDown)
+	require.NoError(t, err)
+	return state, attempts, failures, coolDown
+}
+
+// The outcomes counted are written in one flush; a closed endpoint opens
+// when its failures reach the ratio of at least MinAttempts, not before,
+// and the breaker that wrote them knows at once.
+func TestFlushOpensPastTheThreshold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	br, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+
+	const down, up = "http://down:80", "http://up:80"
+	// A host no table row can hold is not counted, and does not keep the
+	// others' outcomes from being written.
+	long := "http://" + strings.Repeat("h", endpoints.MaxEndpoint) + ":80"
+	br.Record(long, true, "HTTP 503 Service Unavailable")
+	for range 3 {
+		br.Record(down, true, "HTTP 503 Service Unavailable")
+		br.Record(up, false, "")
+	}
+	require.NoError(t, br.Flush(ctx))
+	state, attempts, failures, _ := b.state(t, down)
+	require.Equal(t, []any{"closed", 3, 3}, []any{state, attempts, failures}, "fewer attempts than MinAttempts")
+
+	br.Record(down, false, "")
+	br.Record(up, false, "")
+	require.NoError(t, br.Flush(ctx))
+	state, _, _, coolDown := b.state(t, down)
+	require.Equal(t, "open", state)
+	require.Equal(t, time.Hour, *coolDown)
+	require.Equal(t, "open", br.State(down))
+	state, attempts, failures, _ = b.state(t, up)
+	require.Equal(t, []any{"closed", 4, 0}, []any{state, attempts, failures})
+	require.Equal(t, "closed", br.State(up))
+
+	// Another worker reads it; its jobs wait for the cool-down.
+	other, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	require.NoError(t, other.Load(ctx))
+	require.Equal(t, "open", other.State(down))
+	a := other.Admit(ctx, down, time.Minute)
+	require.False(t, a.Probe)
+	require.Greater(t, a.Wait, 59*time.Minute)
+	require.Equal(t, endpoints.Admission{}, other.Admit(ctx, up, time.Minute))
+}
+
+// After the cool-down exactly one of many asking takes the probe; the
+// others wait for it. A failed probe opens the endpoint again with the
+// cool-down doubled; a probe not reported in its time goes to the next to
+// ask; a probe that succeeds closes the endpoint.
+func TestOneProbe(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const down = "http://down:80"
+	table := pgx.Identifier{b.schema, "endpoints"}.Sanitize()
+	open := func(coolDown time.Duration) {
+		_, err := pgtest.Pool(t).Exec(ctx, "INSERT INTO "+table+` (endpoint, state, opened_at, open_until, cool_down)
+VALUES ($1, 'open', now(), now(), make_interval(secs => $2))
+ON CONFLICT (endpoint) DO UPDATE SET state = 'open', open_until = now(), cool_down = excluded.cool_down`, down, coolDown.Seconds())
+		require.NoError(t, err)
+	}
+	open(time.Hour)
+
+	const workers = 8
+	breakers := make([]*endpoints.Breaker, workers)
+	for i := range breakers {
+		var err error
+		breakers[i], err = endpoints.New(b.cfg)
+		require.NoError(t, err)
+		require.NoError(t, breakers[i].Load(ctx))
+	}
+	admissions := make([]endpoints.Admission, workers)
+	var wg sync.WaitGroup
+	for i, br := range breakers {
+		wg.Go(func() { admissions[i] = br.Admit(ctx, down, time.Minute) })
+	}
+	wg.Wait()
+	prober := -1
+	for i, a := range admissions {
+		if a.Probe {
+			require.Equal(t, -1, prober, "a second probe")
+			prober = i
+		} else {
+			require.Positive(t, a.Wait)
+		}
+	}
+	require.NotEqual(t, -1, prober, "no probe")
+	state, _, _, _ := b.state(t, down)
+	require.Equal(t, "half_open", state)
+
+	// The probe fails: open again, twice as long.
+	require.NoError(t, breakers[prober].ProbeDone(ctx, down, true, "HTTP 503"))
+	state, _, _, coolDown := b.state(t, down)
+	require.Equal(t, "open", state)
+	require.Equal(t, 2*time.Hour, *coolDown)
+	require.Equal(t, "open", breakers[prober].State(down))
+
+	// A probe whose worker died: the next after its time takes it.
+	open(2 * time.Hour)
+	require.NoError(t, breakers[0].Load(ctx))
+	require.NoError(t, breakers[1].Load(ctx))
+	stale, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	require.NoError(t, stale.Load(ctx))
+	require.True(t, breakers[0].Admit(ctx, down, time.Minute).Probe)
+	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+table+" SET probe_until = now() WHERE endpoint = $1", down)
+	require.NoError(t, err)
+	a := breakers[1].Admit(ctx, down, time.Minute)
+	require.True(t, a.Probe)
+
+	// It succeeds: closed, and the cool-down starts again from the setting.
+	require.NoError(t, breakers[1].ProbeDone(ctx, down, false, ""))
+	state, _, _, coolDown = b.state(t, down)
+	require.Equal(t, "closed", state)
+	require.Nil(t, coolDown)
+	require.Equal(t, "closed", breakers[1].State(down))
+	require.Equal(t, endpoints.Admission{}, breakers[1].Admit(ctx, down, time.Minute))
+	// The first prober's late report changes nothing.
+	require.NoError(t, breakers[0].ProbeDone(ctx, down, true, "late"))
+	state, _, _, _ = b.state(t, down)
+	require.Equal(t, "closed", state)
+	// A stale cache learns it is closed on asking.
+	require.Equal(t, "open", stale.State(down))
+	require.Equal(t, endpoints.Admission{}, stale.Admit(ctx, down, time.Minute))
+	require.Equal(t, "closed", stale.State(down))
+}
