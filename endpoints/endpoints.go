@@ -16,8 +16,8 @@
 // failures reach FailureRatio of at least MinAttempts attempts in a Window.
 // Every change of state is told on the channel pgdispatch.control; a
 // Breaker reads the endpoints that are not closed when it starts, when
-// woken (Wake: a notification, a listener that connected again) and every
-// RefreshInterval.
+// woken (Wake: a notification, a listener that connected again) and, while
+// it knows of one that is not closed, every RefreshInterval.
 package endpoints
 
 import (
@@ -56,7 +56,8 @@ const (
 	// DefaultFlushInterval is how often the counted outcomes are written.
 	DefaultFlushInterval = time.Second
 	// DefaultRefreshInterval is how often the endpoints that are not
-	// closed are read, besides when a change is notified.
+	// closed are read while the breaker knows of one, besides when a
+	// change is notified.
 	DefaultRefreshInterval = 5 * time.Second
 )
 

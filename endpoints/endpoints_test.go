@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,4 +182,54 @@ ON CONFLICT (endpoint) DO UPDATE SET state = 'open', open_until = now(), cool_do
 	require.Equal(t, "open", stale.State(down))
 	require.Equal(t, endpoints.Admission{}, stale.Admit(ctx, down, time.Minute))
 	require.Equal(t, "closed", stale.State(down))
+}
+
+// countingDB counts the breaker's reads of the endpoints that are not
+// closed.
+type countingDB struct {
+	endpoints.DB
+	loads atomic.Int64
+}
+
+func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if strings.Contains(sql, "WHERE state <> 'closed'") {
+		c.loads.Add(1)
+	}
+	return c.DB.Query(ctx, sql, args...)
+}
+
+// While every endpoint it knows is closed, the breaker reads nothing
+// between notifications, however often its refresh comes round: an idle
+// worker sends nothing for it. Once one is open, it reads them again.
+func TestRefreshOnlyWhileOneIsOpen(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	db := &countingDB{DB: b.cfg.DB}
+	cfg := b.cfg
+	cfg.DB, cfg.RefreshInterval, cfg.FlushInterval = db, time.Millisecond, time.Millisecond
+	br, err := endpoints.New(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- br.Run(ctx) }()
+	defer func() { cancel(); require.NoError(t, <-done) }()
+
+	const up, down = "http://up:80", "http://down:80"
+	for i := 1; i <= 5; i++ { // five flushes, each after a refresh or more
+		br.Record(up, false, "")
+		require.Eventually(t, func() bool {
+			var attempts int
+			err := pgtest.Pool(t).QueryRow(context.Background(), "SELECT coalesce(sum(attempts), 0) FROM "+
+				pgx.Identifier{b.schema, "endpoints"}.Sanitize()+" WHERE endpoint = $1", up).Scan(&attempts)
+			return err == nil && attempts == i
+		}, 10*time.Second, time.Millisecond)
+	}
+	require.Zero(t, db.loads.Load(), "read the endpoints with none open")
+
+	for range 4 {
+		br.Record(down, true, "HTTP 503 Service Unavailable")
+	}
+	require.Eventually(t, func() bool { return br.State(down) == "open" }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return db.loads.Load() > 0 }, 10*time.Second, time.Millisecond,
+		"never read the endpoints with one open")
 }

@@ -160,8 +160,8 @@ func orElse(a, b string) string {
 	return b
 }
 
-// Run reads the endpoints that are not closed when woken and every
-// RefreshInterval, and writes the outcomes counted every FlushInterval,
+// Run reads the endpoints that are not closed when woken and, while it
+// knows of one, every RefreshInterval, and writes the outcomes counted every FlushInterval,
 // until ctx is done; then it writes the last ones and returns nil. Call
 // Load first: Run does not read them at once.
 func (b *Breaker) Run(ctx context.Context) error {
@@ -185,7 +185,15 @@ func (b *Breaker) Run(ctx context.Context) error {
 		case <-b.wake:
 			b.load(ctx)
 		case <-refresh.C:
-			b.load(ctx)
+			// Only while some endpoint is not closed: every change is
+			// notified, and an idle worker whose endpoints are all closed
+			// sends nothing.
+			b.mu.Lock()
+			watching := len(b.open) > 0
+			b.mu.Unlock()
+			if watching {
+				b.load(ctx)
+			}
 		}
 	}
 }
