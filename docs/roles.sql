@@ -68,7 +68,7 @@ GRANT INSERT (kind, payload, queue, run_at, priority, dedup_key, max_attempts, t
 GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
 GRANT SELECT ON :"schema".schema_version, :"schema".queues, :"schema".flow_limits, :"schema".signing_secrets TO :"worker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_keys TO :"worker";
-GRANT SELECT, INSERT, UPDATE ON :"schema".endpoints TO :"worker";
+GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".endpoints TO :"worker";
 GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, taken, warning) ON :"schema".schedules TO :"worker";
 -- insert_scheduled_jobs() is what workers of builds before migration 12 call.
 GRANT EXECUTE ON FUNCTION

@@ -12,7 +12,9 @@
 //   - done jobs older than RetainDone, and dead or cancelled jobs older than
 //     RetainDead, are deleted in batches;
 //   - the flow_keys rows no longer needed are deleted in batches, in
-//     (queue, key) order (flowKeysSQL).
+//     (queue, key) order (flowKeysSQL);
+//   - the endpoints closed and not written for EndpointIdle are deleted in
+//     batches, in endpoint order (endpointsSQL).
 //
 // At each pass, every worker's sweeper, with the lock or without, looks at
 // what holds back the database's xmin horizon (horizon.go), in the pass's
@@ -99,7 +101,16 @@ type Result struct {
 	// FlowKeys counts the flow_keys rows deleted: keys that have no
 	// pending or running job and no start within their rate window.
 	FlowKeys int64
+	// Endpoints counts the endpoints rows deleted: closed, and not written
+	// for EndpointIdle.
+	Endpoints int64
 }
+
+// EndpointIdle is how long an endpoint stays in the endpoints table
+// closed and not written (no request sent to it) before a pass deletes
+// it: a writer's URLs can name any number of hosts, and the breaker's
+// counts of one unused that long are of no use.
+const EndpointIdle = 24 * time.Hour
 
 // Sweeper rescues expired leases and purges old jobs. Create it with New.
 type Sweeper struct {
@@ -111,6 +122,7 @@ type Sweeper struct {
 	flowEnded string
 	purge     string
 	flow      string
+	endpoints string
 	// poolSize is the pool's MaxConns, read once (Pool.Config copies the
 	// whole config): how many dead connections a pass may meet in a row.
 	poolSize int
@@ -148,6 +160,7 @@ func New(cfg Config) (*Sweeper, error) {
 		flow: strings.NewReplacer("{jobs}", jobs,
 			"{flow_keys}", pgx.Identifier{cfg.Schema, "flow_keys"}.Sanitize(),
 			"{flow_limits}", pgx.Identifier{cfg.Schema, "flow_limits"}.Sanitize()).Replace(flowKeysSQL),
+		endpoints: strings.ReplaceAll(endpointsSQL, "{endpoints}", pgx.Identifier{cfg.Schema, "endpoints"}.Sanitize()),
 
 		poolSize:  int(cfg.Pool.Config().MaxConns),
 		batchSize: defaultBatchSize,
@@ -224,6 +237,18 @@ WITH d AS (
 )
 DELETE FROM {flow_keys} k USING d WHERE k.queue = d.queue AND k.key = d.key`
 
+// endpointsSQL deletes a batch of the endpoints closed and not written for
+// $2 seconds, in endpoint order, the rows a worker's flush holds skipped.
+const endpointsSQL = `
+WITH d AS (
+    SELECT e.endpoint FROM {endpoints} e
+    WHERE e.state = 'closed' AND e.updated_at < now() - make_interval(secs => $2)
+    ORDER BY e.endpoint
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {endpoints} e USING d WHERE e.endpoint = d.endpoint`
+
 // Run sweeps every Interval until ctx ends, starting at once, each pass
 // looking at the xmin horizon too. It returns nil when ctx is cancelled.
 //
@@ -269,6 +294,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 		total.Killed += res.Killed
 		total.Purged += res.Purged
 		total.FlowKeys += res.FlowKeys
+		total.Endpoints += res.Endpoints
 		s.rescued.Add(res.Rescued)
 		s.killed.Add(res.Killed)
 		s.purged.Add(res.Purged)
@@ -369,6 +395,12 @@ func (s *Sweeper) sweepOnce(ctx context.Context, look bool) (res Result, more bo
 	}
 	res.FlowKeys = tag.RowsAffected()
 	more = more || res.FlowKeys == int64(s.batchSize)
+	tag, err = tx.Exec(ctx, s.endpoints, s.batchSize, EndpointIdle.Seconds())
+	if err != nil {
+		return res, false, fmt.Errorf("sweep: delete idle endpoints: %w", err)
+	}
+	res.Endpoints = tag.RowsAffected()
+	more = more || res.Endpoints == int64(s.batchSize)
 	if err := tx.Commit(ctx); err != nil {
 		return res, false, fmt.Errorf("sweep: commit: %w", err)
 	}

@@ -239,3 +239,41 @@ func TestSweepForgetsFlowKeys(t *testing.T) {
 	require.EqualValues(t, 1, res.FlowKeys)
 	require.Equal(t, []string{"q/pending", "q/recent", "q/running"}, keys())
 }
+
+// A pass deletes the endpoints closed and not written for EndpointIdle,
+// in batches: not one written since, nor one open, nor one a worker's
+// flush holds.
+func TestSweepForgetsIdleEndpoints(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	e := pgx.Identifier{schema, "endpoints"}.Sanitize()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `INSERT INTO `+e+` (endpoint, state, open_until, updated_at) VALUES
+		('http://idle-a:80', 'closed', NULL, now() - interval '25 hours'),
+		('http://idle-b:80', 'closed', NULL, now() - interval '25 hours'),
+		('http://idle-c:80', 'closed', NULL, now() - interval '25 hours'),
+		('http://locked:80', 'closed', NULL, now() - interval '25 hours'),
+		('http://recent:80', 'closed', NULL, now() - interval '23 hours'),
+		('http://down:80', 'open', now() + interval '1 hour', now() - interval '25 hours')`)
+	require.NoError(t, err)
+
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, nothing
+	_, err = tx.Exec(ctx, "SELECT FROM "+e+" WHERE endpoint = 'http://locked:80' FOR UPDATE")
+	require.NoError(t, err)
+
+	sw, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema})
+	require.NoError(t, err)
+	sweeper.SetBatchSize(sw, 2)
+	res, err := sw.Sweep(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, res.Endpoints)
+	rows, err := pool.Query(ctx, "SELECT endpoint FROM "+e+" ORDER BY 1")
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"http://down:80", "http://locked:80", "http://recent:80"}, left)
+}

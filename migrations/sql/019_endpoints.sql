@@ -15,7 +15,8 @@
 -- cool_down is how long it stays open: the worker's setting when it opens
 -- from closed, doubled (up to the worker's cap) each time a probe fails.
 --
--- Workers write it; the operator reads it. No one else reads it.
+-- Workers write it, and their sweepers delete the endpoints closed and
+-- unused for a day; the operator reads it. No one else reads it.
 CREATE TABLE IF NOT EXISTS {{.schema}}.endpoints (
     endpoint          text        PRIMARY KEY CONSTRAINT endpoints_endpoint_check CHECK (char_length(endpoint) BETWEEN 1 AND 300),
     state             text        NOT NULL DEFAULT 'closed'
@@ -126,7 +127,7 @@ BEGIN
                 AND f.privilege_type = 'EXECUTE' AND f.grantee = a.grantee)
         ORDER BY 1
     LOOP
-        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE ON %I.endpoints TO %s', {{.schema_literal}}, grantee);
+        EXECUTE pg_catalog.format('GRANT SELECT, INSERT, UPDATE, DELETE ON %I.endpoints TO %s', {{.schema_literal}}, grantee);
         EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %I.record_endpoint_outcomes(text[], integer[], integer[], '
                                   'text[], interval, integer, float8, interval) TO %s', {{.schema_literal}}, grantee);
     END LOOP;
