@@ -239,7 +239,10 @@ func restartPostgres(t *testing.T, name string, limits *flowLimits) {
 // and no slot stays stuck on a hung request.
 func TestFailingReceiver(t *testing.T) {
 	skipShort(t)
-	st := startStream(t, "receiver", map[string]string{"JOB_TIMEOUT": "1s"}, nil)
+	// Without the breaker: it would open the endpoint during the failing
+	// phase and send nothing while the receiver hangs, which this scenario
+	// exercises (TestBreakerOpensAndHeals has the breaker's own).
+	st := startStream(t, "receiver", map[string]string{"JOB_TIMEOUT": "1s", "HTTP_BREAKER": "false"}, nil)
 	s, r := st.s, st.r
 	phase := time.NewTicker(streamFor / 4)
 	<-phase.C
