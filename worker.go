@@ -146,7 +146,8 @@ type Config struct {
 	// Endpoints, when set, is the circuit breakers of the schema's
 	// endpoints: Run reads the open ones before it claims any job, and
 	// fails when it cannot, reads them again when a change notifies,
-	// after the listener connects again and every few seconds, and writes
+	// after the listener connects again and, while one is not closed,
+	// every few seconds, and writes
 	// the outcomes it counted every second and once its jobs have ended.
 	// Give the same Breaker to the http_callback executor
 	// (httpcallback.Config.Breaker).
@@ -403,7 +404,8 @@ func (w *Worker) control(payload string) {
 // wakeAll runs when the listener has connected again: whatever was notified
 // while it was away is lost, so every claimer looks for due jobs and beats
 // at once, which stops runs cancelled meanwhile, the scheduler reads
-// the schedules, and the signing secrets are read again.
+// the schedules, and the signing secrets and the endpoints' circuits are
+// read again.
 func (w *Worker) wakeAll() {
 	for _, c := range w.claimers {
 		c.Wake()
@@ -418,6 +420,16 @@ func (w *Worker) wakeAll() {
 	}
 }
 
+// beforeStart is Run's answer to err, met before anything started: nil
+// when ctx ended meanwhile, else err.
+func (w *Worker) beforeStart(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		w.logger.Info("worker stopped before it started")
+		return nil
+	}
+	return err
+}
+
 // Run checks the schema, then serves the queues until ctx ends and shuts down
 // gracefully: it stops claiming, lets running jobs finish for
 // ShutdownTimeout, gives the rest back to pending and writes the last
@@ -428,29 +440,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	_, err := migrations.Check(checkCtx, w.cfg.Pool, w.cfg.Schema)
 	cancel()
 	if err != nil {
-		if ctx.Err() != nil {
-			w.logger.Info("worker stopped before it started")
-			return nil
-		}
-		return err
+		return w.beforeStart(ctx, err)
 	}
 	if w.secrets != nil {
 		if err := w.secrets.Load(ctx); err != nil {
-			if ctx.Err() != nil {
-				w.logger.Info("worker stopped before it started")
-				return nil
-			}
-			return fmt.Errorf("pgdispatch: %w", err)
+			return w.beforeStart(ctx, fmt.Errorf("pgdispatch: %w", err))
 		}
 		defer w.cfg.SigningKeys.Stop()
 	}
 	if w.cfg.Endpoints != nil {
 		if err := w.cfg.Endpoints.Load(ctx); err != nil {
-			if ctx.Err() != nil {
-				w.logger.Info("worker stopped before it started")
-				return nil
-			}
-			return fmt.Errorf("pgdispatch: %w", err)
+			return w.beforeStart(ctx, fmt.Errorf("pgdispatch: %w", err))
 		}
 		// The breaker outlives the claimers, so that it writes the
 		// outcomes of the last jobs.
