@@ -1,7 +1,9 @@
 // Package console serves pgdispatch's web console: the queues and workers,
-// the jobs with their attempts, the schedules and dispatch triggers, kept
-// current in the browser by server-sent events, with the actions of the
-// command line (retry, cancel, snooze, delete; pause and resume).
+// the jobs with their attempts (these kept current in the browser by
+// server-sent events), the schedules and dispatch triggers, and the
+// endpoints of http_callback jobs with their circuit breakers, with the
+// actions of the command line (retry, cancel, snooze, delete; pause and
+// resume).
 //
 // Every read and action goes through package admin, the same SQL as the
 // commands'. Pages are rendered by html/template, which escapes every value
@@ -148,6 +150,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /jobs/{id}", s.job)
 	mux.HandleFunc("POST /jobs/{id}/reveal", s.operator(s.reveal))
 	mux.HandleFunc("GET /schedules", s.schedules)
+	mux.HandleFunc("GET /endpoints", s.endpoints)
 	mux.HandleFunc("GET /events", s.events)
 	mux.HandleFunc("GET /bulk", s.bulkConfirm)
 	mux.HandleFunc("POST /actions/jobs", s.operator(s.jobsAction))

@@ -68,6 +68,8 @@ var funcs = template.FuncMap{
 	"count":  func(n *int64) string { return countText(n) },
 	"pretty": pretty,
 	"vis":    visible,
+	// state writes an endpoint's state as words: half_open is half-open.
+	"state": func(state string) string { return strings.ReplaceAll(state, "_", "-") },
 	"deref": func(n *int64) int64 {
 		if n == nil {
 			return 0
@@ -133,7 +135,7 @@ func pretty(raw json.RawMessage) string {
 
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "jobs", "job", "schedules", "bulk"} {
+	for _, name := range []string{"overview", "jobs", "job", "schedules", "bulk", "endpoints"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: templates: %w", err)
@@ -247,10 +249,13 @@ type jobsView struct {
 	Sorts    []string
 	Fields   []string
 	Jobs     []admin.Job
-	Next     string // the next page's URL, empty on the last
-	First    string // the first page's URL, when not on it
-	Since    string
-	Until    string
+	// Held is, for each pending http_callback job of the page whose
+	// endpoint is open or half-open, that endpoint.
+	Held  map[int64]*admin.Endpoint
+	Next  string // the next page's URL, empty on the last
+	First string // the first page's URL, when not on it
+	Since string
+	Until string
 }
 
 // Link returns the URL of the jobs page with the filter and key set to
@@ -427,6 +432,10 @@ func (s *Server) jobs(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			p.Error = s.dbError("list the jobs", err)
 		}
+		v.Held, err = s.admin.EndpointsHolding(r.Context(), jobs)
+		if err != nil && p.Error == "" {
+			p.Error = s.dbError("read the jobs' endpoints", err)
+		}
 		for i := range jobs {
 			jobs[i].Mask()
 		}
@@ -531,6 +540,10 @@ func (s *Server) showJob(w http.ResponseWriter, r *http.Request, reveal bool) {
 	if err != nil {
 		p.Error = s.dbError("read why the job waits", err)
 	}
+	held, err := s.admin.EndpointsHolding(r.Context(), []admin.Job{j})
+	if err != nil && p.Error == "" {
+		p.Error = s.dbError("read the job's endpoint", err)
+	}
 	u := userOf(r)
 	reveal = reveal && u.Operator()
 	masked := false
@@ -569,7 +582,11 @@ func (s *Server) showJob(w http.ResponseWriter, r *http.Request, reveal bool) {
 		// Waiting is why a pending job with a flow key is not started
 		// (admin.FlowWait); empty for any other.
 		Waiting string
-	}{j, attempts, skipped, masked, reveal, timeline, wait}
+		// Endpoint is the endpoint of a pending http_callback job while
+		// it is open or half-open (admin.EndpointsHolding); nil for any
+		// other.
+		Endpoint *admin.Endpoint
+	}{j, attempts, skipped, masked, reveal, timeline, wait, held[j.ID]}
 	s.render(w, r, "job", "layout.html", p)
 }
 
@@ -603,6 +620,27 @@ func (s *Server) schedules(w http.ResponseWriter, r *http.Request) {
 		Triggers  []triggers.Trigger
 	}{scheds, trigs}
 	s.render(w, r, "schedules", "layout.html", p)
+}
+
+// endpoints shows the endpoints of http_callback jobs and their circuit
+// breakers, as `pgdispatch endpoints list` does: those not closed first.
+func (s *Server) endpoints(w http.ResponseWriter, r *http.Request) {
+	p := page{Title: "Endpoints", Nav: "endpoints"}
+	list, err := s.admin.Endpoints(r.Context())
+	if err != nil {
+		p.Error = s.dbError("list the endpoints", err)
+	}
+	notClosed := 0
+	for _, e := range list {
+		if e.State != "closed" {
+			notClosed++
+		}
+	}
+	p.Data = struct {
+		Endpoints []admin.Endpoint
+		NotClosed int
+	}{list, notClosed}
+	s.render(w, r, "endpoints", "layout.html", p)
 }
 
 func maskPayload(raw json.RawMessage) json.RawMessage {

@@ -1,0 +1,201 @@
+package console
+
+import (
+	"context"
+	"fmt"
+	"html"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/endpoints"
+)
+
+// The endpoints breakEndpoints leaves, as the workers' breaker writes them.
+const (
+	// epHealthy is closed: one failure in five attempts. By name alone it
+	// would sort first.
+	epHealthy = "https://a-healthy.example.com:443"
+	// epDown is open for an hour: four failures in four attempts.
+	epDown = "https://down.example.com:443"
+	// epFlaky is half-open: its cool-down is over and its probe in
+	// flight for an hour.
+	epFlaky = "http://flaky.example.com:8080"
+	// reasonSecret is a token quoted in epDown's reason.
+	reasonSecret = "tok-9f8e7d6c5b4a"
+)
+
+// breakEndpoints makes epHealthy, epDown and epFlaky with the breaker of
+// package endpoints, as two workers would: their outcomes are written by
+// record_endpoint_outcomes, and epFlaky's probe is taken by Admit.
+func (b *bundle) breakEndpoints(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	breaker := func(coolDown time.Duration) *endpoints.Breaker {
+		br, err := endpoints.New(endpoints.Config{DB: b.pool, Schema: b.schema, MinAttempts: 4, FailureRatio: 0.5, CoolDown: coolDown})
+		require.NoError(t, err)
+		return br
+	}
+	slow := breaker(time.Hour)
+	for range 4 {
+		// A reason the executor did not mask: the console masks it again.
+		slow.Record(epDown, true, `POST https://down.example.com/hook: HTTP 503 Service Unavailable: {"access_token": "`+reasonSecret+`"}`)
+		slow.Record(epHealthy, false, "")
+	}
+	slow.Record(epHealthy, true, "HTTP 500 Internal Server Error")
+	require.NoError(t, slow.Flush(ctx))
+
+	quick := breaker(time.Microsecond)
+	for range 4 {
+		quick.Record(epFlaky, true, "dial tcp 10.0.0.7:8080: connect: connection refused")
+	}
+	require.NoError(t, quick.Flush(ctx))
+	require.NoError(t, quick.Load(ctx)) // the cool-down is over
+	require.True(t, quick.Admit(ctx, epFlaky, time.Hour).Probe, "the probe of epFlaky")
+
+	for e, want := range map[string]string{epHealthy: "closed", epDown: "open", epFlaky: "half_open"} {
+		require.Equal(t, want, b.queryString(t, `SELECT state FROM {schema}.endpoints WHERE endpoint = $1`, e), e)
+	}
+}
+
+// stamp is a timestamp column of an endpoint as the console writes times.
+func (b *bundle) stamp(t *testing.T, column, endpoint string) string {
+	t.Helper()
+	return b.queryString(t, `SELECT to_char(`+column+` AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') FROM {schema}.endpoints WHERE endpoint = $1`, endpoint)
+}
+
+var (
+	endpointRow = regexp.MustCompile(`(?s)<tr data-endpoint="([^"]*)" data-state="([^"]*)".*?</tr>`)
+	badgeText   = regexp.MustCompile(`<span class="badge ep-[a-z_]+">([^<]*)</span>`)
+)
+
+// The endpoints page lists every endpoint as `pgdispatch endpoints list`
+// does, those not closed first; says each state in words; shows the
+// window's counts, when it opened and until when; and masks the secret in
+// a reason.
+func TestEndpointsPage(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	code, body := b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, "No endpoint yet")
+
+	b.breakEndpoints(t)
+	code, body = b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
+	require.Equal(t, 200, code)
+	require.Contains(t, body, `<a href="/endpoints" class="here">Endpoints</a>`)
+	var order, states, words []string
+	rows := map[string]string{}
+	for _, m := range endpointRow.FindAllStringSubmatch(body, -1) {
+		order = append(order, m[1])
+		states = append(states, m[2])
+		words = append(words, badgeText.FindStringSubmatch(m[0])[1])
+		rows[m[1]] = m[0]
+	}
+	require.Equal(t, []string{epFlaky, epDown, epHealthy}, order, "not closed first, then by name")
+	require.Equal(t, []string{"half_open", "open", "closed"}, states)
+	require.Equal(t, []string{"half-open", "open", "closed"}, words, "each state in words")
+	require.Contains(t, body, "2 of 3 not closed")
+
+	cell := func(endpoint, f string) string {
+		t.Helper()
+		m := regexp.MustCompile(`(?s)data-f="` + f + `"[^>]*>(.*?)</td>`).FindStringSubmatch(rows[endpoint])
+		require.NotNil(t, m, "%s's %s", endpoint, f)
+		return m[1]
+	}
+	require.Equal(t, "5", cell(epHealthy, "attempts"))
+	require.Equal(t, "1", cell(epHealthy, "failures"))
+	require.Equal(t, "—", cell(epHealthy, "opened"))
+	require.Equal(t, "—", cell(epHealthy, "until"))
+	require.Equal(t, "HTTP 500 Internal Server Error", cell(epHealthy, "reason"), "the last failure counted")
+	require.Equal(t, "0", cell(epDown, "attempts"), "a new window began when it opened")
+	require.Equal(t, b.stamp(t, "opened_at", epDown), cell(epDown, "opened"))
+	require.Equal(t, b.stamp(t, "open_until", epDown)+` <span class="note">(cool-down 1h0m0s)</span>`, cell(epDown, "until"))
+	require.Equal(t, "probe until "+b.stamp(t, "probe_until", epFlaky)+` <span class="note">(cool-down 1µs)</span>`, cell(epFlaky, "until"))
+	require.Contains(t, cell(epFlaky, "reason"), "connection refused")
+
+	// The reason shows its first 80 characters, and the whole of it on
+	// hover, masked.
+	reason := cell(epDown, "reason")
+	require.Contains(t, reason, "HTTP 503 Service Unavailable")
+	require.True(t, strings.HasSuffix(reason, "…"), reason)
+	require.NotContains(t, body, reasonSecret, "the reason's token is masked")
+	title := regexp.MustCompile(`data-f="reason" title="([^"]*)"`).FindStringSubmatch(rows[epDown])
+	require.NotNil(t, title)
+	require.Contains(t, html.UnescapeString(title[1]), `{"access_token": "xxxxx"}`)
+}
+
+// A pending http_callback job whose endpoint is open or half-open says so
+// on its page and in the jobs list, with the time it holds until; the
+// endpoint is found as the executor finds it (case and the default port
+// do not matter). A job of another status or kind, or whose endpoint is
+// closed, says nothing of it.
+func TestJobHeldByItsEndpoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.breakEndpoints(t)
+	insert := func(kind, status, url string) int64 {
+		t.Helper()
+		return b.queryInt(t, `INSERT INTO {jobs} (queue, kind, status, finished_at, payload)
+			VALUES ('hooks', $1, $2, CASE WHEN $2 = 'dead' THEN now() END, jsonb_build_object('url', $3::text, 'data', '{}'::jsonb))
+			RETURNING id`, kind, status, url)
+	}
+	held := map[int64]string{
+		insert("http_callback", "pending", "https://down.example.com/hook?token=abc12345"): "open until " + b.stamp(t, "open_until", epDown),
+		insert("http_callback", "pending", "HTTPS://Down.Example.COM:443/other"):           "open until " + b.stamp(t, "open_until", epDown),
+		insert("http_callback", "pending", "http://flaky.example.com:8080/x"):              "half-open until " + b.stamp(t, "probe_until", epFlaky),
+	}
+	free := []int64{
+		insert("http_callback", "pending", "https://a-healthy.example.com/x"),
+		insert("http_callback", "pending", "http://down.example.com/x"), // port 80: another endpoint
+		insert("http_callback", "dead", "https://down.example.com/hook"),
+		insert("email", "pending", "https://down.example.com/hook"),
+	}
+
+	for id, want := range held {
+		_, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
+		m := regexp.MustCompile(`(?s)<p class="waiting" id="endpoint-held">(.*?)</p>`).FindStringSubmatch(body)
+		require.NotNil(t, m, "job %d", id)
+		require.Contains(t, m[1], want+" UTC", "job %d", id)
+		require.Contains(t, m[1], `<a href="/endpoints">`)
+	}
+	for _, id := range free {
+		_, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
+		require.NotContains(t, body, "endpoint-held", "job %d", id)
+	}
+
+	// The list, and its rows as the live updates reload them.
+	for _, path := range []string{"/jobs?queue=hooks", "/jobs?queue=hooks&fragment=1"} {
+		_, body := b.request(t, "GET", path, "vic", viewerToken, nil, nil)
+		rows := map[int64]string{}
+		for _, m := range regexp.MustCompile(`(?s)<tr data-id="(\d+)".*?</tr>`).FindAllStringSubmatch(body, -1) {
+			var id int64
+			_, err := fmt.Sscan(m[1], &id)
+			require.NoError(t, err)
+			rows[id] = m[0]
+		}
+		require.Len(t, rows, len(held)+len(free), path)
+		for id, want := range held {
+			require.Contains(t, rows[id], `<div class="held" title="endpoint `, "%s: job %d", path, id)
+			require.Contains(t, rows[id], ">endpoint "+want+"</div>", "%s: job %d", path, id)
+		}
+		for _, id := range free {
+			require.NotContains(t, rows[id], `class="held"`, "%s: job %d", path, id)
+		}
+	}
+}
+
+// The endpoint of a job that cannot be read is no error: the page shows.
+func TestJobWithUnreadableURL(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.breakEndpoints(t)
+	id := b.queryInt(t, `INSERT INTO {jobs} (queue, kind, payload) VALUES ('hooks', 'http_callback', '{"url": 42}') RETURNING id`)
+	code, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
+	require.Equal(t, 200, code)
+	require.False(t, strings.Contains(body, "endpoint-held") || strings.Contains(body, `class="error"`), body)
+}
