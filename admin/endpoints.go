@@ -135,3 +135,16 @@ func (e Endpoint) Until() *time.Time {
 	}
 	return nil
 }
+
+// EndpointsNotClosed counts the endpoints that are open and those that are
+// half-open.
+func (a *Admin) EndpointsNotClosed(ctx context.Context) (open, halfOpen int, err error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	err = a.pool.QueryRow(ctx, a.sql(`SELECT count(*) FILTER (WHERE state = 'open'), count(*) FILTER (WHERE state = 'half_open')
+FROM {schema}.endpoints WHERE state <> 'closed'`)).Scan(&open, &halfOpen)
+	if err != nil {
+		return 0, 0, fmt.Errorf("count the endpoints not closed: %w", err)
+	}
+	return open, halfOpen, nil
+}

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"html"
 	"regexp"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/endpoints"
@@ -83,8 +85,12 @@ func TestEndpointsPage(t *testing.T) {
 	code, body := b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
 	require.Equal(t, 200, code)
 	require.Contains(t, body, "No endpoint yet")
+	_, body = b.request(t, "GET", "/", "vic", viewerToken, nil, nil)
+	require.NotContains(t, body, "endpoints-note", "the overview: no endpoint is open")
 
 	b.breakEndpoints(t)
+	_, body = b.request(t, "GET", "/", "vic", viewerToken, nil, nil)
+	require.Contains(t, body, `<a href="/endpoints">1 endpoint open, 1 half-open</a>`, "the overview")
 	code, body = b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
 	require.Equal(t, 200, code)
 	require.Contains(t, body, `<a href="/endpoints" class="here">Endpoints</a>`)
@@ -198,4 +204,77 @@ func TestJobWithUnreadableURL(t *testing.T) {
 	code, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
 	require.Equal(t, 200, code)
 	require.False(t, strings.Contains(body, "endpoint-held") || strings.Contains(body, `class="error"`), body)
+}
+
+// A viewer opens the Endpoints page from the navigation and sees each
+// endpoint's state in words, those not closed first, in colours that
+// differ; the counts, times and reasons; no secret of a reason; and a
+// writer's markup as text. A job whose endpoint is open says until when on
+// its page, with a link to the endpoints, and in the jobs list.
+func TestBrowserEndpoints(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.breakEndpoints(t)
+	// An endpoint no URL makes, written by the same function as the
+	// workers' outcomes: markup and an escape in its name and reason.
+	b.exec(t, `SELECT {schema}.record_endpoint_outcomes(ARRAY[$1], ARRAY[4], ARRAY[4], ARRAY[$1],
+		interval '1 minute', 4, 0.5, interval '1 hour')`, hostile)
+	job := b.queryInt(t, `INSERT INTO {jobs} (queue, kind, payload) VALUES ('hooks', 'http_callback',
+		'{"url": "https://down.example.com/hook?token=abc12345", "data": {}}') RETURNING id`)
+	b.exec(t, `INSERT INTO {jobs} (queue, kind, payload) VALUES ('hooks', 'http_callback', '{"url": "https://a-healthy.example.com/x", "data": {}}')`)
+
+	br := newBrowser(t, "vic", viewerToken)
+	br.do(t, "open the overview", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
+	require.Equal(t, "2 endpoints open, 1 half-open: their http_callback jobs wait, pending, without spending attempts.",
+		br.eval(t, `document.querySelector('#endpoints-note').innerText`))
+	br.do(t, "open the endpoints from the navigation", chromedp.Click(`header nav a[href="/endpoints"]`), chromedp.WaitVisible("#endpoints"))
+	require.Equal(t, "/endpoints", br.eval(t, `window.location.pathname`))
+	require.Equal(t, "Endpoints", br.eval(t, `document.querySelector('header nav a.here').textContent`))
+
+	list := func(expr string) []string {
+		t.Helper()
+		var out []string
+		require.NoError(t, json.Unmarshal([]byte(br.eval(t, `JSON.stringify(Array.from(document.querySelectorAll('#endpoints tbody tr')).map(tr => `+expr+`))`)), &out))
+		return out
+	}
+	require.Equal(t, []string{hostile, epFlaky, epDown, epHealthy}, list(`tr.dataset.endpoint`), "not closed first, then by name")
+	require.Equal(t, []string{"open", "half-open", "open", "closed"}, list(`tr.querySelector('[data-f="state"]').innerText`))
+	require.Equal(t, []string{"0", "0", "0", "5"}, list(`tr.querySelector('[data-f="attempts"]').innerText`))
+	require.Equal(t, []string{"0", "0", "0", "1"}, list(`tr.querySelector('[data-f="failures"]').innerText`))
+	colours := list(`getComputedStyle(tr.querySelector('.badge')).backgroundColor`)
+	require.Equal(t, colours[0], colours[2], "open and open")
+	require.Len(t, map[string]bool{colours[1]: true, colours[2]: true, colours[3]: true}, 3, "open, half-open and closed look different: %v", colours)
+
+	row := func(endpoint, f string) string {
+		t.Helper()
+		return br.eval(t, `Array.from(document.querySelectorAll('#endpoints tbody tr')).find(tr => tr.dataset.endpoint === `+js(endpoint)+
+			`).querySelector('[data-f="`+f+`"]').innerText`)
+	}
+	require.Equal(t, b.stamp(t, "opened_at", epDown), row(epDown, "opened"))
+	require.Equal(t, b.stamp(t, "open_until", epDown)+" (cool-down 1h0m0s)", row(epDown, "until"))
+	require.Equal(t, "probe until "+b.stamp(t, "probe_until", epFlaky)+" (cool-down 1µs)", row(epFlaky, "until"))
+	require.Equal(t, "—", row(epHealthy, "until"))
+	require.Contains(t, row(epDown, "reason"), "HTTP 503 Service Unavailable")
+	require.Contains(t, br.eval(t, `document.querySelector('main').innerText`), "3 of 4 not closed")
+	require.NotContains(t, br.eval(t, `document.documentElement.outerHTML`), reasonSecret)
+
+	shown := visible(hostile)
+	require.Equal(t, shown, row(hostile, "endpoint"))
+	require.Equal(t, shown, row(hostile, "reason"))
+	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
+	br.screenshot(t, "endpoints")
+
+	// The job of the open endpoint, on its page and in the list.
+	until := b.stamp(t, "open_until", epDown)
+	br.do(t, "open the held job", chromedp.Navigate(fmt.Sprintf("%sjobs/%d", b.url, job)), chromedp.WaitVisible("#endpoint-held"))
+	require.Equal(t, "endpoint "+epDown+" open until "+until+" UTC: its jobs wait, pending, without spending attempts; then one probe goes",
+		br.eval(t, `document.querySelector('#endpoint-held').innerText`))
+	br.screenshot(t, "job-endpoint")
+	br.do(t, "follow its link", chromedp.Click(`#endpoint-held a`), chromedp.WaitVisible("#endpoints"))
+	require.Equal(t, "/endpoints", br.eval(t, `window.location.pathname`))
+
+	br.do(t, "open the queue's jobs", chromedp.Navigate(b.url+"jobs?queue=hooks"), chromedp.WaitVisible("#rows"))
+	require.Equal(t, "endpoint open until "+until, br.eval(t, `document.querySelector('#rows tr[data-id="`+fmt.Sprint(job)+`"] .held').innerText`))
+	require.Equal(t, "1", br.eval(t, `String(document.querySelectorAll('#rows .held').length)`), "the healthy endpoint's job holds no line")
+	br.noIncidents(t)
 }

@@ -226,11 +226,17 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		row.Chart = drawn[row.Queue]
 	}
 	slices.SortFunc(rows, func(a, b *queueRow) int { return strings.Compare(a.Queue, b.Queue) })
+	open, halfOpen, err := s.admin.EndpointsNotClosed(r.Context())
+	if err != nil && p.Error == "" {
+		p.Error = s.dbError("count the endpoints", err)
+	}
 	p.Data = struct {
 		Queues  []*queueRow
 		Workers []admin.Worker
 		Counted bool
-	}{rows, live.Workers, counted}
+		// Open and HalfOpen count the endpoints in those states.
+		Open, HalfOpen int
+	}{rows, live.Workers, counted, open, halfOpen}
 	s.render(w, r, "overview", "layout.html", p)
 }
 
