@@ -113,12 +113,14 @@ WHERE endpoint = ANY($1) AND state <> 'closed'`), names)
 	if err != nil {
 		return nil, fmt.Errorf("read the jobs' endpoints: %w", err)
 	}
+	notClosed := make(map[string]*Endpoint, len(list))
+	for i := range list {
+		notClosed[list[i].Endpoint] = &list[i]
+	}
 	held := map[int64]*Endpoint{}
 	for id, name := range byJob {
-		for i := range list {
-			if list[i].Endpoint == name {
-				held[id] = &list[i]
-			}
+		if e := notClosed[name]; e != nil {
+			held[id] = e
 		}
 	}
 	return held, nil

@@ -135,6 +135,25 @@ func TestEndpointsPage(t *testing.T) {
 	require.Contains(t, html.UnescapeString(title[1]), `{"access_token": "xxxxx"}`)
 }
 
+// The page lists the first maxEndpointsShown endpoints, those not closed
+// among them, and counts the others.
+func TestEndpointsPageBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.breakEndpoints(t)
+	// as many more endpoints, closed, as the page shows, with one outcome
+	// each, written as the workers write them
+	b.exec(t, `SELECT {schema}.record_endpoint_outcomes(array_agg(format('https://h%s.example.com:443', lpad(g::text, 4, '0')) ORDER BY g),
+		array_agg(1), array_agg(0), array_agg(NULL::text), interval '1 minute', 4, 0.5, interval '1 hour')
+		FROM generate_series(1, $1) g`, maxEndpointsShown)
+	_, body := b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
+	rows := endpointRow.FindAllStringSubmatch(body, -1)
+	require.Len(t, rows, maxEndpointsShown)
+	require.Equal(t, []string{epFlaky, epDown}, []string{rows[0][1], rows[1][1]}, "those not closed first")
+	require.Contains(t, body, fmt.Sprintf("2 of %d not closed", maxEndpointsShown+3))
+	require.Contains(t, body, `<p class="note" id="more">3 more endpoints follow, not shown here`)
+}
+
 // A pending http_callback job whose endpoint is open or half-open says so
 // on its page and in the jobs list, with the time it holds until; the
 // endpoint is found as the executor finds it (case and the default port

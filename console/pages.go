@@ -628,6 +628,10 @@ func (s *Server) schedules(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, "schedules", "layout.html", p)
 }
 
+// maxEndpointsShown is the most endpoints the endpoints page lists; it
+// counts the others.
+const maxEndpointsShown = 500
+
 // endpoints shows the endpoints of http_callback jobs and their circuit
 // breakers, as `pgdispatch endpoints list` does: those not closed first.
 func (s *Server) endpoints(w http.ResponseWriter, r *http.Request) {
@@ -642,10 +646,13 @@ func (s *Server) endpoints(w http.ResponseWriter, r *http.Request) {
 			notClosed++
 		}
 	}
+	shown := list[:min(len(list), maxEndpointsShown)]
 	p.Data = struct {
-		Endpoints []admin.Endpoint
-		NotClosed int
-	}{list, notClosed}
+		// Endpoints are the first maxEndpointsShown of the Total.
+		Endpoints        []admin.Endpoint
+		Total, NotClosed int
+		More             int
+	}{shown, len(list), notClosed, len(list) - len(shown)}
 	s.render(w, r, "endpoints", "layout.html", p)
 }
 
