@@ -97,15 +97,22 @@ func (o *outcomes) snoozed(ids []int64) (int, <-chan struct{}) {
 }
 
 // breakerWorker runs a worker whose http_callback executor keeps the
-// circuits with a breaker of its own, as every worker process does.
-func breakerWorker(t *testing.T, schema, id string, obs claimer.Observer, coolDown time.Duration) (*endpoints.Breaker, func()) {
+// circuits with a breaker of its own, as every worker process does. tune
+// changes the breaker's settings.
+func breakerWorker(t *testing.T, schema, id string, obs claimer.Observer, coolDown time.Duration,
+	tune ...func(*endpoints.Config),
+) (*endpoints.Breaker, func()) {
 	t.Helper()
 	pool := pgtest.Pool(t)
-	br, err := endpoints.New(endpoints.Config{
+	bcfg := endpoints.Config{
 		DB: pool, Schema: schema, Window: time.Hour, MinAttempts: 5, FailureRatio: 0.5, CoolDown: coolDown, MaxCoolDown: time.Hour,
 		FlushInterval: 20 * time.Millisecond, RefreshInterval: time.Hour, // the notifications alone tell the changes
 		Logger: zaptest.NewLogger(t).Named(id),
-	})
+	}
+	for _, f := range tune {
+		f(&bcfg)
+	}
+	br, err := endpoints.New(bcfg)
 	require.NoError(t, err)
 	exec, err := httpcallback.New(httpcallback.Config{AllowNetworks: []string{httpcallback.NetworksLoopback}, Breaker: br})
 	require.NoError(t, err)
