@@ -183,11 +183,16 @@ func orElse(a, b string) string {
 	return b
 }
 
-// Run reads the endpoints that are not closed when woken and, while it
-// knows of one, every RefreshInterval, and writes the outcomes counted every FlushInterval,
-// until ctx is done; then it writes the last ones and returns nil. Call
-// Load first: Run does not read them at once.
+// Run reports the events no worker has reported; then it reads the
+// endpoints that are not closed, and reports the events, when woken and,
+// while it knows of one open or half-open, every RefreshInterval; and it
+// writes the outcomes counted every FlushInterval; until ctx is done: then
+// it writes the last ones and returns nil. Call Load first: Run does not
+// read the endpoints at once.
 func (b *Breaker) Run(ctx context.Context) error {
+	if err := b.Report(ctx); err != nil && ctx.Err() == nil { // the events of while no worker ran
+		b.logger.Warn("reading the endpoints' events failed; a later read reports them", zap.Error(err))
+	}
 	flush := time.NewTicker(b.cfg.FlushInterval)
 	defer flush.Stop()
 	refresh := time.NewTicker(b.cfg.RefreshInterval)
@@ -208,17 +213,28 @@ func (b *Breaker) Run(ctx context.Context) error {
 		case <-b.wake:
 			b.load(ctx)
 		case <-refresh.C:
-			// Only while some endpoint is not closed: every change is
-			// notified, and an idle worker whose endpoints are all closed
+			// Only while some endpoint is open or half-open: every change
+			// is notified, and an idle worker whose endpoints are all
+			// closed or disabled (which only a notified change ends)
 			// sends nothing.
-			b.mu.Lock()
-			watching := len(b.open) > 0
-			b.mu.Unlock()
-			if watching {
+			if b.watching() {
 				b.load(ctx)
 			}
 		}
 	}
+}
+
+// watching reports whether an endpoint this worker knows is open or
+// half-open.
+func (b *Breaker) watching() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, g := range b.open {
+		if !g.disabled {
+			return true
+		}
+	}
+	return false
 }
 
 func (b *Breaker) load(ctx context.Context) {
