@@ -273,8 +273,10 @@ func TestRolesScript(t *testing.T) {
 	// its event and job, through the functions only, and reads the events;
 	// the writer does neither.
 	eventsTable := pgx.Identifier{b.schema, "endpoint_events"}.Sanitize()
-	evBreaker, err := endpoints.New(endpoints.Config{DB: worker, Schema: b.schema, MinAttempts: 1, FailureRatio: 1,
-		CoolDown: time.Hour, EventKind: "noop"})
+	evBreaker, err := endpoints.New(endpoints.Config{
+		DB: worker, Schema: b.schema, MinAttempts: 1, FailureRatio: 1,
+		CoolDown: time.Hour, EventKind: "noop",
+	})
 	require.NoError(t, err)
 	evBreaker.Record("http://events.example:80", true, "HTTP 503")
 	require.NoError(t, evBreaker.Flush(ctx))
