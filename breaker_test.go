@@ -199,8 +199,15 @@ func TestBreakerOpensAndHeals(t *testing.T) {
 		"SELECT count(*) = $2 FROM "+jobs+" WHERE id = ANY($1) AND status = 'done'", all, len(all))
 	waitState(t, a, ep, "closed", "worker a")
 	waitState(t, b, ep, "closed", "worker b")
+	// The outage is two events, opened and closed, by the breaker: the
+	// failed probe between them is none.
+	rows, _ := pgtest.Pool(t).Query(context.Background(), "SELECT event || ' by ' || actor FROM "+
+		pgx.Identifier{schema, "endpoint_events"}.Sanitize()+" WHERE endpoint = $1 ORDER BY id", ep)
+	events, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"opened by breaker", "closed by breaker"}, events)
 
-	rows, _ := pgtest.Pool(t).Query(context.Background(), "SELECT id, attempts FROM "+jobs+" WHERE id = ANY($1)", all)
+	rows, _ = pgtest.Pool(t).Query(context.Background(), "SELECT id, attempts FROM "+jobs+" WHERE id = ANY($1)", all)
 	attempts, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
 		ID       int64
 		Attempts int
