@@ -17,7 +17,7 @@
 // Every change of state is told on the channel pgdispatch.control; a
 // Breaker reads the endpoints that are not closed when it starts, when
 // woken (Wake: a notification, a listener that connected again) and, while
-// it knows of one that is not closed, every RefreshInterval.
+// it knows of one open or half-open, every RefreshInterval.
 //
 // An endpoint open for longer than DisableAfter is disabled at its next
 // failed probe, and an operator may disable one (disable_endpoint,
@@ -71,8 +71,8 @@ const (
 	// that a receiver down over a long weekend is not disabled.
 	DefaultDisableAfter = 5 * 24 * time.Hour
 	// DefaultRefreshInterval is how often the endpoints that are not
-	// closed are read while the breaker knows of one, besides when a
-	// change is notified.
+	// closed are read while the breaker knows of one open or half-open,
+	// besides when a change is notified.
 	DefaultRefreshInterval = 5 * time.Second
 )
 
@@ -109,7 +109,7 @@ type Config struct {
 	CoolDown, MaxCoolDown time.Duration
 	// FlushInterval is how often the outcomes counted are written, and
 	// RefreshInterval how often the endpoints that are not closed are read
-	// without a notification.
+	// without a notification, while one is open or half-open.
 	FlushInterval, RefreshInterval time.Duration
 	// DisableAfter is how long an endpoint may stay open: the first
 	// probe that fails after it disables the endpoint. Below 0: never.
