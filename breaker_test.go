@@ -97,15 +97,22 @@ func (o *outcomes) snoozed(ids []int64) (int, <-chan struct{}) {
 }
 
 // breakerWorker runs a worker whose http_callback executor keeps the
-// circuits with a breaker of its own, as every worker process does.
-func breakerWorker(t *testing.T, schema, id string, obs claimer.Observer, coolDown time.Duration) (*endpoints.Breaker, func()) {
+// circuits with a breaker of its own, as every worker process does. tune
+// changes the breaker's settings.
+func breakerWorker(t *testing.T, schema, id string, obs claimer.Observer, coolDown time.Duration,
+	tune ...func(*endpoints.Config),
+) (*endpoints.Breaker, func()) {
 	t.Helper()
 	pool := pgtest.Pool(t)
-	br, err := endpoints.New(endpoints.Config{
+	bcfg := endpoints.Config{
 		DB: pool, Schema: schema, Window: time.Hour, MinAttempts: 5, FailureRatio: 0.5, CoolDown: coolDown, MaxCoolDown: time.Hour,
 		FlushInterval: 20 * time.Millisecond, RefreshInterval: time.Hour, // the notifications alone tell the changes
 		Logger: zaptest.NewLogger(t).Named(id),
-	})
+	}
+	for _, f := range tune {
+		f(&bcfg)
+	}
+	br, err := endpoints.New(bcfg)
 	require.NoError(t, err)
 	exec, err := httpcallback.New(httpcallback.Config{AllowNetworks: []string{httpcallback.NetworksLoopback}, Breaker: br})
 	require.NoError(t, err)
@@ -192,8 +199,15 @@ func TestBreakerOpensAndHeals(t *testing.T) {
 		"SELECT count(*) = $2 FROM "+jobs+" WHERE id = ANY($1) AND status = 'done'", all, len(all))
 	waitState(t, a, ep, "closed", "worker a")
 	waitState(t, b, ep, "closed", "worker b")
+	// The outage is two events, opened and closed, by the breaker: the
+	// failed probe between them is none.
+	rows, _ := pgtest.Pool(t).Query(context.Background(), "SELECT event || ' by ' || actor FROM "+
+		pgx.Identifier{schema, "endpoint_events"}.Sanitize()+" WHERE endpoint = $1 ORDER BY id", ep)
+	events, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"opened by breaker", "closed by breaker"}, events)
 
-	rows, _ := pgtest.Pool(t).Query(context.Background(), "SELECT id, attempts FROM "+jobs+" WHERE id = ANY($1)", all)
+	rows, _ = pgtest.Pool(t).Query(context.Background(), "SELECT id, attempts FROM "+jobs+" WHERE id = ANY($1)", all)
 	attempts, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
 		ID       int64
 		Attempts int

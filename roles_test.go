@@ -268,6 +268,36 @@ func TestRolesScript(t *testing.T) {
 	requireDenied(t, operator, "UPDATE "+endpointsTable+" SET state = 'open'")
 	requireDenied(t, writer, "SELECT * FROM "+endpointsTable)
 
+	// The breaker's events, and their jobs, are the worker's to write and
+	// report; the operator disables, enables and notes an endpoint, with
+	// its event and job, through the functions only, and reads the events;
+	// the writer does neither.
+	eventsTable := pgx.Identifier{b.schema, "endpoint_events"}.Sanitize()
+	evBreaker, err := endpoints.New(endpoints.Config{
+		DB: worker, Schema: b.schema, MinAttempts: 1, FailureRatio: 1,
+		CoolDown: time.Hour, EventKind: "noop",
+	})
+	require.NoError(t, err)
+	evBreaker.Record("http://events.example:80", true, "HTTP 503")
+	require.NoError(t, evBreaker.Flush(ctx))
+	require.NoError(t, evBreaker.Report(ctx))
+	changed, err := a.DisableEndpoint(ctx, ep, "ask ops", admin.EventJob{Kind: "noop"})
+	require.NoError(t, err)
+	require.True(t, changed)
+	require.NoError(t, a.SetEndpointNote(ctx, ep, "still asking"))
+	changed, err = a.EnableEndpoint(ctx, ep, admin.EventJob{})
+	require.NoError(t, err)
+	require.True(t, changed)
+	evs, err := a.EndpointEvents(ctx, "", 10)
+	require.NoError(t, err)
+	require.Len(t, evs, 5) // opened and closed above, opened, disabled, enabled
+	requireDenied(t, operator, "INSERT INTO "+eventsTable+" (endpoint, event, actor) VALUES ('http://x:80', 'opened', 'breaker')")
+	requireDenied(t, operator, "SELECT "+pgx.Identifier{b.schema, "endpoint_event"}.Sanitize()+
+		"('http://x:80', 'opened', 'breaker', NULL, NULL, 'noop', NULL, NULL)")
+	requireDenied(t, writer, "SELECT * FROM "+eventsTable)
+	requireDenied(t, writer, "SELECT "+pgx.Identifier{b.schema, "disable_endpoint"}.Sanitize()+"('http://x:80')")
+	requireDenied(t, worker, "SELECT "+pgx.Identifier{b.schema, "disable_endpoint"}.Sanitize()+"('http://x:80')")
+
 	// The operator rotates the signing secrets and lists them without
 	// reading one; the worker reads them (it did at start, with
 	// SigningKeys); no one else reads them.

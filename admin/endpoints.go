@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"time"
@@ -36,30 +37,37 @@ type Endpoint struct {
 	// Reason is the last failure counted before it opened, redacted as
 	// last_error is, and masked again when read (redact.Text): a row the
 	// workers did not write shows no secret either.
-	Reason    string    `json:"reason,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// DisabledAt is when it was disabled, by the breaker (open too long)
+	// or an operator (DisabledBy): its jobs fail until it is enabled.
+	DisabledAt *time.Time `json:"disabled_at"`
+	DisabledBy string     `json:"disabled_by,omitempty"`
+	// Note is the operator's.
+	Note      string    `json:"note,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
 const endpointColumns = `endpoint, state, attempts, failures, window_started_at, opened_at, open_until,
-       coalesce(extract(epoch FROM cool_down), 0)::float8, probe_until, coalesce(reason, ''), updated_at`
+       coalesce(extract(epoch FROM cool_down), 0)::float8, probe_until, coalesce(reason, ''),
+       disabled_at, coalesce(disabled_by, ''), coalesce(note, ''), updated_at`
 
 func scanEndpoint(row pgx.CollectableRow) (Endpoint, error) {
 	var e Endpoint
 	err := row.Scan(&e.Endpoint, &e.State, &e.Attempts, &e.Failures, &e.WindowStartedAt, &e.OpenedAt, &e.OpenUntil,
-		&e.CoolDownSeconds, &e.ProbeUntil, &e.Reason, &e.UpdatedAt)
+		&e.CoolDownSeconds, &e.ProbeUntil, &e.Reason, &e.DisabledAt, &e.DisabledBy, &e.Note, &e.UpdatedAt)
 	e.CoolDown = time.Duration(e.CoolDownSeconds * float64(time.Second))
 	e.Reason = redact.Text(e.Reason)
 	return e, err
 }
 
-// Endpoints lists the endpoints, those that are not closed first, then by
-// name.
+// Endpoints lists the endpoints, the disabled first, then those that are
+// not closed, then by name.
 func (a *Admin) Endpoints(ctx context.Context) ([]Endpoint, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
 	rows, _ := a.pool.Query(ctx, a.sql(`SELECT `+endpointColumns+`
 FROM {schema}.endpoints
-ORDER BY state = 'closed', endpoint`))
+ORDER BY disabled_at IS NULL, state = 'closed', endpoint`))
 	out, err := pgx.CollectRows(rows, scanEndpoint)
 	if err != nil {
 		return nil, fmt.Errorf("list endpoints: %w", err)
@@ -149,4 +157,101 @@ FROM {schema}.endpoints WHERE state <> 'closed'`)).Scan(&open, &halfOpen)
 		return 0, 0, fmt.Errorf("count the endpoints not closed: %w", err)
 	}
 	return open, halfOpen, nil
+}
+
+// EventJob is the job an operator's change of an endpoint inserts with its
+// event (endpoint_event in SQL): none when Kind is empty. Queue empty is
+// default; Payload, a JSON object, empty is {}.
+type EventJob struct {
+	Kind, Queue string
+	Payload     json.RawMessage
+}
+
+func (j EventJob) args() []any {
+	var kind, queue, payload *string
+	if j.Kind != "" {
+		kind = &j.Kind
+	}
+	if j.Queue != "" {
+		queue = &j.Queue
+	}
+	if len(j.Payload) > 0 {
+		p := string(j.Payload)
+		payload = &p
+	}
+	return []any{kind, queue, payload}
+}
+
+// DisableEndpoint disables endpoint (disable_endpoint() in SQL): its jobs
+// fail, dead, until EnableEndpoint. note, when not empty, replaces its
+// note. It reports whether the endpoint was not disabled already.
+func (a *Admin) DisableEndpoint(ctx context.Context, endpoint, note string, job EventJob) (bool, error) {
+	return a.endpointCall(ctx, "disable", `SELECT {schema}.disable_endpoint($1, $2, $3, $4, $5::jsonb)`,
+		append([]any{endpoint, note}, job.args()...)...)
+}
+
+// EnableEndpoint enables a disabled endpoint and closes its circuit
+// (enable_endpoint() in SQL). It reports whether the endpoint was
+// disabled.
+func (a *Admin) EnableEndpoint(ctx context.Context, endpoint string, job EventJob) (bool, error) {
+	return a.endpointCall(ctx, "enable", `SELECT {schema}.enable_endpoint($1, $2, $3, $4::jsonb)`,
+		append([]any{endpoint}, job.args()...)...)
+}
+
+// SetEndpointNote sets endpoint's note; "" clears it (set_endpoint_note()
+// in SQL).
+func (a *Admin) SetEndpointNote(ctx context.Context, endpoint, note string) error {
+	_, err := a.endpointCall(ctx, "note", `SELECT {schema}.set_endpoint_note($1, $2) IS NULL`, endpoint, note)
+	return err
+}
+
+func (a *Admin) endpointCall(ctx context.Context, what, sql string, args ...any) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	var changed bool
+	if err := a.pool.QueryRow(ctx, a.sql(sql), args...).Scan(&changed); err != nil {
+		return false, fmt.Errorf("%s endpoint %s: %w", what, args[0], err)
+	}
+	return changed, nil
+}
+
+// EndpointEvent is a row of endpoint_events: an endpoint's circuit opened
+// (from closed), closed (a probe succeeded), or it was disabled or
+// enabled.
+type EndpointEvent struct {
+	ID       int64     `json:"id"`
+	Endpoint string    `json:"endpoint"`
+	Event    string    `json:"event"`
+	At       time.Time `json:"at"`
+	// By is breaker or operator; Role the database role that wrote it.
+	By   string `json:"by"`
+	Role string `json:"role"`
+	// Reason is the last failure before it, redacted as last_error is.
+	Reason string `json:"reason,omitempty"`
+	Note   string `json:"note,omitempty"`
+	// JobID is the job that tells of it, if one was asked for.
+	JobID *int64 `json:"job_id,omitempty"`
+}
+
+// EndpointEvents lists the newest limit events, of endpoint when not
+// empty, newest first.
+func (a *Admin) EndpointEvents(ctx context.Context, endpoint string, limit int) ([]EndpointEvent, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rows, _ := a.pool.Query(ctx, a.sql(`
+SELECT id, endpoint, event, at, actor, by_role, coalesce(reason, ''), coalesce(note, ''), job_id
+FROM {schema}.endpoint_events
+WHERE $1 = '' OR endpoint = $1
+ORDER BY id DESC
+LIMIT $2`), endpoint, limit)
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (EndpointEvent, error) {
+		var e EndpointEvent
+		err := row.Scan(&e.ID, &e.Endpoint, &e.Event, &e.At, &e.By, &e.Role, &e.Reason, &e.Note, &e.JobID)
+		e.Reason = redact.Text(e.Reason)
+		return e, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list endpoint events: %w", err)
+	}
+	return out, nil
 }

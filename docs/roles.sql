@@ -21,18 +21,20 @@
 --   worker    what `pgdispatch run` needs: it reads, claims, updates and
 --             purges jobs, keeps the flow keys' state, fires the
 --             schedules, reads the signing secrets, and keeps the
---             endpoints' circuit breakers. It inserts no jobs but
---             those of the schedules' slots (fire_schedule_slots()), and
+--             endpoints' circuit breakers and their events. It inserts no
+--             jobs but those of the schedules' slots (fire_schedule_slots())
+--             and of the endpoints' events (endpoint_event()), and
 --             never runs a migration (`pgdispatch migrate` runs as the
 --             owner).
 --   operator  what the admin commands need: `stats`, `jobs list|show|retry|
 --             cancel|snooze`, `queues list|pause|resume`, `schedules add|
 --             list|remove|pause|resume`, `limits set|list|clear`, `secrets
 --             rotate|list` (it reads no secret: only the worker does),
---             `endpoints list`, the SQL
+--             `endpoints list|events|disable|enable|note`, the SQL
 --             functions cancel(), snooze(), pause_queue(), resume_queue(),
 --             schedule(), unschedule(), pause_schedule(), resume_schedule(),
---             set_flow_limit(), clear_flow_limit() and rotate_signing_secret(),
+--             set_flow_limit(), clear_flow_limit(), rotate_signing_secret(),
+--             disable_endpoint(), enable_endpoint() and set_endpoint_note(),
 --             `triggers list` and `triggers add`, which also needs
 --             the TRIGGER privilege on the application's table (its owner
 --             grants it). `triggers remove` drops a trigger, which
@@ -69,6 +71,7 @@ GRANT SELECT, UPDATE, DELETE ON :"schema".jobs TO :"worker";
 GRANT SELECT ON :"schema".schema_version, :"schema".queues, :"schema".flow_limits, :"schema".signing_secrets TO :"worker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_keys TO :"worker";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".endpoints TO :"worker";
+GRANT SELECT, UPDATE (reported_at), DELETE ON :"schema".endpoint_events TO :"worker";
 GRANT SELECT, UPDATE (next_run_at, last_run_at, runs, missed, caught_up, error, taken, warning) ON :"schema".schedules TO :"worker";
 -- insert_scheduled_jobs() is what workers of builds before migration 12 call.
 GRANT EXECUTE ON FUNCTION
@@ -76,7 +79,9 @@ GRANT EXECUTE ON FUNCTION
     :"schema".insert_scheduled_jobs(bigint[], timestamptz[]),
     :"schema".claim_flow(text, integer, text, float8, integer, bigint, text, boolean),
     :"schema".flow_ended(text[]),
-    :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval)
+    :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval),
+    :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval, text, text, jsonb),
+    :"schema".endpoint_event(text, text, text, text, text, text, text, jsonb)
     TO :"worker";
 
 -- operator
@@ -87,7 +92,7 @@ GRANT SELECT, INSERT, UPDATE ON :"schema".queues TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".schedules TO :"operator";
 GRANT SELECT, INSERT, UPDATE, DELETE ON :"schema".flow_limits TO :"operator";
 GRANT SELECT ON :"schema".flow_keys TO :"operator";
-GRANT SELECT ON :"schema".endpoints TO :"operator";
+GRANT SELECT ON :"schema".endpoints, :"schema".endpoint_events TO :"operator";
 GRANT SELECT (id, created_at, expires_at), INSERT (secret), UPDATE (expires_at), DELETE ON :"schema".signing_secrets TO :"operator";
 GRANT EXECUTE ON FUNCTION
     :"schema".cancel(bigint[]),
@@ -101,5 +106,8 @@ GRANT EXECUTE ON FUNCTION
     :"schema".resume_schedule(text),
     :"schema".set_flow_limit(text, text, integer, boolean, integer, interval),
     :"schema".clear_flow_limit(text, text),
-    :"schema".rotate_signing_secret(bytea, interval)
+    :"schema".rotate_signing_secret(bytea, interval),
+    :"schema".disable_endpoint(text, text, text, text, jsonb),
+    :"schema".enable_endpoint(text, text, text, jsonb),
+    :"schema".set_endpoint_note(text, text)
     TO :"operator";

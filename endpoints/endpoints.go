@@ -17,12 +17,22 @@
 // Every change of state is told on the channel pgdispatch.control; a
 // Breaker reads the endpoints that are not closed when it starts, when
 // woken (Wake: a notification, a listener that connected again) and, while
-// it knows of one that is not closed, every RefreshInterval.
+// it knows of one open or half-open, every RefreshInterval.
+//
+// An endpoint open for longer than DisableAfter is disabled at its next
+// failed probe, and an operator may disable one (disable_endpoint,
+// migration 020): a disabled endpoint takes no probe and its jobs fail,
+// dead, with a last_error that says how to enable it and retry them. An
+// endpoint that opens from closed, closes, is disabled or enabled is an
+// event: a row of endpoint_events written with the change (and, with
+// EventKind, a job that tells of it), which one worker's Breaker logs and
+// counts when it reads the endpoints (Report).
 package endpoints
 
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -34,6 +44,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
@@ -55,9 +66,13 @@ const (
 	DefaultMaxCoolDown = 10 * time.Minute
 	// DefaultFlushInterval is how often the counted outcomes are written.
 	DefaultFlushInterval = time.Second
+	// DefaultDisableAfter is how long an endpoint stays open, its
+	// probes failing, before it is disabled: as long as Svix waits, so
+	// that a receiver down over a long weekend is not disabled.
+	DefaultDisableAfter = 5 * 24 * time.Hour
 	// DefaultRefreshInterval is how often the endpoints that are not
-	// closed are read while the breaker knows of one, besides when a
-	// change is notified.
+	// closed are read while the breaker knows of one open or half-open,
+	// besides when a change is notified.
 	DefaultRefreshInterval = 5 * time.Second
 )
 
@@ -94,8 +109,18 @@ type Config struct {
 	CoolDown, MaxCoolDown time.Duration
 	// FlushInterval is how often the outcomes counted are written, and
 	// RefreshInterval how often the endpoints that are not closed are read
-	// without a notification.
+	// without a notification, while one is open or half-open.
 	FlushInterval, RefreshInterval time.Duration
+	// DisableAfter is how long an endpoint may stay open: the first
+	// probe that fails after it disables the endpoint. Below 0: never.
+	DisableAfter time.Duration
+	// EventKind, when set, makes each event of an endpoint this breaker
+	// records (opened, closed, disabled) insert a job of that kind in
+	// EventQueue ("default" when empty), with EventPayload (a JSON object;
+	// {} when empty) and the event in it (see endpoint_event, migration
+	// 020), in the transaction that changes the endpoint.
+	EventKind, EventQueue string
+	EventPayload          json.RawMessage
 	// StatementTimeout bounds each statement. Default: 10s.
 	StatementTimeout time.Duration
 	// Logger receives the changes of state and the failures to write or
@@ -115,6 +140,8 @@ type Breaker struct {
 	counts  map[string]*tally // outcomes not yet written
 	open    map[string]gate   // the endpoints not closed, as last read
 	changed chan struct{}     // closed at the next change of open
+
+	events *prometheus.CounterVec // the events reported, by event and actor
 }
 
 // tally is an endpoint's outcomes since the last write.
@@ -124,10 +151,12 @@ type tally struct {
 }
 
 // gate is an endpoint that is not closed: its jobs wait until until
-// (local time), then one of them tries to take the probe.
+// (local time), then one of them tries to take the probe; or a disabled
+// one, whose jobs fail.
 type gate struct {
-	state string
-	until time.Time
+	state    string
+	until    time.Time
+	disabled bool
 }
 
 // New checks cfg and returns a Breaker.
@@ -139,6 +168,8 @@ func New(cfg Config) (*Breaker, error) {
 		return nil, errors.New("endpoints: Schema is required")
 	case cfg.FailureRatio < 0 || cfg.FailureRatio > 1:
 		return nil, errors.New("endpoints: FailureRatio must be within 0 and 1")
+	case len(cfg.EventPayload) > 0 && !isObject(cfg.EventPayload):
+		return nil, errors.New("endpoints: EventPayload must be a JSON object")
 	case cfg.Window < 0 || cfg.MinAttempts < 0 || cfg.CoolDown < 0 || cfg.MaxCoolDown < 0 ||
 		cfg.FlushInterval < 0 || cfg.RefreshInterval < 0:
 		return nil, errors.New("endpoints: durations and MinAttempts must not be negative")
@@ -150,12 +181,36 @@ func New(cfg Config) (*Breaker, error) {
 	cfg.MaxCoolDown = max(cmp.Or(cfg.MaxCoolDown, DefaultMaxCoolDown), cfg.CoolDown)
 	cfg.FlushInterval = cmp.Or(cfg.FlushInterval, DefaultFlushInterval)
 	cfg.RefreshInterval = cmp.Or(cfg.RefreshInterval, DefaultRefreshInterval)
+	cfg.DisableAfter = cmp.Or(cfg.DisableAfter, DefaultDisableAfter)
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
-	return &Breaker{
+	b := &Breaker{
 		cfg: cfg, logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("endpoints"), wake: make(chan struct{}, 1),
 		sql: newStatements(cfg.Schema), counts: map[string]*tally{}, open: map[string]gate{},
-	}, nil
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "pgdispatch", Name: "endpoint_events_total",
+			Help: "Events of the endpoints' circuits (opened, closed, disabled, enabled), by event and by whom (breaker or operator), " +
+				"each counted by the one worker that logged it.",
+		}, []string{"event", "by"}),
+	}
+	for _, l := range [][2]string{{"opened", "breaker"}, {"closed", "breaker"}, {"disabled", "breaker"}, {"disabled", "operator"}, {"enabled", "operator"}} {
+		b.events.WithLabelValues(l[0], l[1])
+	}
+	return b, nil
 }
+
+// isObject reports whether j is a JSON object.
+func isObject(j json.RawMessage) bool {
+	var m map[string]json.RawMessage
+	return json.Unmarshal(j, &m) == nil && m != nil
+}
+
+// Describe implements prometheus.Collector.
+func (b *Breaker) Describe(ch chan<- *prometheus.Desc) { b.events.Describe(ch) }
+
+// Collect implements prometheus.Collector: the events this worker
+// reported. They carry no endpoint label, because endpoints come from
+// untrusted payloads; the log lines name them.
+func (b *Breaker) Collect(ch chan<- prometheus.Metric) { b.events.Collect(ch) }
 
 // MaxEndpoint is the longest endpoint the endpoints table holds, in
 // bytes: the outcomes of longer ones, which a writer's URL can make, are
@@ -182,6 +237,21 @@ type Admission struct {
 	// Probe says the request is the endpoint's probe: report its outcome
 	// with ProbeDone, not Record.
 	Probe bool
+	// Disabled says the endpoint is disabled: the job is not sent, and
+	// fails (see DisabledError).
+	Disabled bool
+}
+
+// DisabledError is the failure of a job whose endpoint is disabled: it
+// says how to enable the endpoint and run its dead jobs again.
+func DisabledError(endpoint string) error {
+	host := endpoint
+	if _, rest, ok := strings.Cut(endpoint, "://"); ok {
+		host = rest
+	}
+	return fmt.Errorf("endpoint %s is disabled: its jobs are not sent. Once its receiver works, run "+
+		"'pgdispatch endpoints enable %s', then 'pgdispatch jobs retry --all-dead --host %s --yes' "+
+		"to send the jobs that died meanwhile", endpoint, endpoint, host)
 }
 
 // Admit says whether a request to endpoint may go. A request to a closed
@@ -189,7 +259,8 @@ type Admission struct {
 // after it, the first to ask takes the probe for probeFor (its timeout),
 // and the others wait for the probe. A probe that was not reported within
 // probeFor is given to the next to ask. When the table cannot be read, the
-// job waits RefreshInterval.
+// job waits RefreshInterval. A request to a disabled endpoint does not go
+// (Disabled).
 func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Duration) Admission {
 	b.mu.Lock()
 	g, ok := b.open[endpoint]
@@ -197,17 +268,20 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	if !ok {
 		return Admission{}
 	}
+	if g.disabled {
+		return Admission{Disabled: true}
+	}
 	if wait := time.Until(g.until); wait > 0 {
 		return Admission{Wait: max(wait, minWait)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
 	defer cancel()
 	var (
-		probe bool
-		state *string
-		left  *float64
+		probe, disabled bool
+		state           *string
+		left            *float64
 	)
-	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left); err != nil {
+	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left, &disabled); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			b.set(endpoint, "", 0)
 			return Admission{}
@@ -217,6 +291,9 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		return Admission{Wait: b.cfg.RefreshInterval}
 	}
 	switch {
+	case disabled:
+		b.setDisabled(endpoint, *state)
+		return Admission{Disabled: true}
 	case probe:
 		b.set(endpoint, "half_open", b.wait("half_open", probeFor))
 		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))
@@ -253,18 +330,24 @@ func (b *Breaker) Record(endpoint string, failed bool, reason string) {
 
 // ProbeDone reports the outcome of endpoint's probe: a success closes
 // the circuit, a failure opens it again with the cool-down doubled, up to
-// MaxCoolDown. A probe that is no longer the endpoint's (it took longer
-// than its probeFor and another was taken) changes nothing.
+// MaxCoolDown, or disables the endpoint once it has been open for
+// DisableAfter. A probe that is no longer the endpoint's (it took longer
+// than its probeFor and another was taken, or the endpoint was disabled)
+// changes nothing.
 func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, reason string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.StatementTimeout)
 	defer cancel()
-	var left *float64
-	var err error
+	var (
+		left     *float64
+		disabled bool
+		err      error
+	)
 	if failed {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.reopen, endpoint, excerpt(reason), b.cfg.CoolDown.Seconds(),
-			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema).Scan(&left)
+			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema, b.disableAfter(), b.eventKind(), b.eventQueue(),
+			b.eventPayload()).Scan(&left, &disabled)
 	} else {
-		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.cfg.Schema).Scan(&left)
+		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.eventKind(), b.eventQueue(), b.eventPayload()).Scan(&left)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
@@ -272,15 +355,46 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, r
 	if err != nil {
 		return fmt.Errorf("record the probe of %s: %w", endpoint, describe(err))
 	}
-	if failed {
+	switch {
+	case disabled:
+		b.setDisabled(endpoint, "open")
+	case failed:
 		b.set(endpoint, "open", seconds(left))
 		b.logger.Warn("endpoint open again: its probe failed", zap.String("endpoint", endpoint),
 			zap.Duration("cool_down", seconds(left)), zap.String("reason", excerpt(reason)))
-	} else {
+	default:
 		b.set(endpoint, "", 0)
-		b.logger.Info("endpoint closed: its probe succeeded", zap.String("endpoint", endpoint))
 	}
 	return nil
+}
+
+// disableAfter is DisableAfter in seconds for the statements, 0 for
+// never.
+func (b *Breaker) disableAfter() float64 { return max(b.cfg.DisableAfter.Seconds(), 0) }
+
+// eventKind is EventKind for the statements: NULL when empty.
+func (b *Breaker) eventKind() *string {
+	if b.cfg.EventKind == "" {
+		return nil
+	}
+	return &b.cfg.EventKind
+}
+
+// eventQueue is EventQueue for the statements: NULL when empty.
+func (b *Breaker) eventQueue() *string {
+	if b.cfg.EventQueue == "" {
+		return nil
+	}
+	return &b.cfg.EventQueue
+}
+
+// eventPayload is EventPayload for the statements: NULL when empty.
+func (b *Breaker) eventPayload() *string {
+	if len(b.cfg.EventPayload) == 0 {
+		return nil
+	}
+	s := string(b.cfg.EventPayload)
+	return &s
 }
 
 // wait is how long a job waits for an endpoint in state that holds for
@@ -305,7 +419,18 @@ func (b *Breaker) set(endpoint, state string, wait time.Duration) {
 	} else {
 		b.open[endpoint] = gate{state: state, until: time.Now().Add(wait)}
 	}
-	if had != (state != "") || old.state != state {
+	if had != (state != "") || old.state != state || old.disabled {
+		b.notify()
+	}
+}
+
+// setDisabled notes that endpoint, in state, is disabled.
+func (b *Breaker) setDisabled(endpoint, state string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old, had := b.open[endpoint]
+	b.open[endpoint] = gate{state: state, disabled: true}
+	if !had || !old.disabled {
 		b.notify()
 	}
 }
@@ -330,11 +455,14 @@ func (b *Breaker) Changed() <-chan struct{} {
 }
 
 // State is the state this worker knows endpoint in: "closed", "open" or
-// "half_open".
+// "half_open", or "disabled".
 func (b *Breaker) State(endpoint string) string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if g, ok := b.open[endpoint]; ok {
+		if g.disabled {
+			return "disabled"
+		}
 		return g.state
 	}
 	return "closed"

@@ -198,9 +198,10 @@ func (c *countingDB) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 	return c.DB.Query(ctx, sql, args...)
 }
 
-// While every endpoint it knows is closed, the breaker reads nothing
-// between notifications, however often its refresh comes round: an idle
-// worker sends nothing for it. Once one is open, it reads them again.
+// While every endpoint it knows is closed or disabled, the breaker reads
+// nothing between notifications, however often its refresh comes round:
+// an idle worker sends nothing for it. Once one is open, it reads them
+// again.
 func TestRefreshOnlyWhileOneIsOpen(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -225,6 +226,25 @@ func TestRefreshOnlyWhileOneIsOpen(t *testing.T) {
 		}, 10*time.Second, time.Millisecond)
 	}
 	require.Zero(t, db.loads.Load(), "read the endpoints with none open")
+
+	// A disabled endpoint changes only by a notified change: the breaker
+	// that knows of one reads nothing between notifications either.
+	const disabled = "http://disabled:80"
+	_, err = pgtest.Pool(t).Exec(context.Background(), "SELECT "+pgx.Identifier{b.schema, "disable_endpoint"}.Sanitize()+"($1)", disabled)
+	require.NoError(t, err)
+	require.NoError(t, br.Load(context.Background()))
+	require.Equal(t, "disabled", br.State(disabled))
+	before := db.loads.Load()
+	for i := 6; i <= 10; i++ {
+		br.Record(up, false, "")
+		require.Eventually(t, func() bool {
+			var attempts int
+			err := pgtest.Pool(t).QueryRow(context.Background(), "SELECT coalesce(sum(attempts), 0) FROM "+
+				pgx.Identifier{b.schema, "endpoints"}.Sanitize()+" WHERE endpoint = $1", up).Scan(&attempts)
+			return err == nil && attempts == i
+		}, 10*time.Second, time.Millisecond)
+	}
+	require.Equal(t, before, db.loads.Load(), "read the endpoints with only a disabled one")
 
 	for range 4 {
 		br.Record(down, true, "HTTP 503 Service Unavailable")

@@ -1,8 +1,10 @@
 package endpoints
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -11,7 +13,7 @@ import (
 
 // statements are the breaker's SQL, for one schema.
 type statements struct {
-	probe, close, reopen, load, flush string
+	probe, close, reopen, load, flush, report string
 }
 
 // notifyFrom tells the workers, once per row of u, that an endpoint
@@ -21,37 +23,59 @@ const notifyFrom = ` FROM u, LATERAL pg_catalog.pg_notify('pgdispatch.control',
 
 func newStatements(schema string) statements {
 	t := pgx.Identifier{schema, "endpoints"}.Sanitize()
+	events := pgx.Identifier{schema, "endpoint_events"}.Sanitize()
+	event := pgx.Identifier{schema, "endpoint_event"}.Sanitize()
 	return statements{
 		// probe takes the probe of $1 for $2 seconds, when its cool-down
-		// or the last probe's time is over, and says the state it found
-		// and for how long it holds.
+		// or the last probe's time is over and it is not disabled, and
+		// says the state it found, for how long it holds, and whether the
+		// endpoint is disabled.
 		probe: `WITH p AS (
     UPDATE ` + t + ` SET state = 'half_open', probe_until = now() + make_interval(secs => $2), updated_at = now()
-    WHERE endpoint = $1 AND ((state = 'open' AND open_until <= now()) OR (state = 'half_open' AND probe_until <= now()))
+    WHERE endpoint = $1 AND disabled_at IS NULL
+      AND ((state = 'open' AND open_until <= now()) OR (state = 'half_open' AND probe_until <= now()))
     RETURNING endpoint)
 SELECT EXISTS (SELECT FROM p), e.state,
-       extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8
+       extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8,
+       e.disabled_at IS NOT NULL
 FROM ` + t + ` e WHERE e.endpoint = $1`,
+		// close closes $1 and records the event, its job of kind $2 in
+		// queue $3 with payload $4 (endpoint_event tells the workers).
 		close: `WITH u AS (
     UPDATE ` + t + ` SET state = 'closed', attempts = 0, failures = 0, window_started_at = now(), opened_at = NULL,
         open_until = NULL, cool_down = NULL, probe_until = NULL, updated_at = now()
-    WHERE endpoint = $1 AND state = 'half_open'
+    WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL
     RETURNING endpoint)
-SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
-		// reopen doubles the cool-down ($3 seconds when none), up to $4.
+SELECT NULL::float8 FROM u, LATERAL ` + event + `(u.endpoint, 'closed', 'breaker', NULL, NULL, $2, $3, $4::jsonb) AS ev`,
+		// reopen doubles the cool-down ($3 seconds when none), up to $4;
+		// an endpoint open for $6 seconds or more (0: never) is disabled
+		// instead, an event whose job is of kind $7 in queue $8 with
+		// payload $9.
 		reopen: `WITH u AS (
     UPDATE ` + t + ` SET state = 'open',
         cool_down = least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
         open_until = now() + least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
-        probe_until = NULL, reason = $2, updated_at = now()
-    WHERE endpoint = $1 AND state = 'half_open'
-    RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs)
-SELECT u.left_secs` + fmt.Sprintf(notifyFrom, 5),
+        probe_until = NULL, reason = $2, updated_at = now(),
+        disabled_at = CASE WHEN $6::float8 > 0 AND opened_at <= now() - make_interval(secs => $6::float8) THEN now() END,
+        disabled_by = CASE WHEN $6::float8 > 0 AND opened_at <= now() - make_interval(secs => $6::float8) THEN 'breaker' END
+    WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL
+    RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs, disabled_at IS NOT NULL AS disabled,
+        reason)
+SELECT u.left_secs, u.disabled` + fmt.Sprintf(notifyFrom, 5) + `,
+    LATERAL (SELECT CASE WHEN u.disabled
+        THEN ` + event + `(u.endpoint, 'disabled', 'breaker', u.reason, NULL, $7, $8, $9::jsonb) END) AS ev`,
 		load: `SELECT endpoint, state,
-       greatest(extract(epoch FROM CASE state WHEN 'open' THEN open_until ELSE probe_until END - now()), 0)::float8
-FROM ` + t + ` WHERE state <> 'closed' ORDER BY endpoint`,
+       greatest(extract(epoch FROM CASE state WHEN 'open' THEN open_until ELSE probe_until END - now()), 0)::float8,
+       disabled_at IS NOT NULL
+FROM ` + t + ` WHERE state <> 'closed' OR disabled_at IS NOT NULL ORDER BY endpoint`,
 		flush: `SELECT e FROM ` + pgx.Identifier{schema, "record_endpoint_outcomes"}.Sanitize() + `($1, $2, $3, $4,
-    make_interval(secs => $5), $6, $7, make_interval(secs => $8)) AS e`,
+    make_interval(secs => $5), $6, $7, make_interval(secs => $8), $9, $10, $11::jsonb) AS e`,
+		// report takes the events no worker has reported, oldest first,
+		// up to $1 of them, those another worker takes skipped.
+		report: `WITH r AS (
+    SELECT id FROM ` + events + ` WHERE reported_at IS NULL ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+UPDATE ` + events + ` x SET reported_at = now() FROM r WHERE x.id = r.id
+RETURNING x.id, x.endpoint, x.event, x.at, x.actor, x.by_role, coalesce(x.reason, ''), coalesce(x.note, ''), x.job_id`,
 	}
 }
 
@@ -71,11 +95,12 @@ func (b *Breaker) Load(ctx context.Context) error {
 	type row struct {
 		endpoint, state string
 		left            float64
+		disabled        bool
 	}
 	rows, _ := b.cfg.DB.Query(ctx, b.sql.load)
 	read, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		return x, r.Scan(&x.endpoint, &x.state, &x.left)
+		return x, r.Scan(&x.endpoint, &x.state, &x.left, &x.disabled)
 	})
 	if err != nil {
 		return fmt.Errorf("read the endpoints: %w", describe(err))
@@ -87,13 +112,13 @@ func (b *Breaker) Load(ctx context.Context) error {
 		if x.state == "half_open" {
 			left = min(left, b.cfg.CoolDown)
 		}
-		open[x.endpoint] = gate{state: x.state, until: now.Add(left)}
+		open[x.endpoint] = gate{state: x.state, until: now.Add(left), disabled: x.disabled}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	changed := len(open) != len(b.open)
 	for e, g := range open {
-		if old, ok := b.open[e]; !ok || old.state != g.state {
+		if old, ok := b.open[e]; !ok || old.state != g.state || old.disabled != g.disabled {
 			changed = true
 		}
 	}
@@ -129,7 +154,7 @@ func (b *Breaker) Flush(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
 	defer cancel()
 	rows, _ := b.cfg.DB.Query(ctx, b.sql.flush, keys, attempts, failures, reasons, b.cfg.Window.Seconds(),
-		b.cfg.MinAttempts, b.cfg.FailureRatio, b.cfg.CoolDown.Seconds())
+		b.cfg.MinAttempts, b.cfg.FailureRatio, b.cfg.CoolDown.Seconds(), b.eventKind(), b.eventQueue(), b.eventPayload())
 	opened, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		b.mu.Lock()
@@ -145,8 +170,6 @@ func (b *Breaker) Flush(ctx context.Context) error {
 		return fmt.Errorf("record the endpoints' outcomes: %w", describe(err))
 	}
 	for _, e := range opened {
-		b.logger.Warn("endpoint open: too many of its requests failed; its jobs wait", zap.String("endpoint", e),
-			zap.Duration("cool_down", b.cfg.CoolDown), zap.String("reason", excerpt(counts[e].reason)))
 		b.set(e, "open", b.cfg.CoolDown)
 	}
 	return nil
@@ -160,11 +183,16 @@ func orElse(a, b string) string {
 	return b
 }
 
-// Run reads the endpoints that are not closed when woken and, while it
-// knows of one, every RefreshInterval, and writes the outcomes counted every FlushInterval,
-// until ctx is done; then it writes the last ones and returns nil. Call
-// Load first: Run does not read them at once.
+// Run reports the events no worker has reported; then it reads the
+// endpoints that are not closed, and reports the events, when woken and,
+// while it knows of one open or half-open, every RefreshInterval; and it
+// writes the outcomes counted every FlushInterval; until ctx is done: then
+// it writes the last ones and returns nil. Call Load first: Run does not
+// read the endpoints at once.
 func (b *Breaker) Run(ctx context.Context) error {
+	if err := b.Report(ctx); err != nil && ctx.Err() == nil { // the events of while no worker ran
+		b.logger.Warn("reading the endpoints' events failed; a later read reports them", zap.Error(err))
+	}
 	flush := time.NewTicker(b.cfg.FlushInterval)
 	defer flush.Stop()
 	refresh := time.NewTicker(b.cfg.RefreshInterval)
@@ -185,21 +213,117 @@ func (b *Breaker) Run(ctx context.Context) error {
 		case <-b.wake:
 			b.load(ctx)
 		case <-refresh.C:
-			// Only while some endpoint is not closed: every change is
-			// notified, and an idle worker whose endpoints are all closed
+			// Only while some endpoint is open or half-open: every change
+			// is notified, and an idle worker whose endpoints are all
+			// closed or disabled (which only a notified change ends)
 			// sends nothing.
-			b.mu.Lock()
-			watching := len(b.open) > 0
-			b.mu.Unlock()
-			if watching {
+			if b.watching() {
 				b.load(ctx)
 			}
 		}
 	}
 }
 
+// watching reports whether an endpoint this worker knows is open or
+// half-open.
+func (b *Breaker) watching() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, g := range b.open {
+		if !g.disabled {
+			return true
+		}
+	}
+	return false
+}
+
 func (b *Breaker) load(ctx context.Context) {
 	if err := b.Load(ctx); err != nil && ctx.Err() == nil {
 		b.logger.Warn("reading the endpoints failed; the last read holds", zap.Error(err))
+	}
+	if err := b.Report(ctx); err != nil && ctx.Err() == nil {
+		b.logger.Warn("reading the endpoints' events failed; a later read reports them", zap.Error(err))
+	}
+}
+
+// reportBatch bounds the events one statement of Report takes.
+const reportBatch = 100
+
+// Event is a row of endpoint_events.
+type Event struct {
+	ID       int64
+	Endpoint string
+	// Event is opened, closed, disabled or enabled.
+	Event string
+	At    time.Time
+	// By is breaker or operator; Role is the database role of the
+	// session that wrote it.
+	By, Role string
+	// Reason is the last failure before it, redacted as last_error is;
+	// Note is the operator's.
+	Reason, Note string
+	// JobID is the job that tells of it, or 0.
+	JobID int64
+}
+
+// Report takes the events that no worker has reported yet, and logs and
+// counts each one: at Warn for opened and disabled, at Info for closed
+// and enabled. Each event is reported by one worker only. The breaker's
+// Run calls it with each read of the endpoints.
+func (b *Breaker) Report(ctx context.Context) error {
+	for {
+		qctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
+		rows, _ := b.cfg.DB.Query(qctx, b.sql.report, reportBatch)
+		events, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
+			var e Event
+			var job *int64
+			err := r.Scan(&e.ID, &e.Endpoint, &e.Event, &e.At, &e.By, &e.Role, &e.Reason, &e.Note, &job)
+			if job != nil {
+				e.JobID = *job
+			}
+			return e, err
+		})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("report the endpoints' events: %w", describe(err))
+		}
+		slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.ID, b.ID) })
+		for _, e := range events {
+			b.logEvent(e)
+		}
+		if len(events) < reportBatch {
+			return nil
+		}
+	}
+}
+
+// eventMessages are the log lines of the events.
+var eventMessages = map[string]string{
+	"opened":   "endpoint open: too many of its requests failed; its jobs wait",
+	"closed":   "endpoint closed: its probe succeeded; its jobs go",
+	"disabled": "endpoint disabled: its jobs fail until an operator enables it",
+	"enabled":  "endpoint enabled: its circuit is closed; its jobs go",
+}
+
+func (b *Breaker) logEvent(e Event) {
+	b.events.WithLabelValues(e.Event, e.By).Inc()
+	fields := []zap.Field{
+		zap.String("endpoint", e.Endpoint), zap.String("event", e.Event), zap.String("by", e.By), zap.String("role", e.Role),
+		zap.Time("at", e.At), zap.Int64("event_id", e.ID),
+	}
+	if e.Reason != "" {
+		fields = append(fields, zap.String("reason", e.Reason))
+	}
+	if e.Note != "" {
+		fields = append(fields, zap.String("note", e.Note))
+	}
+	if e.JobID != 0 {
+		fields = append(fields, zap.Int64("job_id", e.JobID))
+	}
+	msg := cmp.Or(eventMessages[e.Event], "endpoint event")
+	if e.Event == "opened" || e.Event == "disabled" {
+		b.logger.Warn(msg, fields...)
+	} else {
+		b.logger.Info(msg, fields...)
 	}
 }

@@ -847,24 +847,7 @@ func TestSigningSecretGrantsCarryOverMigration18(t *testing.T) {
 	_, _, err := migrations.MigrateTo(ctx, pool, migrations.Config{Schema: schema}, 17)
 	require.NoError(t, err)
 	s := pgx.Identifier{schema}.Sanitize()
-	rolePool := func(suffix, grants string) *pgxpool.Pool {
-		role := "pgdt_" + strings.ReplaceAll(schema, "pgdt_", "") + "_" + suffix
-		ident := pgx.Identifier{role}.Sanitize()
-		_, err := pool.Exec(ctx, "CREATE ROLE "+ident+" NOLOGIN; GRANT USAGE ON SCHEMA "+s+" TO "+ident+"; "+
-			strings.ReplaceAll(grants, "{role}", ident))
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			_, err := pool.Exec(context.Background(), "DROP OWNED BY "+ident+"; DROP ROLE "+ident)
-			require.NoError(t, err)
-		})
-		cfg, err := pgxpool.ParseConfig(pgtest.URL())
-		require.NoError(t, err)
-		cfg.ConnConfig.RuntimeParams["role"] = role
-		p, err := pgxpool.NewWithConfig(ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(p.Close)
-		return p
-	}
+	rolePool := func(suffix, grants string) *pgxpool.Pool { return grantedPool(ctx, t, schema, suffix, grants) }
 	worker := rolePool("worker", "GRANT SELECT, UPDATE, DELETE ON "+s+".jobs TO {role}; "+
 		"GRANT EXECUTE ON FUNCTION "+s+".fire_schedule_slots(bigint[], timestamptz[]) TO {role}")
 	operator := rolePool("operator", "GRANT SELECT, UPDATE ON "+s+".jobs TO {role}; GRANT EXECUTE ON FUNCTION "+s+".pause_queue(text) TO {role}")
@@ -890,4 +873,73 @@ func TestSigningSecretGrantsCarryOverMigration18(t *testing.T) {
 	require.Equal(t, 1, n)
 	_, err = worker.Exec(ctx, "SELECT "+s+".rotate_signing_secret(decode(repeat('ab', 32), 'hex'), '0')")
 	require.Equal(t, "42501", pgErrorOf(t, err).Code)
+}
+
+// The worker and operator roles of migration 19 (the worker writes the
+// endpoints, the operator pauses queues and reads them) keep working after
+// migration 20: the worker's flush that opens an endpoint records its
+// event, with its job, and reports it; the operator disables and enables
+// an endpoint and reads the events; neither writes an event itself.
+func TestEndpointEventGrantsCarryOverMigration20(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.EmptySchemaName(t)
+	pool := pgtest.Pool(t)
+	_, _, err := migrations.MigrateTo(ctx, pool, migrations.Config{Schema: schema}, 19)
+	require.NoError(t, err)
+	s := pgx.Identifier{schema}.Sanitize()
+	rolePool := func(suffix, grants string) *pgxpool.Pool { return grantedPool(ctx, t, schema, suffix, grants) }
+	worker := rolePool("worker", "GRANT SELECT, UPDATE, DELETE ON "+s+".jobs TO {role}; "+
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON "+s+".endpoints TO {role}; "+
+		"GRANT EXECUTE ON FUNCTION "+s+".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval) TO {role}")
+	operator := rolePool("operator", "GRANT SELECT, UPDATE ON "+s+".jobs TO {role}; GRANT SELECT ON "+s+".endpoints TO {role}; "+
+		"GRANT EXECUTE ON FUNCTION "+s+".pause_queue(text) TO {role}")
+	_, _, err = migrations.Migrate(ctx, pool, migrations.Config{Schema: schema})
+	require.NoError(t, err)
+
+	var opened string
+	require.NoError(t, worker.QueryRow(ctx, "SELECT "+s+".record_endpoint_outcomes(ARRAY['http://down:80'], ARRAY[1], ARRAY[1], "+
+		"ARRAY['HTTP 503'], '1 minute', 1, 1, '1 hour', 'noop', NULL, NULL)").Scan(&opened))
+	require.Equal(t, "http://down:80", opened)
+	_, err = worker.Exec(ctx, "UPDATE "+s+".endpoint_events SET reported_at = now() WHERE reported_at IS NULL")
+	require.NoError(t, err)
+	var disabled, enabled bool
+	require.NoError(t, operator.QueryRow(ctx, "SELECT "+s+".disable_endpoint('http://down:80', 'ask ops')").Scan(&disabled))
+	require.NoError(t, operator.QueryRow(ctx, "SELECT "+s+".enable_endpoint('http://down:80')").Scan(&enabled))
+	require.True(t, disabled && enabled)
+	var events, jobs int
+	require.NoError(t, operator.QueryRow(ctx, "SELECT count(*), count(job_id) FROM "+s+".endpoint_events").Scan(&events, &jobs))
+	require.Equal(t, []int{3, 1}, []int{events, jobs})
+	for _, p := range []*pgxpool.Pool{worker, operator} {
+		_, err = p.Exec(ctx, "INSERT INTO "+s+".endpoint_events (endpoint, event, actor) VALUES ('http://x:80', 'opened', 'breaker')")
+		require.Equal(t, "42501", pgErrorOf(t, err).Code)
+	}
+	_, err = operator.Exec(ctx, "SELECT "+s+".endpoint_event('http://x:80', 'opened', 'breaker', NULL, NULL, 'noop', NULL, NULL)")
+	require.Equal(t, "42501", pgErrorOf(t, err).Code)
+}
+
+// grantedPool creates a role of schema's test, named by suffix, with USAGE
+// on the schema and grants ({role} names it), dropped at the test's end,
+// and returns a pool whose sessions take it.
+func grantedPool(ctx context.Context, t *testing.T, schema, suffix, grants string) *pgxpool.Pool {
+	t.Helper()
+	pool := pgtest.Pool(t)
+	s := pgx.Identifier{schema}.Sanitize()
+	role := "pgdt_" + strings.ReplaceAll(schema, "pgdt_", "") + "_" + suffix
+	ident := pgx.Identifier{role}.Sanitize()
+	_, err := pool.Exec(ctx, "CREATE ROLE "+ident+" NOLOGIN; GRANT USAGE ON SCHEMA "+s+" TO "+ident+"; "+
+		strings.ReplaceAll(grants, "{role}", ident))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := pool.Exec(context.Background(), "DROP OWNED BY "+ident+"; DROP ROLE "+ident)
+		require.NoError(t, err)
+	})
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["role"] = role
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
 }

@@ -10,6 +10,25 @@
 
 -- Tables
 
+CREATE TABLE endpoint_events (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    endpoint text NOT NULL,
+    event text NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    actor text NOT NULL,
+    by_role text DEFAULT SESSION_USER NOT NULL,
+    reason text,
+    note text,
+    job_id bigint,
+    reported_at timestamp with time zone,
+    CONSTRAINT endpoint_events_actor_check CHECK ((actor = ANY (ARRAY['breaker'::text, 'operator'::text]))),
+    CONSTRAINT endpoint_events_endpoint_check CHECK (((char_length(endpoint) >= 1) AND (char_length(endpoint) <= 300))),
+    CONSTRAINT endpoint_events_event_check CHECK ((event = ANY (ARRAY['opened'::text, 'closed'::text, 'disabled'::text, 'enabled'::text]))),
+    CONSTRAINT endpoint_events_note_check CHECK ((char_length(note) <= 1000)),
+    CONSTRAINT endpoint_events_pkey PRIMARY KEY (id),
+    CONSTRAINT endpoint_events_reason_check CHECK ((char_length(reason) <= 300))
+);
+
 CREATE TABLE endpoints (
     endpoint text NOT NULL,
     state text DEFAULT 'closed'::text NOT NULL,
@@ -22,9 +41,14 @@ CREATE TABLE endpoints (
     probe_until timestamp with time zone,
     reason text,
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    disabled_at timestamp with time zone,
+    disabled_by text,
+    note text,
     CONSTRAINT endpoints_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT endpoints_disabled_by_check CHECK ((disabled_by = ANY (ARRAY['breaker'::text, 'operator'::text]))),
     CONSTRAINT endpoints_endpoint_check CHECK (((char_length(endpoint) >= 1) AND (char_length(endpoint) <= 300))),
     CONSTRAINT endpoints_failures_check CHECK ((failures >= 0)),
+    CONSTRAINT endpoints_note_check CHECK (((char_length(note) >= 1) AND (char_length(note) <= 1000))),
     CONSTRAINT endpoints_pkey PRIMARY KEY (endpoint),
     CONSTRAINT endpoints_reason_check CHECK ((char_length(reason) <= 300)),
     CONSTRAINT endpoints_state_check CHECK ((state = ANY (ARRAY['closed'::text, 'open'::text, 'half_open'::text])))
@@ -166,6 +190,14 @@ CREATE TABLE signing_secrets (
 );
 
 -- Indexes
+
+CREATE INDEX endpoint_events_at_idx ON pgdispatch.endpoint_events USING btree (at);
+
+CREATE INDEX endpoint_events_endpoint_idx ON pgdispatch.endpoint_events USING btree (endpoint, id);
+
+CREATE UNIQUE INDEX endpoint_events_pkey ON pgdispatch.endpoint_events USING btree (id);
+
+CREATE INDEX endpoint_events_unreported_idx ON pgdispatch.endpoint_events USING btree (id) WHERE (reported_at IS NULL);
 
 CREATE UNIQUE INDEX endpoints_pkey ON pgdispatch.endpoints USING btree (endpoint);
 
@@ -317,6 +349,22 @@ BEGIN
     END IF;
 
     RETURN QUERY SELECT f.id, f.status, f.changed FROM unnest(found_ids, found_statuses, changed) AS f(id, status, changed);
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.check_endpoint(endpoint text)
+ RETURNS void
+ LANGUAGE plpgsql
+ IMMUTABLE
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+BEGIN
+    IF endpoint IS NULL OR endpoint !~ '^[a-z][a-z0-9+.-]*://([^/?#@:\[\]A-Z]+|\[[0-9a-f:.]+\]):[0-9]{1,5}$'
+       OR pg_catalog.char_length(endpoint) > 300 THEN
+        RAISE EXCEPTION 'not an endpoint: %', endpoint
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'An endpoint is a URL''s scheme, lowercased host and port, as endpoints list shows it: https://hooks.example.com:443.';
+    END IF;
 END
 $function$;
 
@@ -906,6 +954,35 @@ BEGIN
 END
 $function$;
 
+CREATE OR REPLACE FUNCTION pgdispatch.disable_endpoint(endpoint text, note text DEFAULT NULL::text, event_kind text DEFAULT NULL::text, event_queue text DEFAULT NULL::text, event_payload jsonb DEFAULT NULL::jsonb)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    e pgdispatch.endpoints;
+BEGIN
+    PERFORM pgdispatch.check_endpoint(disable_endpoint.endpoint);
+    INSERT INTO pgdispatch.endpoints AS x (endpoint) VALUES (disable_endpoint.endpoint) ON CONFLICT (endpoint) DO NOTHING;
+    SELECT * INTO e FROM pgdispatch.endpoints x WHERE x.endpoint = disable_endpoint.endpoint FOR UPDATE;
+    UPDATE pgdispatch.endpoints x
+    SET note = coalesce(nullif(disable_endpoint.note, ''), x.note),
+        disabled_at = coalesce(x.disabled_at, now()), disabled_by = coalesce(x.disabled_by, 'operator'),
+        probe_until = CASE WHEN x.disabled_at IS NULL THEN NULL ELSE x.probe_until END,
+        state = CASE WHEN x.disabled_at IS NULL AND x.state = 'half_open' THEN 'open' ELSE x.state END,
+        updated_at = now()
+    WHERE x.endpoint = e.endpoint;
+    IF e.disabled_at IS NOT NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM pgdispatch.endpoint_event(e.endpoint, 'disabled', 'operator', e.reason, nullif(disable_endpoint.note, ''),
+                                       event_kind, event_queue, event_payload);
+    RETURN true;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION pgdispatch.dispatch_event()
  RETURNS trigger
  LANGUAGE plpgsql
@@ -949,6 +1026,76 @@ BEGIN
     INSERT INTO pgdispatch.jobs (kind, queue, payload, traceparent, tracestate, flow_key)
     VALUES (job_kind, job_queue, pg_catalog.jsonb_set(job_payload, ARRAY[field], envelope), parent, state, key);
     RETURN NULL;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.enable_endpoint(endpoint text, event_kind text DEFAULT NULL::text, event_queue text DEFAULT NULL::text, event_payload jsonb DEFAULT NULL::jsonb)
+ RETURNS boolean
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    e pgdispatch.endpoints;
+BEGIN
+    PERFORM pgdispatch.check_endpoint(enable_endpoint.endpoint);
+    UPDATE pgdispatch.endpoints x
+    SET disabled_at = NULL, disabled_by = NULL, state = 'closed', attempts = 0, failures = 0,
+        window_started_at = now(), opened_at = NULL, open_until = NULL, cool_down = NULL, probe_until = NULL,
+        updated_at = now()
+    WHERE x.endpoint = enable_endpoint.endpoint AND x.disabled_at IS NOT NULL
+    RETURNING * INTO e;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM pgdispatch.endpoint_event(e.endpoint, 'enabled', 'operator', NULL, e.note, event_kind, event_queue, event_payload);
+    RETURN true;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.endpoint_event(endpoint text, event text, actor text, reason text, note text, job_kind text, job_queue text, job_payload jsonb)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+ SET "pgdispatch.firing" TO 'off'
+AS $function$
+#variable_conflict use_column
+DECLARE
+    ev      pgdispatch.endpoint_events;
+    body    jsonb;
+    payload jsonb := coalesce(job_payload, '{}');
+    field   text;
+    job     bigint;
+BEGIN
+    INSERT INTO pgdispatch.endpoint_events AS x (endpoint, event, actor, reason, note)
+    VALUES (endpoint_event.endpoint, endpoint_event.event, endpoint_event.actor,
+            pg_catalog.left(endpoint_event.reason, 300), endpoint_event.note)
+    RETURNING * INTO ev;
+    IF job_kind IS NOT NULL THEN
+        IF pg_catalog.jsonb_typeof(payload) <> 'object' THEN
+            RAISE EXCEPTION 'endpoint_event: the job''s payload must be a JSON object' USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        body := pg_catalog.jsonb_build_object('event_id', ev.id, 'endpoint', ev.endpoint, 'event', ev.event, 'at', ev.at,
+                                              'by', ev.actor, 'reason', ev.reason, 'note', ev.note);
+        field := CASE job_kind WHEN 'http_callback' THEN 'data' WHEN 'rabbitmq' THEN 'body' END;
+        IF field IS NULL THEN
+            payload := payload || body;
+        ELSE
+            IF pg_catalog.jsonb_typeof(payload -> field) = 'object' THEN
+                body := (payload -> field) || body;
+            END IF;
+            payload := pg_catalog.jsonb_set(payload, ARRAY[field], body);
+        END IF;
+        INSERT INTO pgdispatch.jobs AS j (kind, queue, payload)
+        VALUES (job_kind, coalesce(job_queue, 'default'), payload)
+        RETURNING j.id INTO job;
+        UPDATE pgdispatch.endpoint_events x SET job_id = job WHERE x.id = ev.id;
+    END IF;
+    PERFORM pg_catalog.pg_notify('pgdispatch.control',
+        pg_catalog.jsonb_build_object('schema', E'pgdispatch', 'endpoints', true, 'endpoint', ev.endpoint)::text);
+    RETURN ev.id;
 END
 $function$;
 
@@ -1167,6 +1314,15 @@ $function$;
 
 CREATE OR REPLACE FUNCTION pgdispatch.record_endpoint_outcomes(endpoints text[], attempts integer[], failures integer[], reasons text[], win interval, min_attempts integer, fail_ratio double precision, cool_down interval)
  RETURNS SETOF text
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT pgdispatch.record_endpoint_outcomes(endpoints, attempts, failures, reasons, win, min_attempts, fail_ratio,
+                                                cool_down, NULL, NULL, NULL)
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.record_endpoint_outcomes(endpoints text[], attempts integer[], failures integer[], reasons text[], win interval, min_attempts integer, fail_ratio double precision, cool_down interval, event_kind text, event_queue text, event_payload jsonb)
+ RETURNS SETOF text
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
@@ -1189,7 +1345,8 @@ BEGIN
         IF record_endpoint_outcomes.failures[i] > 0 AND reasons[i] IS NOT NULL THEN
             e.reason := pg_catalog.left(reasons[i], 300);
         END IF;
-        IF e.state = 'closed' AND e.attempts >= min_attempts AND e.failures >= fail_ratio * e.attempts THEN
+        IF e.state = 'closed' AND e.disabled_at IS NULL
+           AND e.attempts >= min_attempts AND e.failures >= fail_ratio * e.attempts THEN
             e.state := 'open';
             e.opened_at := now();
             e.cool_down := record_endpoint_outcomes.cool_down;
@@ -1197,8 +1354,8 @@ BEGIN
             e.attempts := 0;
             e.failures := 0;
             e.window_started_at := now();
-            PERFORM pg_catalog.pg_notify('pgdispatch.control',
-                pg_catalog.jsonb_build_object('schema', E'pgdispatch', 'endpoints', true, 'endpoint', e.endpoint)::text);
+            PERFORM pgdispatch.endpoint_event(e.endpoint, 'opened', 'breaker', e.reason, NULL,
+                                               event_kind, event_queue, event_payload);
             RETURN NEXT e.endpoint;
         END IF;
         UPDATE pgdispatch.endpoints x
@@ -1364,6 +1521,23 @@ BEGIN
         catch_up_limit = coalesce(schedule.catch_up_limit, s.catch_up_limit),
         enabled        = coalesce(schedule.enabled, s.enabled)
     RETURNING s.id, s.xmax = 0 INTO id, created;
+END
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.set_endpoint_note(endpoint text, note text)
+ RETURNS void
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+#variable_conflict use_column
+BEGIN
+    PERFORM pgdispatch.check_endpoint(set_endpoint_note.endpoint);
+    INSERT INTO pgdispatch.endpoints AS x (endpoint, note)
+    VALUES (set_endpoint_note.endpoint, nullif(set_endpoint_note.note, ''))
+    ON CONFLICT (endpoint) DO UPDATE SET note = excluded.note, updated_at = now();
+    PERFORM pg_catalog.pg_notify('pgdispatch.control',
+        pg_catalog.jsonb_build_object('schema', E'pgdispatch', 'endpoints', true, 'endpoint', set_endpoint_note.endpoint)::text);
 END
 $function$;
 

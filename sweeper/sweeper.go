@@ -13,8 +13,11 @@
 //     RetainDead, are deleted in batches;
 //   - the flow_keys rows no longer needed are deleted in batches, in
 //     (queue, key) order (flowKeysSQL);
-//   - the endpoints closed and not written for EndpointIdle are deleted in
-//     batches, in endpoint order (endpointsSQL).
+//   - the endpoints closed, enabled, without a note and not written for
+//     EndpointIdle are deleted in batches, in endpoint order
+//     (endpointsSQL);
+//   - the endpoints' events older than RetainDead are deleted in batches,
+//     in id order (eventsSQL).
 //
 // At each pass, every worker's sweeper, with the lock or without, looks at
 // what holds back the database's xmin horizon (horizon.go), in the pass's
@@ -104,6 +107,9 @@ type Result struct {
 	// Endpoints counts the endpoints rows deleted: closed, and not written
 	// for EndpointIdle.
 	Endpoints int64
+	// Events counts the endpoint_events rows deleted: older than
+	// RetainDead.
+	Events int64
 }
 
 // EndpointIdle is how long an endpoint stays in the endpoints table
@@ -123,6 +129,7 @@ type Sweeper struct {
 	purge     string
 	flow      string
 	endpoints string
+	events    string
 	// poolSize is the pool's MaxConns, read once (Pool.Config copies the
 	// whole config): how many dead connections a pass may meet in a row.
 	poolSize int
@@ -161,6 +168,7 @@ func New(cfg Config) (*Sweeper, error) {
 			"{flow_keys}", pgx.Identifier{cfg.Schema, "flow_keys"}.Sanitize(),
 			"{flow_limits}", pgx.Identifier{cfg.Schema, "flow_limits"}.Sanitize()).Replace(flowKeysSQL),
 		endpoints: strings.ReplaceAll(endpointsSQL, "{endpoints}", pgx.Identifier{cfg.Schema, "endpoints"}.Sanitize()),
+		events:    strings.ReplaceAll(eventsSQL, "{events}", pgx.Identifier{cfg.Schema, "endpoint_events"}.Sanitize()),
 
 		poolSize:  int(cfg.Pool.Config().MaxConns),
 		batchSize: defaultBatchSize,
@@ -239,15 +247,29 @@ DELETE FROM {flow_keys} k USING d WHERE k.queue = d.queue AND k.key = d.key`
 
 // endpointsSQL deletes a batch of the endpoints closed and not written for
 // $2 seconds, in endpoint order, the rows a worker's flush holds skipped.
+// A disabled endpoint, or one with a note, is the operator's: it stays.
 const endpointsSQL = `
 WITH d AS (
     SELECT e.endpoint FROM {endpoints} e
     WHERE e.state = 'closed' AND e.updated_at < now() - make_interval(secs => $2)
+      AND e.disabled_at IS NULL AND e.note IS NULL
     ORDER BY e.endpoint
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
 DELETE FROM {endpoints} e USING d WHERE e.endpoint = d.endpoint`
+
+// eventsSQL deletes a batch of the endpoints' events older than $2
+// seconds, in id order.
+const eventsSQL = `
+WITH d AS (
+    SELECT id FROM {events}
+    WHERE at < now() - make_interval(secs => $2)
+    ORDER BY id
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {events} x WHERE x.id = ANY(ARRAY(SELECT id FROM d))`
 
 // Run sweeps every Interval until ctx ends, starting at once, each pass
 // looking at the xmin horizon too. It returns nil when ctx is cancelled.
@@ -295,6 +317,7 @@ func (s *Sweeper) Sweep(ctx context.Context) (Result, error) {
 		total.Purged += res.Purged
 		total.FlowKeys += res.FlowKeys
 		total.Endpoints += res.Endpoints
+		total.Events += res.Events
 		s.rescued.Add(res.Rescued)
 		s.killed.Add(res.Killed)
 		s.purged.Add(res.Purged)
@@ -401,6 +424,12 @@ func (s *Sweeper) sweepOnce(ctx context.Context, look bool) (res Result, more bo
 	}
 	res.Endpoints = tag.RowsAffected()
 	more = more || res.Endpoints == int64(s.batchSize)
+	tag, err = tx.Exec(ctx, s.events, s.batchSize, s.cfg.RetainDead.Seconds())
+	if err != nil {
+		return res, false, fmt.Errorf("sweep: delete old endpoint events: %w", err)
+	}
+	res.Events = tag.RowsAffected()
+	more = more || res.Events == int64(s.batchSize)
 	if err := tx.Commit(ctx); err != nil {
 		return res, false, fmt.Errorf("sweep: commit: %w", err)
 	}

@@ -242,7 +242,7 @@ func TestSweepForgetsFlowKeys(t *testing.T) {
 
 // A pass deletes the endpoints closed and not written for EndpointIdle,
 // in batches: not one written since, nor one open, nor one a worker's
-// flush holds.
+// flush holds, nor one an operator disabled or noted.
 func TestSweepForgetsIdleEndpoints(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -257,6 +257,10 @@ func TestSweepForgetsIdleEndpoints(t *testing.T) {
 		('http://locked:80', 'closed', NULL, now() - interval '25 hours'),
 		('http://recent:80', 'closed', NULL, now() - interval '23 hours'),
 		('http://down:80', 'open', now() + interval '1 hour', now() - interval '25 hours')`)
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, `INSERT INTO `+e+` (endpoint, state, updated_at, disabled_at, disabled_by, note) VALUES
+		('http://disabled:80', 'closed', now() - interval '25 hours', now() - interval '25 hours', 'operator', NULL),
+		('http://noted:80', 'closed', now() - interval '25 hours', NULL, NULL, 'ours: ask ops')`)
 	require.NoError(t, err)
 
 	tx, err := pool.Begin(ctx)
@@ -275,5 +279,34 @@ func TestSweepForgetsIdleEndpoints(t *testing.T) {
 	require.NoError(t, err)
 	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"http://down:80", "http://locked:80", "http://recent:80"}, left)
+	require.Equal(t, []string{"http://disabled:80", "http://down:80", "http://locked:80", "http://noted:80", "http://recent:80"}, left)
+}
+
+// A pass deletes the endpoints' events older than RetainDead, in batches,
+// and keeps the newer ones.
+func TestSweepPurgesOldEndpointEvents(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.Schema(t)
+	events := pgx.Identifier{schema, "endpoint_events"}.Sanitize()
+	pool := pgtest.Pool(t)
+	_, err := pool.Exec(ctx, `INSERT INTO `+events+` (endpoint, event, actor, at) VALUES
+		('http://a:80', 'opened', 'breaker', now() - interval '49 hours'),
+		('http://a:80', 'closed', 'breaker', now() - interval '49 hours'),
+		('http://a:80', 'disabled', 'operator', now() - interval '49 hours'),
+		('http://a:80', 'enabled', 'operator', now() - interval '47 hours')`)
+	require.NoError(t, err)
+
+	sw, err := sweeper.New(sweeper.Config{Pool: pool, Schema: schema, RetainDead: 48 * time.Hour})
+	require.NoError(t, err)
+	sweeper.SetBatchSize(sw, 2)
+	res, err := sw.Sweep(ctx) // two batches, the first full
+	require.NoError(t, err)
+	require.EqualValues(t, 3, res.Events)
+	rows, err := pool.Query(ctx, "SELECT event FROM "+events)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"enabled"}, left)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/executors"
@@ -31,6 +33,10 @@ var executorSettings = []settings.Setting{
 	{Env: "HTTP_BREAKER_FAILURE_PERCENT", Flag: "http-breaker-failure-percent", Default: strconv.Itoa(int(endpoints.DefaultFailureRatio * 100)), Help: "the percentage (1 to 100) of an endpoint's attempts in a window that, failed (429, 5xx, no connection, timeout), open its circuit"},
 	{Env: "HTTP_BREAKER_COOL_DOWN", Flag: "http-breaker-cool-down", Default: settings.DurationText(endpoints.DefaultCoolDown), Help: "how long an endpoint stays open before one probe goes; doubled at each failed probe"},
 	{Env: "HTTP_BREAKER_MAX_COOL_DOWN", Flag: "http-breaker-max-cool-down", Default: settings.DurationText(endpoints.DefaultMaxCoolDown), Help: "the longest cool-down"},
+	{Env: "HTTP_BREAKER_DISABLE_AFTER", Flag: "http-breaker-disable-after", Default: settings.DurationText(endpoints.DefaultDisableAfter), Help: "how long an endpoint may stay open: its first failed probe after it disables the endpoint, whose jobs then fail, dead, until `pgdispatch endpoints enable`; `0`: never"},
+	{Env: "HTTP_BREAKER_EVENT_KIND", Flag: "http-breaker-event-kind", Help: "a job kind: each event of an endpoint (opened, closed, disabled, enabled) inserts a job of it that tells of the event, in the same transaction ([events](#endpoint-events)); empty: none. `endpoints disable` and `enable` read it too"},
+	{Env: "HTTP_BREAKER_EVENT_QUEUE", Flag: "http-breaker-event-queue", Default: "default", Help: "the queue of the events' jobs"},
+	{Env: "HTTP_BREAKER_EVENT_PAYLOAD", Flag: "http-breaker-event-payload", Default: "{}", Help: "the events' jobs' payload, a JSON object, the event set in `data` for `http_callback`, in `body` for `rabbitmq`, else merged in: `{\"url\": \"https://alerts.example/hook\"}`"},
 	{Env: "RABBITMQ_URL", Help: "the `rabbitmq` executor's broker, `amqp://user:password@host:5672/vhost`"},
 	{Env: "SMTP_HOST", Flag: "smtp-host", Help: "the `email` executor's SMTP server"},
 	{Env: "SMTP_PORT", Flag: "smtp-port", Help: "the SMTP server's port; empty: 25, 587 or 465 by `SMTP_TLS`"},
@@ -64,10 +70,36 @@ func buildBreaker(v *settings.Values, db endpoints.DB, schema string, timeout ti
 		CoolDown:     v.PositiveDuration("HTTP_BREAKER_COOL_DOWN", &errs), MaxCoolDown: v.PositiveDuration("HTTP_BREAKER_MAX_COOL_DOWN", &errs),
 	}
 	errs = append(errs, refuse(cfg.MaxCoolDown < cfg.CoolDown, "HTTP_BREAKER_MAX_COOL_DOWN (%s) must not be less than HTTP_BREAKER_COOL_DOWN (%s)", cfg.MaxCoolDown, cfg.CoolDown))
+	if cfg.DisableAfter = v.Duration("HTTP_BREAKER_DISABLE_AFTER", &errs); cfg.DisableAfter == 0 {
+		cfg.DisableAfter = -1 // never
+	}
+	job, err := eventJob(v)
+	errs = append(errs, err)
+	cfg.EventKind, cfg.EventQueue, cfg.EventPayload = job.Kind, job.Queue, job.Payload
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
 	return endpoints.New(cfg)
+}
+
+// eventSettings are the settings of the events' jobs, which the operator's
+// endpoints disable and enable read too.
+var eventSettings = settings.Only(executorSettings, "HTTP_BREAKER_EVENT_KIND", "HTTP_BREAKER_EVENT_QUEUE", "HTTP_BREAKER_EVENT_PAYLOAD")
+
+// eventJob is the job that the settings ask each endpoint event to insert.
+func eventJob(v *settings.Values) (admin.EventJob, error) {
+	job := admin.EventJob{Kind: v.Str("HTTP_BREAKER_EVENT_KIND"), Queue: v.Str("HTTP_BREAKER_EVENT_QUEUE")}
+	if p := v.Str("HTTP_BREAKER_EVENT_PAYLOAD"); p != "" {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(p), &m); err != nil || m == nil {
+			return job, errors.New("invalid HTTP_BREAKER_EVENT_PAYLOAD: want a JSON object")
+		}
+		job.Payload = json.RawMessage(p)
+	}
+	if len(job.Kind) > 128 || len(job.Queue) > 128 {
+		return job, errors.New("invalid HTTP_BREAKER_EVENT_KIND or HTTP_BREAKER_EVENT_QUEUE: at most 128 characters")
+	}
+	return job, nil
 }
 
 // buildRegistry registers the built-in executors that the settings

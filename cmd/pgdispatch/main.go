@@ -12,7 +12,7 @@
 //	pgdispatch schedules  add, list, remove, pause and resume cron schedules
 //	pgdispatch limits     set, list and clear flow limits by key
 //	pgdispatch secrets    rotate and list the secrets that sign http_callback requests
-//	pgdispatch endpoints  list the receivers of http_callback jobs and their circuit breakers
+//	pgdispatch endpoints  list the receivers of http_callback jobs, their circuit breakers and events; disable and enable them
 //	pgdispatch at-worker  run the AT Worker's table on pgdispatch, and give it back
 //	pgdispatch console    serve the web console
 //
@@ -51,7 +51,7 @@ Usage:
   pgdispatch schedules add|list|remove|pause|resume   create jobs on a cron schedule or an interval, once per slot
   pgdispatch limits set|list|clear   flow control: limit a queue's keys' concurrency, order and rate
   pgdispatch secrets rotate|list   rotate the secrets that sign http_callback requests, with an overlap, without a restart
-  pgdispatch endpoints list   the receivers of http_callback jobs and their circuit breakers
+  pgdispatch endpoints list|events|disable|enable|note   the receivers of http_callback jobs, their circuit breakers and events; disable and enable them
   pgdispatch at-worker switch|revert   run the AT Worker's scheduled_tasks on pgdispatch, producers and SQL unchanged, and give it back
   pgdispatch console [flags]   serve the web console: queues, workers, jobs, schedules, live, with actions
 

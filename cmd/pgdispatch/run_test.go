@@ -127,6 +127,8 @@ func TestBadConfigurationIsAClearError(t *testing.T) {
 		{"HTTP_BREAKER=maybe", `invalid HTTP_BREAKER "maybe"`},
 		{"HTTP_BREAKER_FAILURE_PERCENT=150", `invalid HTTP_BREAKER_FAILURE_PERCENT 150: at most 100`},
 		{"HTTP_BREAKER_MAX_COOL_DOWN=1s", `HTTP_BREAKER_MAX_COOL_DOWN (1s) must not be less than HTTP_BREAKER_COOL_DOWN (30s)`},
+		{"HTTP_BREAKER_DISABLE_AFTER=-1h", `invalid HTTP_BREAKER_DISABLE_AFTER "-1h"`},
+		{"HTTP_BREAKER_EVENT_PAYLOAD=[1]", `invalid HTTP_BREAKER_EVENT_PAYLOAD: want a JSON object`},
 	} {
 		p := start(t, dbEnv(schema, tc.env), "run")
 		require.Equal(t, 1, p.wait(t, 30*time.Second), tc.env)

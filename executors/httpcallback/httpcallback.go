@@ -21,7 +21,8 @@
 // Each host gets at most MaxConnsPerHost requests at once; jobs beyond it
 // wait for one, and only jobs for that host wait. With a Breaker, a job
 // whose endpoint (scheme, host and port) is open sends nothing and is
-// snoozed until the endpoint's cool-down ends (see package endpoints).
+// snoozed until the endpoint's cool-down ends, and one whose endpoint is
+// disabled sends nothing and is dead (see package endpoints).
 //
 // Every attempt that sent a request records its result (see
 // executors.RecordResult): the status, the time from sending the request to
@@ -113,7 +114,8 @@ type Config struct {
 	// response that is not 429 or 5xx; a failure is 429, 5xx, no
 	// connection, or no response before the job's timeout. A request
 	// refused by the rules, or cut short by the worker's stop, counts
-	// neither way. Default: none.
+	// neither way. A job whose endpoint is disabled fails, dead, unsent
+	// (endpoints.DisabledError). Default: none.
 	Breaker *endpoints.Breaker
 	// Logger receives a warning, at most once a minute per host, when jobs
 	// wait for a host's connections. Default: none.
@@ -333,6 +335,9 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	endpoint := endpoints.Of(r.url)
 	admission := e.breaker.Admit(ctx, endpoint, job.Timeout)
+	if admission.Disabled {
+		return executors.Permanent(endpoints.DisabledError(endpoint))
+	}
 	if admission.Wait > 0 {
 		e.logger.Debug("the job's endpoint is open; the job waits", zap.Int64("job_id", job.ID),
 			zap.String("endpoint", endpoint), zap.Duration("wait", admission.Wait))

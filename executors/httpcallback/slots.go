@@ -148,13 +148,20 @@ func (e *Executor) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descWaiting
 	ch <- descWaits
 	ch <- descSaturated
+	if e.breaker != nil {
+		e.breaker.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector: the waits for the per-host
-// connection limit. They carry no host label, because hosts come from
+// connection limit, and the breaker's events (see endpoints.Breaker's
+// Collect). They carry no host label, because hosts come from
 // untrusted payloads; the warnings in the log name them.
 func (e *Executor) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descWaiting, prometheus.GaugeValue, float64(e.slots.waiting.Load()))
 	ch <- prometheus.MustNewConstMetric(descWaits, prometheus.CounterValue, float64(e.slots.waits.Load()))
 	ch <- prometheus.MustNewConstMetric(descSaturated, prometheus.GaugeValue, float64(e.slots.saturated.Load()))
+	if e.breaker != nil {
+		e.breaker.Collect(ch) // the events of the endpoints' circuits
+	}
 }
