@@ -36,6 +36,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 )
 
@@ -347,8 +348,11 @@ func seconds(s *float64) time.Duration {
 	return time.Duration(*s * float64(time.Second))
 }
 
-// excerpt bounds a reason to MaxReason characters.
+// excerpt makes a reason printable (executors.Printable: a receiver's
+// bytes that an error quotes raw, a NUL among them, would fail the write
+// of every endpoint's outcomes) and bounds it to MaxReason characters.
 func excerpt(s string) string {
+	s = executors.Printable(s)
 	if r := []rune(s); len(r) > MaxReason {
 		return string(r[:MaxReason-1]) + "…"
 	}

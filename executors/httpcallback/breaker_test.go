@@ -1,0 +1,93 @@
+package httpcallback_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"log"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pgdispatch/pgdispatch/endpoints"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+)
+
+// newBreaker is a breaker of a fresh schema that opens at MinAttempts
+// failures of as many attempts, and the schema's endpoints table.
+func newBreaker(t *testing.T, minAttempts int) (*endpoints.Breaker, string) {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	br, err := endpoints.New(endpoints.Config{
+		DB: pgtest.Pool(t), Schema: schema, MinAttempts: minAttempts, FailureRatio: 1, CoolDown: time.Hour,
+		Logger: zaptest.NewLogger(t),
+	})
+	require.NoError(t, err)
+	return br, pgx.Identifier{schema, "endpoints"}.Sanitize()
+}
+
+// hostileTLSReceiver is a TLS receiver whose certificate names a host
+// with a NUL and control characters in it, which the client quotes raw in
+// its error.
+func hostileTLSReceiver(t *testing.T) *httptest.Server {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	require.NoError(t, err)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "hostile"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		DNSNames: []string{"evil\x00\x1b[31m.example"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	require.NoError(t, err)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the client refuses its certificate
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// A receiver's bytes that the client quotes raw in its error (here a
+// certificate's names, with a NUL) are stored as the endpoint's reason
+// made printable: they neither fail the write of every endpoint's
+// outcomes nor reach the table as they came.
+func TestBreakerReasonFromAHostileReceiver(t *testing.T) {
+	t.Parallel()
+	srv := hostileTLSReceiver(t)
+	br, table := newBreaker(t, 1)
+	e, err := httpcallback.New(httpcallback.Config{AllowNetworks: loopback, Breaker: br})
+	require.NoError(t, err)
+	port := strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port)
+	_, _, err = runAttempt(t, e, waitFor, map[string]any{"url": "https://localhost:" + port + "/"})
+	require.ErrorContains(t, err, "certificate is valid for evil\x00")
+
+	// An honest endpoint's outcome, counted by the same worker.
+	br.Record("https://honest.example:443", false, "")
+	require.NoError(t, br.Flush(context.Background()))
+	var attempts int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), "SELECT attempts FROM "+table+" WHERE endpoint = $1",
+		"https://honest.example:443").Scan(&attempts))
+	require.Equal(t, 1, attempts)
+	var state, reason string
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), "SELECT state, reason FROM "+table+" WHERE endpoint = $1",
+		"https://localhost:"+port).Scan(&state, &reason))
+	require.Equal(t, "open", state)
+	require.Contains(t, reason, `evil\x00\x1b[31m.example`)
+}
