@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"testing"
 	"time"
@@ -90,4 +91,47 @@ func TestBreakerReasonFromAHostileReceiver(t *testing.T) {
 		"https://localhost:"+port).Scan(&state, &reason))
 	require.Equal(t, "open", state)
 	require.Contains(t, reason, `evil\x00\x1b[31m.example`)
+}
+
+// A job's own making cannot open its endpoint: a header value the client
+// refuses before it sends anything, and a timeout the payload shortened
+// (here to a nanosecond, so that nothing is sent), fail the job, not the
+// receiver, which answers every request it gets. A port where nothing
+// listens still counts: no connection is the endpoint's failure.
+func TestBreakerCountsOnlyTheEndpointsFailures(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusNoContent) })
+	br, table := newBreaker(t, 2)
+	e, err := httpcallback.New(httpcallback.Config{AllowNetworks: loopback, Breaker: br})
+	require.NoError(t, err)
+	u, err := url.Parse(rc.URL)
+	require.NoError(t, err)
+	healthy := endpoints.Of(u)
+
+	for range 2 {
+		_, _, err := runAttempt(t, e, waitFor, map[string]any{"url": rc.URL, "headers": map[string]string{"X-Tag": "a\x01b"}})
+		require.Error(t, err)
+		_, _, err = runAttempt(t, e, time.Nanosecond, map[string]any{"url": rc.URL, "timeout": "1ns"})
+		require.ErrorContains(t, err, "no response before the job's timeout")
+	}
+	require.NoError(t, br.Flush(context.Background()))
+	require.Empty(t, rc.requests())
+	var n int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+		"SELECT count(*) FROM "+table+" WHERE endpoint = $1 AND (state <> 'closed' OR failures > 0)", healthy).Scan(&n))
+	require.Zero(t, n, "the healthy endpoint is open or counts failures")
+	require.Equal(t, "closed", br.State(healthy))
+
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	nobody := "http://" + l.Addr().String() + "/"
+	require.NoError(t, l.Close())
+	for range 2 {
+		_, _, err := runAttempt(t, e, waitFor, map[string]any{"url": nobody})
+		require.ErrorContains(t, err, "connection refused")
+	}
+	require.NoError(t, br.Flush(context.Background()))
+	u, err = url.Parse(nobody)
+	require.NoError(t, err)
+	require.Equal(t, "open", br.State(endpoints.Of(u)))
 }
