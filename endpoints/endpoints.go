@@ -183,6 +183,8 @@ type Admission struct {
 	// Probe says the request is the endpoint's probe: report its outcome
 	// with ProbeDone, not Record.
 	Probe bool
+	// probeUntil names the probe: its probe_until, as taken.
+	probeUntil time.Time
 }
 
 // Admit says whether a request to endpoint may go. A request to a closed
@@ -204,11 +206,12 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
 	defer cancel()
 	var (
-		probe bool
-		state *string
-		left  *float64
+		probe      bool
+		state      *string
+		left       *float64
+		probeUntil *time.Time
 	)
-	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left); err != nil {
+	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left, &probeUntil); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			b.set(endpoint, "", 0)
 			return Admission{}
@@ -221,7 +224,7 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	case probe:
 		b.set(endpoint, "half_open", b.wait("half_open", probeFor))
 		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))
-		return Admission{Probe: true}
+		return Admission{Probe: true, probeUntil: *probeUntil}
 	case state == nil || *state == "closed":
 		b.set(endpoint, "", 0)
 		return Admission{}
@@ -252,20 +255,21 @@ func (b *Breaker) Record(endpoint string, failed bool, reason string) {
 	}
 }
 
-// ProbeDone reports the outcome of endpoint's probe: a success closes
-// the circuit, a failure opens it again with the cool-down doubled, up to
-// MaxCoolDown. A probe that is no longer the endpoint's (it took longer
-// than its probeFor and another was taken) changes nothing.
-func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, reason string) error {
+// ProbeDone reports the outcome of endpoint's probe, which Admit gave as
+// probe: a success closes the circuit, a failure opens it again with the
+// cool-down doubled, up to MaxCoolDown. A probe that is no longer the
+// endpoint's (it took longer than its probeFor and another was taken)
+// changes nothing.
+func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, probe Admission, failed bool, reason string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.StatementTimeout)
 	defer cancel()
 	var left *float64
 	var err error
 	if failed {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.reopen, endpoint, excerpt(reason), b.cfg.CoolDown.Seconds(),
-			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema).Scan(&left)
+			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema, probe.probeUntil).Scan(&left)
 	} else {
-		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.cfg.Schema).Scan(&left)
+		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.cfg.Schema, probe.probeUntil).Scan(&left)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil

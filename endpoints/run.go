@@ -24,27 +24,31 @@ func newStatements(schema string) statements {
 	return statements{
 		// probe takes the probe of $1 for $2 seconds, when its cool-down
 		// or the last probe's time is over, and says the state it found
-		// and for how long it holds.
+		// and for how long it holds, and the probe_until that names the
+		// probe it took.
 		probe: `WITH p AS (
     UPDATE ` + t + ` SET state = 'half_open', probe_until = now() + make_interval(secs => $2), updated_at = now()
     WHERE endpoint = $1 AND ((state = 'open' AND open_until <= now()) OR (state = 'half_open' AND probe_until <= now()))
-    RETURNING endpoint)
+    RETURNING probe_until)
 SELECT EXISTS (SELECT FROM p), e.state,
-       extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8
+       extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8,
+       (SELECT probe_until FROM p)
 FROM ` + t + ` e WHERE e.endpoint = $1`,
 		close: `WITH u AS (
     UPDATE ` + t + ` SET state = 'closed', attempts = 0, failures = 0, window_started_at = now(), opened_at = NULL,
         open_until = NULL, cool_down = NULL, probe_until = NULL, updated_at = now()
-    WHERE endpoint = $1 AND state = 'half_open'
+    WHERE endpoint = $1 AND state = 'half_open' AND probe_until = $3
     RETURNING endpoint)
 SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
-		// reopen doubles the cool-down ($3 seconds when none), up to $4.
+		// close and reopen end the probe named by its probe_until ($3,
+		// $6); reopen doubles the cool-down ($3 seconds when none), up to
+		// $4.
 		reopen: `WITH u AS (
     UPDATE ` + t + ` SET state = 'open',
         cool_down = least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
         open_until = now() + least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
         probe_until = NULL, reason = $2, updated_at = now()
-    WHERE endpoint = $1 AND state = 'half_open'
+    WHERE endpoint = $1 AND state = 'half_open' AND probe_until = $6
     RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs)
 SELECT u.left_secs` + fmt.Sprintf(notifyFrom, 5),
 		load: `SELECT endpoint, state,

@@ -358,7 +358,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	if !admission.Probe {
 		e.breaker.Record(endpoint, v == failed, reason)
-	} else if perr := e.breaker.ProbeDone(ctx, endpoint, v == failed, reason); perr != nil {
+	} else if perr := e.breaker.ProbeDone(ctx, endpoint, admission, v == failed, reason); perr != nil {
 		e.logger.Warn("the outcome of an endpoint's probe was not recorded; another probe goes after this one's time",
 			zap.Int64("job_id", job.ID), zap.String("endpoint", endpoint), zap.Error(perr))
 	}
