@@ -8,7 +8,8 @@
 // endpoint's cool-down ends; then exactly one job, the probe, takes the
 // endpoint half-open (a compare-and-set in SQL) and goes, and the others
 // wait until the probe ends. The probe's outcome closes the circuit, or
-// opens it again with the cool-down doubled (ProbeDone).
+// opens it again with the cool-down doubled (ProbeDone); a probe whose
+// request said nothing of the endpoint is given back (GiveBack).
 //
 // The outcomes of the requests of a closed endpoint are counted in memory
 // (Record) and written every FlushInterval in one statement,
@@ -285,6 +286,27 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, probe Admissio
 		b.set(endpoint, "", 0)
 		b.logger.Info("endpoint closed: its probe succeeded", zap.String("endpoint", endpoint))
 	}
+	return nil
+}
+
+// GiveBack gives back endpoint's probe, which Admit gave as probe, when
+// its request said nothing of the endpoint (the job was cancelled, the
+// worker stopped it, it failed before it reached the network): the next
+// job to ask, on any worker, takes the probe at once, rather than after
+// this one's probeFor. A probe that is no longer the endpoint's changes
+// nothing.
+func (b *Breaker) GiveBack(ctx context.Context, endpoint string, probe Admission) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.StatementTimeout)
+	defer cancel()
+	var none *float64
+	err := b.cfg.DB.QueryRow(ctx, b.sql.giveBack, endpoint, b.cfg.Schema, probe.probeUntil).Scan(&none)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("give back the probe of %s: %w", endpoint, describe(err))
+	}
+	b.set(endpoint, "half_open", 0)
 	return nil
 }
 

@@ -11,7 +11,7 @@ import (
 
 // statements are the breaker's SQL, for one schema.
 type statements struct {
-	probe, close, reopen, load, flush string
+	probe, close, reopen, giveBack, load, flush string
 }
 
 // notifyFrom tells the workers, once per row of u, that an endpoint
@@ -51,6 +51,13 @@ SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
     WHERE endpoint = $1 AND state = 'half_open' AND probe_until = $6
     RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs)
 SELECT u.left_secs` + fmt.Sprintf(notifyFrom, 5),
+		// giveBack ends the probe named by its probe_until ($3) without
+		// an outcome: the next to ask takes the probe.
+		giveBack: `WITH u AS (
+    UPDATE ` + t + ` SET probe_until = now(), updated_at = now()
+    WHERE endpoint = $1 AND state = 'half_open' AND probe_until = $3
+    RETURNING endpoint)
+SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
 		load: `SELECT endpoint, state,
        greatest(extract(epoch FROM CASE state WHEN 'open' THEN open_until ELSE probe_until END - now()), 0)::float8
 FROM ` + t + ` WHERE state <> 'closed' ORDER BY endpoint`,

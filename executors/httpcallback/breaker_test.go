@@ -24,15 +24,19 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pgdispatch/pgdispatch/endpoints"
+	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
-// newBreaker is a breaker of a fresh schema that opens at MinAttempts
-// failures of as many attempts, and the schema's endpoints table.
-func newBreaker(t *testing.T, minAttempts int) (*endpoints.Breaker, string) {
+// newBreaker is a breaker of schema (a fresh one when "") that opens at
+// MinAttempts failures of as many attempts, and the schema's endpoints
+// table.
+func newBreaker(t *testing.T, schema string, minAttempts int) (*endpoints.Breaker, string) {
 	t.Helper()
-	schema := pgtest.Schema(t)
+	if schema == "" {
+		schema = pgtest.Schema(t)
+	}
 	br, err := endpoints.New(endpoints.Config{
 		DB: pgtest.Pool(t), Schema: schema, MinAttempts: minAttempts, FailureRatio: 1, CoolDown: time.Hour,
 		Logger: zaptest.NewLogger(t),
@@ -72,7 +76,7 @@ func hostileTLSReceiver(t *testing.T) *httptest.Server {
 func TestBreakerReasonFromAHostileReceiver(t *testing.T) {
 	t.Parallel()
 	srv := hostileTLSReceiver(t)
-	br, table := newBreaker(t, 1)
+	br, table := newBreaker(t, "", 1)
 	e, err := httpcallback.New(httpcallback.Config{AllowNetworks: loopback, Breaker: br})
 	require.NoError(t, err)
 	port := strconv.Itoa(srv.Listener.Addr().(*net.TCPAddr).Port)
@@ -101,7 +105,7 @@ func TestBreakerReasonFromAHostileReceiver(t *testing.T) {
 func TestBreakerCountsOnlyTheEndpointsFailures(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request, _ int) { w.WriteHeader(http.StatusNoContent) })
-	br, table := newBreaker(t, 2)
+	br, table := newBreaker(t, "", 2)
 	e, err := httpcallback.New(httpcallback.Config{AllowNetworks: loopback, Breaker: br})
 	require.NoError(t, err)
 	u, err := url.Parse(rc.URL)
@@ -134,4 +138,39 @@ func TestBreakerCountsOnlyTheEndpointsFailures(t *testing.T) {
 	u, err = url.Parse(nobody)
 	require.NoError(t, err)
 	require.Equal(t, "open", br.State(endpoints.Of(u)))
+}
+
+// A probe whose request says nothing of its endpoint (here its job is
+// cancelled while the receiver has not answered) is given back: the next
+// job, on any worker, takes the probe at once rather than after the
+// cancelled job's timeout.
+func TestBreakerProbeCutShortIsGivenBack(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, func(_ http.ResponseWriter, r *http.Request, _ int) { <-r.Context().Done() })
+	schema := pgtest.Schema(t)
+	br, table := newBreaker(t, schema, 1)
+	u, err := url.Parse(rc.URL)
+	require.NoError(t, err)
+	ep := endpoints.Of(u)
+	ctx := context.Background()
+	_, err = pgtest.Pool(t).Exec(ctx, "INSERT INTO "+table+
+		` (endpoint, state, opened_at, open_until, cool_down) VALUES ($1, 'open', now(), now(), interval '1 hour')`, ep)
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+	e, err := httpcallback.New(httpcallback.Config{AllowNetworks: loopback, Breaker: br})
+	require.NoError(t, err)
+
+	jobCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		<-rc.got // the probe reached the receiver
+		cancel()
+	}()
+	err = e.Execute(jobCtx, &executors.Job{ID: 1, Attempt: 1, Payload: []byte(`{"url": "` + rc.URL + `"}`), Timeout: time.Hour})
+	require.ErrorIs(t, err, context.Canceled)
+
+	other, _ := newBreaker(t, schema, 1) // another worker's
+	require.NoError(t, other.Load(ctx))
+	a := other.Admit(ctx, ep, time.Minute)
+	require.True(t, a.Probe, "the cancelled job's probe is held: %+v", a)
 }

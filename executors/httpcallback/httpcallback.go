@@ -350,6 +350,12 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	v, err := e.send(ctx, job, r, target)
 	if v == unknown {
+		if admission.Probe {
+			if gerr := e.breaker.GiveBack(ctx, endpoint, admission); gerr != nil {
+				e.logger.Warn("an endpoint's probe that said nothing was not given back; another probe goes after this one's time",
+					zap.Int64("job_id", job.ID), zap.String("endpoint", endpoint), zap.Error(gerr))
+			}
+		}
 		return err
 	}
 	var reason string
