@@ -8,7 +8,8 @@
 // endpoint's cool-down ends; then exactly one job, the probe, takes the
 // endpoint half-open (a compare-and-set in SQL) and goes, and the others
 // wait until the probe ends. The probe's outcome closes the circuit, or
-// opens it again with the cool-down doubled (ProbeDone).
+// opens it again with the cool-down doubled (ProbeDone); a probe whose
+// request said nothing of the endpoint is given back (GiveBack).
 //
 // The outcomes of the requests of a closed endpoint are counted in memory
 // (Record) and written every FlushInterval in one statement,
@@ -47,6 +48,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
 )
 
@@ -237,6 +239,8 @@ type Admission struct {
 	// Probe says the request is the endpoint's probe: report its outcome
 	// with ProbeDone, not Record.
 	Probe bool
+	// probeUntil names the probe: its probe_until, as taken.
+	probeUntil time.Time
 	// Disabled says the endpoint is disabled: the job is not sent, and
 	// fails (see DisabledError).
 	Disabled bool
@@ -280,8 +284,9 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		probe, disabled bool
 		state           *string
 		left            *float64
+		probeUntil      *time.Time
 	)
-	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left, &disabled); err != nil {
+	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left, &disabled, &probeUntil); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			b.set(endpoint, "", 0)
 			return Admission{}
@@ -297,7 +302,7 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	case probe:
 		b.set(endpoint, "half_open", b.wait("half_open", probeFor))
 		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))
-		return Admission{Probe: true}
+		return Admission{Probe: true, probeUntil: *probeUntil}
 	case state == nil || *state == "closed":
 		b.set(endpoint, "", 0)
 		return Admission{}
@@ -328,13 +333,13 @@ func (b *Breaker) Record(endpoint string, failed bool, reason string) {
 	}
 }
 
-// ProbeDone reports the outcome of endpoint's probe: a success closes
-// the circuit, a failure opens it again with the cool-down doubled, up to
-// MaxCoolDown, or disables the endpoint once it has been open for
-// DisableAfter. A probe that is no longer the endpoint's (it took longer
-// than its probeFor and another was taken, or the endpoint was disabled)
-// changes nothing.
-func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, reason string) error {
+// ProbeDone reports the outcome of endpoint's probe, which Admit gave as
+// probe: a success closes the circuit, a failure opens it again with the
+// cool-down doubled, up to MaxCoolDown, or disables the endpoint once it
+// has been open for DisableAfter. A probe that is no longer the
+// endpoint's (it took longer than its probeFor and another was taken, or
+// the endpoint was disabled) changes nothing.
+func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, probe Admission, failed bool, reason string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.StatementTimeout)
 	defer cancel()
 	var (
@@ -345,9 +350,10 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, r
 	if failed {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.reopen, endpoint, excerpt(reason), b.cfg.CoolDown.Seconds(),
 			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema, b.disableAfter(), b.eventKind(), b.eventQueue(),
-			b.eventPayload()).Scan(&left, &disabled)
+			b.eventPayload(), probe.probeUntil).Scan(&left, &disabled)
 	} else {
-		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.eventKind(), b.eventQueue(), b.eventPayload()).Scan(&left)
+		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.eventKind(), b.eventQueue(), b.eventPayload(),
+			probe.probeUntil).Scan(&left)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
@@ -395,6 +401,27 @@ func (b *Breaker) eventPayload() *string {
 	}
 	s := string(b.cfg.EventPayload)
 	return &s
+}
+
+// GiveBack gives back endpoint's probe, which Admit gave as probe, when
+// its request said nothing of the endpoint (the job was cancelled, the
+// worker stopped it, it failed before it reached the network): the next
+// job to ask, on any worker, takes the probe at once, rather than after
+// this one's probeFor. A probe that is no longer the endpoint's changes
+// nothing.
+func (b *Breaker) GiveBack(ctx context.Context, endpoint string, probe Admission) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.StatementTimeout)
+	defer cancel()
+	var none *float64
+	err := b.cfg.DB.QueryRow(ctx, b.sql.giveBack, endpoint, b.cfg.Schema, probe.probeUntil).Scan(&none)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("give back the probe of %s: %w", endpoint, describe(err))
+	}
+	b.set(endpoint, "half_open", 0)
+	return nil
 }
 
 // wait is how long a job waits for an endpoint in state that holds for
@@ -475,8 +502,11 @@ func seconds(s *float64) time.Duration {
 	return time.Duration(*s * float64(time.Second))
 }
 
-// excerpt bounds a reason to MaxReason characters.
+// excerpt makes a reason printable (executors.Printable: a receiver's
+// bytes that an error quotes raw, a NUL among them, would fail the write
+// of every endpoint's outcomes) and bounds it to MaxReason characters.
 func excerpt(s string) string {
+	s = executors.Printable(s)
 	if r := []rune(s); len(r) > MaxReason {
 		return string(r[:MaxReason-1]) + "…"
 	}

@@ -148,7 +148,7 @@ ON CONFLICT (endpoint) DO UPDATE SET state = 'open', open_until = now(), cool_do
 	require.Equal(t, "half_open", state)
 
 	// The probe fails: open again, twice as long.
-	require.NoError(t, breakers[prober].ProbeDone(ctx, down, true, "HTTP 503"))
+	require.NoError(t, breakers[prober].ProbeDone(ctx, down, admissions[prober], true, "HTTP 503"))
 	state, _, _, coolDown := b.state(t, down)
 	require.Equal(t, "open", state)
 	require.Equal(t, 2*time.Hour, *coolDown)
@@ -161,21 +161,22 @@ ON CONFLICT (endpoint) DO UPDATE SET state = 'open', open_until = now(), cool_do
 	stale, err := endpoints.New(b.cfg)
 	require.NoError(t, err)
 	require.NoError(t, stale.Load(ctx))
-	require.True(t, breakers[0].Admit(ctx, down, time.Minute).Probe)
+	first := breakers[0].Admit(ctx, down, time.Minute)
+	require.True(t, first.Probe)
 	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+table+" SET probe_until = now() WHERE endpoint = $1", down)
 	require.NoError(t, err)
 	a := breakers[1].Admit(ctx, down, time.Minute)
 	require.True(t, a.Probe)
 
 	// It succeeds: closed, and the cool-down starts again from the setting.
-	require.NoError(t, breakers[1].ProbeDone(ctx, down, false, ""))
+	require.NoError(t, breakers[1].ProbeDone(ctx, down, a, false, ""))
 	state, _, _, coolDown = b.state(t, down)
 	require.Equal(t, "closed", state)
 	require.Nil(t, coolDown)
 	require.Equal(t, "closed", breakers[1].State(down))
 	require.Equal(t, endpoints.Admission{}, breakers[1].Admit(ctx, down, time.Minute))
 	// The first prober's late report changes nothing.
-	require.NoError(t, breakers[0].ProbeDone(ctx, down, true, "late"))
+	require.NoError(t, breakers[0].ProbeDone(ctx, down, first, true, "late"))
 	state, _, _, _ = b.state(t, down)
 	require.Equal(t, "closed", state)
 	// A stale cache learns it is closed on asking.
@@ -252,4 +253,36 @@ func TestRefreshOnlyWhileOneIsOpen(t *testing.T) {
 	require.Eventually(t, func() bool { return br.State(down) == "open" }, 10*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool { return db.loads.Load() > 0 }, 10*time.Second, time.Millisecond,
 		"never read the endpoints with one open")
+}
+
+// A probe that outlived its time and was given to another reports too
+// late: its outcome changes nothing, and the probe in flight decides.
+func TestLateProbeChangesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const down = "http://down:80"
+	_, err := pgtest.Pool(t).Exec(ctx, "INSERT INTO "+pgx.Identifier{b.schema, "endpoints"}.Sanitize()+
+		` (endpoint, state, opened_at, open_until, cool_down) VALUES ($1, 'open', now(), now(), interval '1 hour')`, down)
+	require.NoError(t, err)
+	first, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	second, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	require.NoError(t, first.Load(ctx))
+	require.NoError(t, second.Load(ctx))
+
+	late := first.Admit(ctx, down, 0) // its time ends as it takes it
+	require.True(t, late.Probe)
+	now := second.Admit(ctx, down, time.Hour)
+	require.True(t, now.Probe)
+
+	require.NoError(t, first.ProbeDone(ctx, down, late, true, "HTTP 503"))
+	state, _, _, coolDown := b.state(t, down)
+	require.Equal(t, "half_open", state, "the late probe's failure opened the endpoint")
+	require.Equal(t, time.Hour, *coolDown)
+
+	require.NoError(t, second.ProbeDone(ctx, down, now, false, ""))
+	state, _, _, _ = b.state(t, down)
+	require.Equal(t, "closed", state)
 }

@@ -118,8 +118,9 @@ pgdispatch_endpoint_events_total{by="operator",event="enabled"} 0
 	_, err := pgtest.Pool(t).Exec(ctx, "UPDATE "+pgx.Identifier{b.schema, "endpoints"}.Sanitize()+" SET open_until = now()")
 	require.NoError(t, err)
 	require.NoError(t, br.Load(ctx))
-	require.True(t, br.Admit(ctx, down, time.Minute).Probe)
-	require.NoError(t, br.ProbeDone(ctx, down, false, ""))
+	probe := br.Admit(ctx, down, time.Minute)
+	require.True(t, probe.Probe)
+	require.NoError(t, br.ProbeDone(ctx, down, probe, false, ""))
 	require.NoError(t, br.Report(ctx))
 	require.NoError(t, other.Report(ctx))
 	events = b.events(t)
@@ -161,8 +162,9 @@ VALUES ($1, 'open', now() - $2::interval, now(), '1 hour', 'HTTP 503')`, down, c
 			stale, err := endpoints.New(b.cfg) // it reads the endpoint open, and not again
 			require.NoError(t, err)
 			require.NoError(t, stale.Load(ctx))
-			require.True(t, br.Admit(ctx, down, time.Minute).Probe)
-			require.NoError(t, br.ProbeDone(ctx, down, true, "POST http://down:80/hook: HTTP 503 Service Unavailable"))
+			probe := br.Admit(ctx, down, time.Minute)
+			require.True(t, probe.Probe)
+			require.NoError(t, br.ProbeDone(ctx, down, probe, true, "POST http://down:80/hook: HTTP 503 Service Unavailable"))
 			require.NoError(t, br.Report(ctx))
 			require.Equal(t, c.want, br.State(down))
 			if c.want == "open" {

@@ -13,7 +13,7 @@ import (
 
 // statements are the breaker's SQL, for one schema.
 type statements struct {
-	probe, close, reopen, load, flush, report string
+	probe, close, reopen, giveBack, load, flush, report string
 }
 
 // notifyFrom tells the workers, once per row of u, that an endpoint
@@ -28,29 +28,31 @@ func newStatements(schema string) statements {
 	return statements{
 		// probe takes the probe of $1 for $2 seconds, when its cool-down
 		// or the last probe's time is over and it is not disabled, and
-		// says the state it found, for how long it holds, and whether the
-		// endpoint is disabled.
+		// says the state it found, for how long it holds, whether the
+		// endpoint is disabled, and the probe_until that names the probe
+		// it took.
 		probe: `WITH p AS (
     UPDATE ` + t + ` SET state = 'half_open', probe_until = now() + make_interval(secs => $2), updated_at = now()
     WHERE endpoint = $1 AND disabled_at IS NULL
       AND ((state = 'open' AND open_until <= now()) OR (state = 'half_open' AND probe_until <= now()))
-    RETURNING endpoint)
+    RETURNING probe_until)
 SELECT EXISTS (SELECT FROM p), e.state,
        extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8,
-       e.disabled_at IS NOT NULL
+       e.disabled_at IS NOT NULL, (SELECT probe_until FROM p)
 FROM ` + t + ` e WHERE e.endpoint = $1`,
 		// close closes $1 and records the event, its job of kind $2 in
 		// queue $3 with payload $4 (endpoint_event tells the workers).
 		close: `WITH u AS (
     UPDATE ` + t + ` SET state = 'closed', attempts = 0, failures = 0, window_started_at = now(), opened_at = NULL,
         open_until = NULL, cool_down = NULL, probe_until = NULL, updated_at = now()
-    WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL
+    WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL AND probe_until = $5
     RETURNING endpoint)
 SELECT NULL::float8 FROM u, LATERAL ` + event + `(u.endpoint, 'closed', 'breaker', NULL, NULL, $2, $3, $4::jsonb) AS ev`,
 		// reopen doubles the cool-down ($3 seconds when none), up to $4;
 		// an endpoint open for $6 seconds or more (0: never) is disabled
 		// instead, an event whose job is of kind $7 in queue $8 with
-		// payload $9.
+		// payload $9. close and reopen end the probe named by its
+		// probe_until ($5, $10): a late outcome of another changes nothing.
 		reopen: `WITH u AS (
     UPDATE ` + t + ` SET state = 'open',
         cool_down = least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
@@ -58,12 +60,19 @@ SELECT NULL::float8 FROM u, LATERAL ` + event + `(u.endpoint, 'closed', 'breaker
         probe_until = NULL, reason = $2, updated_at = now(),
         disabled_at = CASE WHEN $6::float8 > 0 AND opened_at <= now() - make_interval(secs => $6::float8) THEN now() END,
         disabled_by = CASE WHEN $6::float8 > 0 AND opened_at <= now() - make_interval(secs => $6::float8) THEN 'breaker' END
-    WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL
+    WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL AND probe_until = $10
     RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs, disabled_at IS NOT NULL AS disabled,
         reason)
 SELECT u.left_secs, u.disabled` + fmt.Sprintf(notifyFrom, 5) + `,
     LATERAL (SELECT CASE WHEN u.disabled
         THEN ` + event + `(u.endpoint, 'disabled', 'breaker', u.reason, NULL, $7, $8, $9::jsonb) END) AS ev`,
+		// giveBack ends the probe named by its probe_until ($3) without
+		// an outcome: the next to ask takes the probe.
+		giveBack: `WITH u AS (
+    UPDATE ` + t + ` SET probe_until = now(), updated_at = now()
+    WHERE endpoint = $1 AND state = 'half_open' AND probe_until = $3
+    RETURNING endpoint)
+SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
 		load: `SELECT endpoint, state,
        greatest(extract(epoch FROM CASE state WHEN 'open' THEN open_until ELSE probe_until END - now()), 0)::float8,
        disabled_at IS NOT NULL

@@ -13,9 +13,9 @@
 //     RetainDead, are deleted in batches;
 //   - the flow_keys rows no longer needed are deleted in batches, in
 //     (queue, key) order (flowKeysSQL);
-//   - the endpoints closed, enabled, without a note and not written for
-//     EndpointIdle are deleted in batches, in endpoint order
-//     (endpointsSQL);
+//   - the endpoints not written for EndpointIdle, closed or with their
+//     cool-down or probe's time ended that long ago, enabled and without
+//     a note, are deleted in batches, in endpoint order (endpointsSQL);
 //   - the endpoints' events older than RetainDead are deleted in batches,
 //     in id order (eventsSQL).
 //
@@ -104,8 +104,9 @@ type Result struct {
 	// FlowKeys counts the flow_keys rows deleted: keys that have no
 	// pending or running job and no start within their rate window.
 	FlowKeys int64
-	// Endpoints counts the endpoints rows deleted: closed, and not written
-	// for EndpointIdle.
+	// Endpoints counts the endpoints rows deleted: not written for
+	// EndpointIdle, and closed, or open or half-open with their cool-down
+	// or probe's time ended EndpointIdle ago.
 	Endpoints int64
 	// Events counts the endpoint_events rows deleted: older than
 	// RetainDead.
@@ -115,7 +116,11 @@ type Result struct {
 // EndpointIdle is how long an endpoint stays in the endpoints table
 // closed and not written (no request sent to it) before a pass deletes
 // it: a writer's URLs can name any number of hosts, and the breaker's
-// counts of one unused that long are of no use.
+// counts of one unused that long are of no use. An open endpoint is
+// deleted once its cool-down ended EndpointIdle ago, and a half-open one
+// once its probe's time did: no job asked for it since (one that asks
+// takes the probe, which writes the row), and its next job goes as to a
+// closed one.
 const EndpointIdle = 24 * time.Hour
 
 // Sweeper rescues expired leases and purges old jobs. Create it with New.
@@ -245,13 +250,18 @@ WITH d AS (
 )
 DELETE FROM {flow_keys} k USING d WHERE k.queue = d.queue AND k.key = d.key`
 
-// endpointsSQL deletes a batch of the endpoints closed and not written for
-// $2 seconds, in endpoint order, the rows a worker's flush holds skipped.
-// A disabled endpoint, or one with a note, is the operator's: it stays.
+// endpointsSQL deletes a batch of the endpoints not written for $2
+// seconds that are closed, or open or half-open with their cool-down or
+// probe's time ended $2 seconds ago, in endpoint order, the rows a
+// worker's flush holds skipped. A disabled endpoint, or one with a note,
+// is the operator's: it stays.
 const endpointsSQL = `
 WITH d AS (
     SELECT e.endpoint FROM {endpoints} e
-    WHERE e.state = 'closed' AND e.updated_at < now() - make_interval(secs => $2)
+    WHERE e.updated_at < now() - make_interval(secs => $2)
+      AND (e.state = 'closed'
+           OR (e.state = 'open' AND e.open_until < now() - make_interval(secs => $2))
+           OR (e.state = 'half_open' AND e.probe_until < now() - make_interval(secs => $2)))
       AND e.disabled_at IS NULL AND e.note IS NULL
     ORDER BY e.endpoint
     LIMIT $1

@@ -275,11 +275,18 @@ func TestSweepForgetsIdleEndpoints(t *testing.T) {
 	res, err := sw.Sweep(ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, res.Endpoints)
-	rows, err := pool.Query(ctx, "SELECT endpoint FROM "+e+" ORDER BY 1")
+	require.Equal(t, []string{"http://disabled:80", "http://down:80", "http://locked:80", "http://noted:80", "http://recent:80"},
+		endpointsLeft(ctx, t, e))
+}
+
+// endpointsLeft is the endpoints in table e, in order.
+func endpointsLeft(ctx context.Context, t *testing.T, e string) []string {
+	t.Helper()
+	rows, err := pgtest.Pool(t).Query(ctx, "SELECT endpoint FROM "+e+" ORDER BY 1")
 	require.NoError(t, err)
 	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	require.Equal(t, []string{"http://disabled:80", "http://down:80", "http://locked:80", "http://noted:80", "http://recent:80"}, left)
+	return left
 }
 
 // A pass deletes the endpoints' events older than RetainDead, in batches,
@@ -309,4 +316,35 @@ func TestSweepPurgesOldEndpointEvents(t *testing.T) {
 	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"enabled"}, left)
+}
+
+// An open endpoint whose cool-down ended EndpointIdle ago, and a
+// half-open one whose probe's time did, are deleted too: no job has asked
+// for them since (a job that asks takes the probe, which writes the row),
+// and a writer's URLs that failed would otherwise stay in the table, and
+// in every worker's reads of the endpoints not closed, for ever.
+func TestSweepForgetsAbandonedOpenEndpoints(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	schema := pgtest.Schema(t)
+	e := pgx.Identifier{schema, "endpoints"}.Sanitize()
+	_, err := pgtest.Pool(t).Exec(ctx, `INSERT INTO `+e+` (endpoint, state, opened_at, open_until, probe_until, updated_at) VALUES
+		('http://gone:80', 'open', now() - interval '26 hours', now() - interval '25 hours', NULL, now() - interval '26 hours'),
+		('http://gone-probe:80', 'half_open', now() - interval '27 hours', NULL, now() - interval '25 hours', now() - interval '26 hours'),
+		('http://down:80', 'open', now() - interval '26 hours', now() + interval '1 hour', NULL, now() - interval '26 hours'),
+		('http://ended:80', 'open', now() - interval '26 hours', now() - interval '23 hours', NULL, now() - interval '26 hours'),
+		('http://probing:80', 'half_open', now() - interval '26 hours', NULL, now() + interval '1 hour', now() - interval '26 hours')`)
+	require.NoError(t, err)
+	_, err = pgtest.Pool(t).Exec(ctx, `INSERT INTO `+e+` (endpoint, state, opened_at, open_until, updated_at, disabled_at, disabled_by) VALUES
+		('http://gone-disabled:80', 'open', now() - interval '26 hours', now() - interval '25 hours', now() - interval '26 hours',
+		 now() - interval '26 hours', 'breaker')`)
+	require.NoError(t, err)
+
+	sw, err := sweeper.New(sweeper.Config{Pool: pgtest.Pool(t), Schema: schema})
+	require.NoError(t, err)
+	res, err := sw.Sweep(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, res.Endpoints)
+	require.Equal(t, []string{"http://down:80", "http://ended:80", "http://gone-disabled:80", "http://probing:80"},
+		endpointsLeft(ctx, t, e), "a disabled endpoint is the operator's")
 }

@@ -35,6 +35,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -112,10 +113,13 @@ type Config struct {
 	// endpoints): a job whose endpoint is open waits, pending, its attempt
 	// given back, and every request's outcome is counted. A success is a
 	// response that is not 429 or 5xx; a failure is 429, 5xx, no
-	// connection, or no response before the job's timeout. A request
-	// refused by the rules, or cut short by the worker's stop, counts
-	// neither way. A job whose endpoint is disabled fails, dead, unsent
-	// (endpoints.DisabledError). Default: none.
+	// connection (a lookup, connection or TLS handshake that failed), or
+	// no response before the job's timeout. A request refused by the
+	// rules, cut short by the worker's stop, failed before it reached the
+	// network (a header value the client refuses), or timed out under a
+	// timeout its payload set, counts neither way: a writer's choices
+	// cannot open an endpoint that answers. A job whose endpoint is
+	// disabled fails, dead, unsent (endpoints.DisabledError). Default: none.
 	Breaker *endpoints.Breaker
 	// Logger receives a warning, at most once a minute per host, when jobs
 	// wait for a host's connections. Default: none.
@@ -251,6 +255,10 @@ type request struct {
 	body        []byte
 	headers     map[string]string
 	contentType string
+	// ownTimeout: the payload set the job's timeout, which the breaker
+	// then does not count (a writer's short one would open an endpoint
+	// that answers).
+	ownTimeout bool
 }
 
 // parse validates a payload. Errors are permanent and name the field.
@@ -280,9 +288,11 @@ func parse(raw json.RawMessage) (*request, error) {
 		}
 		r.contentType = p.ContentType
 	}
-	if _, _, err := executors.PayloadDuration(raw, "timeout"); err != nil {
+	timeout, set, err := executors.PayloadDuration(raw, "timeout")
+	if err != nil {
 		return nil, executors.Permanent(err)
 	}
+	r.ownTimeout = set && timeout > 0
 	r.body = executors.Body(p.Data)
 	return r, nil
 }
@@ -345,6 +355,12 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	v, err := e.send(ctx, job, r, target)
 	if v == unknown {
+		if admission.Probe {
+			if gerr := e.breaker.GiveBack(ctx, endpoint, admission); gerr != nil {
+				e.logger.Warn("an endpoint's probe that said nothing was not given back; another probe goes after this one's time",
+					zap.Int64("job_id", job.ID), zap.String("endpoint", endpoint), zap.Error(gerr))
+			}
+		}
 		return err
 	}
 	var reason string
@@ -353,7 +369,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	if !admission.Probe {
 		e.breaker.Record(endpoint, v == failed, reason)
-	} else if perr := e.breaker.ProbeDone(ctx, endpoint, v == failed, reason); perr != nil {
+	} else if perr := e.breaker.ProbeDone(ctx, endpoint, admission, v == failed, reason); perr != nil {
 		e.logger.Warn("the outcome of an endpoint's probe was not recorded; another probe goes after this one's time",
 			zap.Int64("job_id", job.ID), zap.String("endpoint", endpoint), zap.Error(perr))
 	}
@@ -380,7 +396,12 @@ func (e *Executor) send(ctx context.Context, job *executors.Job, r *request, tar
 	reqCtx, cancelReq := context.WithCancel(ctx)
 	defer cancelReq()
 	var sent sendClock
-	reqCtx = httptrace.WithClientTrace(reqCtx, &httptrace.ClientTrace{WroteHeaders: sent.start})
+	reqCtx = httptrace.WithClientTrace(reqCtx, &httptrace.ClientTrace{
+		WroteHeaders:     sent.start,
+		DNSDone:          func(i httptrace.DNSDoneInfo) { sent.failedIf(i.Err) },
+		ConnectDone:      func(_, _ string, err error) { sent.failedIf(err) },
+		TLSHandshakeDone: func(_ tls.ConnectionState, err error) { sent.failedIf(err) },
+	})
 	reqCtx, span := tracing.StartClient(reqCtx, trace.SpanKindClient, r.method,
 		func() []attribute.KeyValue { return spanAttributes(r.method, r.url) })
 	defer func() { tracing.End(span, err) }()
@@ -428,13 +449,19 @@ func (e *Executor) send(ctx context.Context, job *executors.Job, r *request, tar
 			return unknown, executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, refused.msg), known))
 		}
 		if ctx.Err() != nil {
-			v = unknown // the worker stopped it
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			v = unknown // the worker stopped it, or the payload's own timeout ended it
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) && !r.ownTimeout {
 				v = failed
 			}
 			return v, fmt.Errorf("%s: no response before the job's timeout: %w", target, context.Cause(ctx))
 		}
-		return failed, maskReply(fmt.Errorf("%s: %w", target, unwrapURLError(err)), known)
+		// A request that failed before it reached the network (a header
+		// the client refuses) says nothing of the endpoint.
+		v = unknown
+		if wasSent || sent.netFailed() {
+			v = failed
+		}
+		return v, maskReply(fmt.Errorf("%s: %w", target, unwrapURLError(err)), known)
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if span != nil {
@@ -483,10 +510,27 @@ type result struct {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // sendClock is when the first request of an attempt (redirects follow it)
-// began to be sent. The transport calls start from its own goroutines.
+// began to be sent, and whether a lookup, connection or TLS handshake
+// failed. The transport calls its methods from its own goroutines.
 type sendClock struct {
-	mu sync.Mutex
-	at time.Time
+	mu     sync.Mutex
+	at     time.Time
+	failed bool
+}
+
+func (c *sendClock) failedIf(err error) {
+	if err != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.failed = true
+	}
+}
+
+// netFailed reports whether a lookup, connection or TLS handshake failed.
+func (c *sendClock) netFailed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failed
 }
 
 func (c *sendClock) start() {
