@@ -64,6 +64,56 @@ func (b *bundle) breakEndpoints(t *testing.T) {
 	}
 }
 
+// The endpoints disableEndpoints adds to breakEndpoints', by the real
+// breaker and SQL functions.
+const (
+	// epOld is disabled by the breaker: its probe failed after it had
+	// been open for longer than DisableAfter. Its circuit stays open.
+	epOld = "https://old.example.net:443"
+	// epGone is disabled by an operator before any request: its circuit
+	// is closed. Its note is goneNote.
+	epGone = "https://gone.example.com:443"
+	// epBack was disabled by an operator, and enabled again: closed.
+	epBack = "https://back.example.com:443"
+	// eventSecret is a password quoted in epOld's reasons.
+	eventSecret = "pw-1a2b3c4d5e"
+	// downNote is epDown's note, set by an operator.
+	downNote = "on call: payments"
+)
+
+// goneNote is epGone's note: markup and an escape, as an operator may
+// write.
+const goneNote = "receiver retired " + hostile
+
+// disableEndpoints makes epOld, epGone and epBack, after breakEndpoints,
+// and sets epDown's note. Their events, oldest first: epDown opened,
+// epFlaky opened, epOld opened, epOld disabled by breaker, epGone disabled
+// by operator, epBack disabled and enabled by operator.
+func (b *bundle) disableEndpoints(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	br, err := endpoints.New(endpoints.Config{DB: b.pool, Schema: b.schema, MinAttempts: 4, FailureRatio: 0.5,
+		CoolDown: time.Microsecond, DisableAfter: time.Microsecond})
+	require.NoError(t, err)
+	reason := `POST https://old.example.net/hook: HTTP 502 Bad Gateway: {"password": "` + eventSecret + `"}`
+	for range 4 {
+		br.Record(epOld, true, reason)
+	}
+	require.NoError(t, br.Flush(ctx))
+	require.NoError(t, br.Load(ctx)) // the cool-down is over
+	require.True(t, br.Admit(ctx, epOld, time.Hour).Probe, "the probe of epOld")
+	require.NoError(t, br.ProbeDone(ctx, epOld, true, reason))
+
+	b.exec(t, `SELECT {schema}.disable_endpoint($1, $2)`, epGone, goneNote)
+	b.exec(t, `SELECT {schema}.disable_endpoint($1)`, epBack)
+	b.exec(t, `SELECT {schema}.enable_endpoint($1)`, epBack)
+	b.exec(t, `SELECT {schema}.set_endpoint_note($1, $2)`, epDown, downNote)
+	for e, want := range map[string]string{epOld: "open breaker", epGone: "closed operator", epBack: "closed -"} {
+		require.Equal(t, want, b.queryString(t, `SELECT state || ' ' || coalesce(disabled_by, '-') FROM {schema}.endpoints WHERE endpoint = $1`, e), e)
+	}
+}
+
 // stamp is a timestamp column of an endpoint as the console writes times.
 func (b *bundle) stamp(t *testing.T, column, endpoint string) string {
 	t.Helper()
@@ -135,6 +185,91 @@ func TestEndpointsPage(t *testing.T) {
 	require.Contains(t, html.UnescapeString(title[1]), `{"access_token": "xxxxx"}`)
 }
 
+// endpointCell is the inner HTML of an endpoint row's (or an event row's)
+// cell named f.
+func endpointCell(t *testing.T, row, f string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?s)data-f="` + f + `"[^>]*>(.*?)</td>`).FindStringSubmatch(row)
+	require.NotNil(t, m, "%s in %s", f, row)
+	return m[1]
+}
+
+var eventRow = regexp.MustCompile(`(?s)<tr data-id="(\d+)" data-event="([^"]*)">.*?</tr>`)
+
+// A disabled endpoint says so in words, distinct from its circuit's
+// state, by whom and since when, and no probe time; the disabled come
+// first, as `pgdispatch endpoints list` sorts them; the summary and the
+// overview count them; an operator's note shows as text. The events
+// follow, newest first, with who wrote them, the reason masked and the
+// note.
+func TestEndpointsDisabled(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	_, body := b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
+	require.Contains(t, body, "No event kept")
+	b.breakEndpoints(t)
+	b.disableEndpoints(t)
+
+	_, body = b.request(t, "GET", "/", "vic", viewerToken, nil, nil)
+	require.Contains(t, body, `<a href="/endpoints" id="endpoints-disabled">2 endpoints disabled</a>`, "the overview")
+	require.Contains(t, body, `<a href="/endpoints">1 endpoint open, 1 half-open</a>`, "the overview: epOld counts as disabled only")
+
+	code, body := b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
+	require.Equal(t, 200, code)
+	var order, words []string
+	rows := map[string]string{}
+	for _, m := range endpointRow.FindAllStringSubmatch(body, -1) {
+		order = append(order, m[1])
+		words = append(words, badgeText.FindStringSubmatch(m[0])[1])
+		rows[m[1]] = m[0]
+	}
+	require.Equal(t, []string{epOld, epGone, epFlaky, epDown, epHealthy, epBack}, order, "the disabled first, then those not closed, then by name")
+	require.Equal(t, []string{"disabled", "disabled", "half-open", "open", "closed", "closed"}, words)
+	require.Contains(t, body, "<strong>2 of 6 disabled</strong>: their jobs are dead, unsent, when next claimed.")
+	require.Contains(t, body, "<strong>2 of 6 not closed</strong>: their jobs wait")
+
+	require.Contains(t, rows[epOld], `data-state="open" data-disabled="breaker" class="ep-disabled"`)
+	require.Contains(t, rows[epGone], `data-state="closed" data-disabled="operator" class="ep-disabled"`)
+	require.NotContains(t, rows[epBack], "data-disabled", "enabled again")
+	require.Equal(t, `<span class="badge ep-disabled">disabled</span> <span class="note">circuit open</span>`, endpointCell(t, rows[epOld], "state"))
+	require.Equal(t, `<span class="badge ep-disabled">disabled</span> <span class="note">circuit closed</span>`, endpointCell(t, rows[epGone], "state"))
+	require.Equal(t, "by breaker since "+b.stamp(t, "disabled_at", epOld), endpointCell(t, rows[epOld], "disabled"))
+	require.Equal(t, "by operator since "+b.stamp(t, "disabled_at", epGone), endpointCell(t, rows[epGone], "disabled"))
+	require.Equal(t, "—", endpointCell(t, rows[epDown], "disabled"))
+	require.Equal(t, `— <span class="note">(no probe goes)</span>`, endpointCell(t, rows[epOld], "until"))
+	require.Equal(t, b.stamp(t, "opened_at", epOld), endpointCell(t, rows[epOld], "opened"))
+	require.Equal(t, downNote, endpointCell(t, rows[epDown], "note"))
+	require.Equal(t, "—", endpointCell(t, rows[epHealthy], "note"))
+	require.Equal(t, html.EscapeString(visible(goneNote)), endpointCell(t, rows[epGone], "note"), "the note as text")
+	require.NotContains(t, body, "<script>alert(1)")
+	require.NotContains(t, body, eventSecret, "the reasons' password is masked")
+	require.Contains(t, html.UnescapeString(endpointCell(t, rows[epOld], "reason")), `HTTP 502 Bad Gateway: {"password": "xxxxx"}`)
+
+	type event struct{ endpoint, event, by, reason, note, job string }
+	var events []event
+	for _, m := range eventRow.FindAllStringSubmatch(body, -1) {
+		require.Equal(t, m[2], html.UnescapeString(regexp.MustCompile(`<[^>]*>`).ReplaceAllString(endpointCell(t, m[0], "event"), "")))
+		events = append(events, event{
+			html.UnescapeString(regexp.MustCompile(`</?code>`).ReplaceAllString(endpointCell(t, m[0], "endpoint"), "")), m[2],
+			regexp.MustCompile(`^(\w+) <span class="note">\(([^)]*)\)</span>$`).ReplaceAllString(endpointCell(t, m[0], "by"), "$1 $2"),
+			html.UnescapeString(endpointCell(t, m[0], "reason")), endpointCell(t, m[0], "note"), endpointCell(t, m[0], "job"),
+		})
+	}
+	role := b.queryString(t, `SELECT current_user::text`)
+	masked := `POST https://old.example.net/hook: HTTP 502 Bad Gateway: {"password": "xxxxx"}`
+	require.Equal(t, []event{
+		{epBack, "enabled", "operator " + role, "—", "—", "—"},
+		{epBack, "disabled", "operator " + role, "—", "—", "—"},
+		{epGone, "disabled", "operator " + role, "—", html.EscapeString(visible(goneNote)), "—"},
+		{epOld, "disabled", "breaker " + role, masked, "—", "—"},
+		{epOld, "opened", "breaker " + role, masked, "—", "—"},
+		{epFlaky, "opened", "breaker " + role, "dial tcp 10.0.0.7:8080: connect: connection refused", "—", "—"},
+		{epDown, "opened", "breaker " + role, `POST https://down.example.com/hook: HTTP 503 Service Unavailable: {"access_token…`, "—", "—"},
+	}, events, "newest first")
+	at := regexp.MustCompile(`data-f="at">([^<]*)</td>`).FindStringSubmatch(body)
+	require.Equal(t, b.queryString(t, `SELECT to_char(max(at) AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS') FROM {schema}.endpoint_events`), at[1])
+}
+
 // The page lists the first maxEndpointsShown endpoints, those not closed
 // among them, and counts the others.
 func TestEndpointsPageBounded(t *testing.T) {
@@ -152,6 +287,17 @@ func TestEndpointsPageBounded(t *testing.T) {
 	require.Equal(t, []string{epFlaky, epDown}, []string{rows[0][1], rows[1][1]}, "those not closed first")
 	require.Contains(t, body, fmt.Sprintf("2 of %d not closed", maxEndpointsShown+3))
 	require.Contains(t, body, `<p class="note" id="more">3 more endpoints follow, not shown here`)
+
+	// As many more events as the page shows, and one: it shows the
+	// newest.
+	b.exec(t, `SELECT {schema}.disable_endpoint(format('https://e%s.example.com:443', lpad(g::text, 4, '0')))
+		FROM generate_series(1, $1) g ORDER BY g`, maxEndpointEventsShown+1)
+	_, body = b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
+	events := eventRow.FindAllStringSubmatch(body, -1)
+	require.Len(t, events, maxEndpointEventsShown)
+	require.Equal(t, fmt.Sprint(b.queryInt(t, `SELECT max(id) FROM {schema}.endpoint_events`)), events[0][1], "the newest first")
+	require.Contains(t, events[0][0], fmt.Sprintf("https://e%04d.example.com:443", maxEndpointEventsShown+1))
+	require.Contains(t, body, fmt.Sprintf("%d of %d disabled", maxEndpointEventsShown+1, maxEndpointsShown+3+maxEndpointEventsShown+1))
 }
 
 // A pending http_callback job whose endpoint is open or half-open says so
@@ -210,6 +356,62 @@ func TestJobHeldByItsEndpoint(t *testing.T) {
 		}
 		for _, id := range free {
 			require.NotContains(t, rows[id], `class="held"`, "%s: job %d", path, id)
+		}
+	}
+}
+
+// A pending http_callback job whose endpoint is disabled, its circuit
+// closed or open, says on its page and in the jobs list that it will be
+// dead when claimed, and by whom and since when the endpoint is disabled;
+// a job whose endpoint was enabled again, or a dead one, says nothing of
+// it.
+func TestJobOfDisabledEndpoint(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.breakEndpoints(t)
+	b.disableEndpoints(t)
+	insert := func(status, url string) int64 {
+		t.Helper()
+		return b.queryInt(t, `INSERT INTO {jobs} (queue, kind, status, finished_at, payload)
+			VALUES ('hooks', 'http_callback', $1, CASE WHEN $1 = 'dead' THEN now() END, jsonb_build_object('url', $2::text, 'data', '{}'::jsonb))
+			RETURNING id`, status, url)
+	}
+	disabled := map[int64]string{
+		insert("pending", "https://gone.example.com/hook?token=abc12345"): "disabled by operator since " + b.stamp(t, "disabled_at", epGone),
+		insert("pending", "https://OLD.example.net/hook"):                 "disabled by breaker since " + b.stamp(t, "disabled_at", epOld),
+	}
+	free := []int64{
+		insert("pending", "https://back.example.com/hook"),
+		insert("dead", "https://gone.example.com/hook"),
+	}
+	for id, want := range disabled {
+		_, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
+		m := regexp.MustCompile(`(?s)<p class="waiting disabled" id="endpoint-held">(.*?)</p>`).FindStringSubmatch(body)
+		require.NotNil(t, m, "job %d", id)
+		require.Contains(t, m[1], want+" UTC: this job will be dead, unsent, when it is next claimed, unless the endpoint is enabled first", "job %d", id)
+		require.Contains(t, m[1], "<code>pgdispatch endpoints enable https://", "job %d", id)
+		require.NotContains(t, m[1], "until", "job %d: no probe goes", id)
+	}
+	for _, id := range free {
+		_, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
+		require.NotContains(t, body, "endpoint-held", "job %d", id)
+	}
+	for _, path := range []string{"/jobs?queue=hooks", "/jobs?queue=hooks&fragment=1"} {
+		_, body := b.request(t, "GET", path, "vic", viewerToken, nil, nil)
+		rows := map[int64]string{}
+		for _, m := range regexp.MustCompile(`(?s)<tr data-id="(\d+)".*?</tr>`).FindAllStringSubmatch(body, -1) {
+			var id int64
+			_, err := fmt.Sscan(m[1], &id)
+			require.NoError(t, err)
+			rows[id] = m[0]
+		}
+		require.Len(t, rows, len(disabled)+len(free), path)
+		for id, want := range disabled {
+			require.Contains(t, rows[id], `<div class="held disabled" title="endpoint https://`, "%s: job %d", path, id)
+			require.Contains(t, rows[id], want+` UTC">endpoint disabled: dead when claimed</div>`, "%s: job %d", path, id)
+		}
+		for _, id := range free {
+			require.NotContains(t, rows[id], `class="held`, "%s: job %d", path, id)
 		}
 	}
 }
