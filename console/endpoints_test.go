@@ -428,43 +428,55 @@ func TestJobWithUnreadableURL(t *testing.T) {
 }
 
 // A viewer opens the Endpoints page from the navigation and sees each
-// endpoint's state in words, those not closed first, in colours that
-// differ; the counts, times and reasons; no secret of a reason; and a
-// writer's markup as text. A job whose endpoint is open says until when on
-// its page, with a link to the endpoints, and in the jobs list.
+// endpoint's state in words, the disabled first (by whom, since when, in
+// a colour of their own), then those not closed, in colours that differ;
+// the counts, times, reasons and notes; the events, newest first; no
+// secret of a reason; and a writer's markup as text. A job whose endpoint
+// is open says until when on its page, with a link to the endpoints, and
+// in the jobs list; a job whose endpoint is disabled says it will be dead
+// when claimed.
 func TestBrowserEndpoints(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	b.breakEndpoints(t)
+	b.disableEndpoints(t)
 	// An endpoint no URL makes, written by the same function as the
 	// workers' outcomes: markup and an escape in its name and reason.
 	b.exec(t, `SELECT {schema}.record_endpoint_outcomes(ARRAY[$1], ARRAY[4], ARRAY[4], ARRAY[$1],
 		interval '1 minute', 4, 0.5, interval '1 hour')`, hostile)
 	job := b.queryInt(t, `INSERT INTO {jobs} (queue, kind, payload) VALUES ('hooks', 'http_callback',
 		'{"url": "https://down.example.com/hook?token=abc12345", "data": {}}') RETURNING id`)
+	gone := b.queryInt(t, `INSERT INTO {jobs} (queue, kind, payload) VALUES ('hooks', 'http_callback',
+		'{"url": "https://gone.example.com/hook", "data": {}}') RETURNING id`)
 	b.exec(t, `INSERT INTO {jobs} (queue, kind, payload) VALUES ('hooks', 'http_callback', '{"url": "https://a-healthy.example.com/x", "data": {}}')`)
 
 	br := newBrowser(t, "vic", viewerToken)
 	br.do(t, "open the overview", chromedp.Navigate(b.url), chromedp.WaitVisible("#queues"))
-	require.Equal(t, "2 endpoints open, 1 half-open: their http_callback jobs wait, pending, without spending attempts.",
+	require.Equal(t, "2 endpoints disabled: their http_callback jobs are dead, unsent, when next claimed. "+
+		"2 endpoints open, 1 half-open: their http_callback jobs wait, pending, without spending attempts.",
 		br.eval(t, `document.querySelector('#endpoints-note').innerText`))
 	br.do(t, "open the endpoints from the navigation", chromedp.Click(`header nav a[href="/endpoints"]`), chromedp.WaitVisible("#endpoints"))
 	require.Equal(t, "/endpoints", br.eval(t, `window.location.pathname`))
 	require.Equal(t, "Endpoints", br.eval(t, `document.querySelector('header nav a.here').textContent`))
 
-	list := func(expr string) []string {
+	list := func(table, expr string) []string {
 		t.Helper()
 		var out []string
-		require.NoError(t, json.Unmarshal([]byte(br.eval(t, `JSON.stringify(Array.from(document.querySelectorAll('#endpoints tbody tr')).map(tr => `+expr+`))`)), &out))
+		require.NoError(t, json.Unmarshal([]byte(br.eval(t, `JSON.stringify(Array.from(document.querySelectorAll('#`+table+` tbody tr')).map(tr => `+expr+`))`)), &out))
 		return out
 	}
-	require.Equal(t, []string{hostile, epFlaky, epDown, epHealthy}, list(`tr.dataset.endpoint`), "not closed first, then by name")
-	require.Equal(t, []string{"open", "half-open", "open", "closed"}, list(`tr.querySelector('[data-f="state"]').innerText`))
-	require.Equal(t, []string{"0", "0", "0", "5"}, list(`tr.querySelector('[data-f="attempts"]').innerText`))
-	require.Equal(t, []string{"0", "0", "0", "1"}, list(`tr.querySelector('[data-f="failures"]').innerText`))
-	colours := list(`getComputedStyle(tr.querySelector('.badge')).backgroundColor`)
-	require.Equal(t, colours[0], colours[2], "open and open")
-	require.Len(t, map[string]bool{colours[1]: true, colours[2]: true, colours[3]: true}, 3, "open, half-open and closed look different: %v", colours)
+	require.Equal(t, []string{epOld, epGone, hostile, epFlaky, epDown, epHealthy, epBack}, list("endpoints", `tr.dataset.endpoint`),
+		"the disabled first, then those not closed, then by name")
+	require.Equal(t, []string{"disabled circuit open", "disabled circuit closed", "open", "half-open", "open", "closed", "closed"},
+		list("endpoints", `tr.querySelector('[data-f="state"]').innerText`))
+	require.Equal(t, []string{"0", "0", "0", "0", "0", "5", "0"}, list("endpoints", `tr.querySelector('[data-f="attempts"]').innerText`))
+	require.Equal(t, []string{"0", "0", "0", "0", "0", "1", "0"}, list("endpoints", `tr.querySelector('[data-f="failures"]').innerText`))
+	colours := list("endpoints", `getComputedStyle(tr.querySelector('.badge')).backgroundColor`)
+	require.Equal(t, colours[0], colours[1], "disabled and disabled")
+	require.Equal(t, colours[2], colours[4], "open and open")
+	require.Equal(t, colours[5], colours[6], "closed and closed")
+	require.Len(t, map[string]bool{colours[1]: true, colours[3]: true, colours[4]: true, colours[5]: true}, 4,
+		"disabled, half-open, open and closed look different: %v", colours)
 
 	row := func(endpoint, f string) string {
 		t.Helper()
@@ -475,13 +487,34 @@ func TestBrowserEndpoints(t *testing.T) {
 	require.Equal(t, b.stamp(t, "open_until", epDown)+" (cool-down 1h0m0s)", row(epDown, "until"))
 	require.Equal(t, "probe until "+b.stamp(t, "probe_until", epFlaky)+" (cool-down 1µs)", row(epFlaky, "until"))
 	require.Equal(t, "—", row(epHealthy, "until"))
+	require.Equal(t, "— (no probe goes)", row(epOld, "until"))
+	require.Equal(t, "by breaker since "+b.stamp(t, "disabled_at", epOld), row(epOld, "disabled"))
+	require.Equal(t, "by operator since "+b.stamp(t, "disabled_at", epGone), row(epGone, "disabled"))
+	require.Equal(t, "—", row(epBack, "disabled"), "enabled again")
+	require.Equal(t, downNote, row(epDown, "note"))
 	require.Contains(t, row(epDown, "reason"), "HTTP 503 Service Unavailable")
-	require.Contains(t, br.eval(t, `document.querySelector('main').innerText`), "3 of 4 not closed")
+	main := br.eval(t, `document.querySelector('main').innerText`)
+	require.Contains(t, main, "2 of 7 disabled: their jobs are dead, unsent, when next claimed.")
+	require.Contains(t, main, "3 of 7 not closed")
 	require.NotContains(t, br.eval(t, `document.documentElement.outerHTML`), reasonSecret)
+	require.NotContains(t, br.eval(t, `document.documentElement.outerHTML`), eventSecret)
 
 	shown := visible(hostile)
 	require.Equal(t, shown, row(hostile, "endpoint"))
 	require.Equal(t, shown, row(hostile, "reason"))
+	require.Equal(t, visible(goneNote), row(epGone, "note"))
+
+	// The events, newest first: hostile's opening is the newest.
+	require.Equal(t, []string{"opened", "enabled", "disabled", "disabled", "disabled", "opened", "opened", "opened"},
+		list("events", `tr.querySelector('[data-f="event"]').innerText`))
+	require.Equal(t, []string{shown, epBack, epBack, epGone, epOld, epOld, epFlaky, epDown},
+		list("events", `tr.querySelector('[data-f="endpoint"]').textContent`))
+	role := b.queryString(t, `SELECT current_user::text`)
+	require.Equal(t, []string{"breaker", "operator", "operator", "operator", "breaker", "breaker", "breaker", "breaker"},
+		list("events", `tr.querySelector('[data-f="by"]').innerText.replace(' (`+role+`)', '')`))
+	require.Equal(t, visible(goneNote), list("events", `tr.querySelector('[data-f="note"]').innerText`)[3])
+	require.Equal(t, `POST https://old.example.net/hook: HTTP 502 Bad Gateway: {"password": "xxxxx"}`,
+		list("events", `tr.querySelector('[data-f="reason"]').innerText`)[4])
 	require.Equal(t, "0", br.eval(t, `String(document.querySelectorAll('main script, main img').length)`))
 	br.screenshot(t, "endpoints")
 
@@ -494,8 +527,15 @@ func TestBrowserEndpoints(t *testing.T) {
 	br.do(t, "follow its link", chromedp.Click(`#endpoint-held a`), chromedp.WaitVisible("#endpoints"))
 	require.Equal(t, "/endpoints", br.eval(t, `window.location.pathname`))
 
+	// The job of the disabled endpoint.
+	br.do(t, "open the job of the disabled endpoint", chromedp.Navigate(fmt.Sprintf("%sjobs/%d", b.url, gone)), chromedp.WaitVisible("#endpoint-held"))
+	require.Equal(t, "endpoint "+epGone+" disabled by operator since "+b.stamp(t, "disabled_at", epGone)+
+		" UTC: this job will be dead, unsent, when it is next claimed, unless the endpoint is enabled first (pgdispatch endpoints enable "+epGone+")",
+		br.eval(t, `document.querySelector('#endpoint-held').innerText`))
+
 	br.do(t, "open the queue's jobs", chromedp.Navigate(b.url+"jobs?queue=hooks"), chromedp.WaitVisible("#rows"))
 	require.Equal(t, "endpoint open until "+until, br.eval(t, `document.querySelector('#rows tr[data-id="`+fmt.Sprint(job)+`"] .held').innerText`))
-	require.Equal(t, "1", br.eval(t, `String(document.querySelectorAll('#rows .held').length)`), "the healthy endpoint's job holds no line")
+	require.Equal(t, "endpoint disabled: dead when claimed", br.eval(t, `document.querySelector('#rows tr[data-id="`+fmt.Sprint(gone)+`"] .held').innerText`))
+	require.Equal(t, "2", br.eval(t, `String(document.querySelectorAll('#rows .held').length)`), "the healthy endpoint's job holds no line")
 	br.noIncidents(t)
 }
