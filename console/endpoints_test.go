@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"html"
+	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
@@ -12,7 +14,10 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/endpoints"
 )
 
@@ -414,6 +419,91 @@ func TestJobOfDisabledEndpoint(t *testing.T) {
 			require.NotContains(t, rows[id], `class="held`, "%s: job %d", path, id)
 		}
 	}
+}
+
+// An operator disables an endpoint from its row, with a note, sets and
+// clears its note, and enables it again, as `pgdispatch endpoints
+// disable|note|enable` do: each changes the row through the SQL
+// functions, each disable and enable is an event by operator with the
+// console's event job, each is logged with who did it, and a second
+// disable or enable says it changed nothing. A viewer sees no form and
+// may not post one.
+func TestEndpointActions(t *testing.T) {
+	t.Parallel()
+	core, logs := observer.New(zap.InfoLevel)
+	b := setup(t, Config{Logger: zap.New(core), EndpointEventJob: admin.EventJob{Kind: "endpoint_event", Queue: "ops"}})
+	b.breakEndpoints(t)
+
+	_, body := b.request(t, "GET", "/endpoints", "vic", viewerToken, nil, nil)
+	require.NotContains(t, body, "/actions/endpoints", "a viewer sees no form")
+	code, _ := b.request(t, "POST", "/actions/endpoints", "vic", viewerToken,
+		url.Values{"action": {"disable"}, "endpoint": {epDown}, "csrf": {b.srv.csrfToken(user{Name: "vic", role: viewer})}}, nil)
+	require.Equal(t, http.StatusForbidden, code)
+
+	// The operator's row of epDown, and its buttons.
+	buttons := func(endpoint string) []string {
+		t.Helper()
+		_, body := b.request(t, "GET", "/endpoints", "ann", operatorToken, nil, nil)
+		for _, m := range endpointRow.FindAllStringSubmatch(body, -1) {
+			if m[1] == endpoint {
+				require.Contains(t, m[0], `<input type="hidden" name="endpoint" value="`+endpoint+`">`)
+				var out []string
+				for _, b := range regexp.MustCompile(`<button name="action" value="([a-z]+)"`).FindAllStringSubmatch(m[0], -1) {
+					out = append(out, b[1])
+				}
+				return out
+			}
+		}
+		t.Fatalf("no row of %s", endpoint)
+		return nil
+	}
+	require.Equal(t, []string{"note", "disable"}, buttons(epDown))
+	endpoint := func() string {
+		return b.queryString(t, `SELECT state || ' ' || coalesce(disabled_by, '-') || ' ' || coalesce(note, '-') FROM {schema}.endpoints WHERE endpoint = $1`, epDown)
+	}
+
+	code, msg := b.post(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {epDown}, "note": {"ask payments"}})
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "endpoint "+epDown+": disabled; its jobs are dead, unsent, when next claimed, until it is enabled", msg)
+	require.Equal(t, "open operator ask payments", endpoint())
+	require.Equal(t, []string{"note", "enable"}, buttons(epDown))
+	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {epDown}})
+	require.Equal(t, "endpoint "+epDown+" was disabled already", msg)
+
+	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"note"}, "endpoint": {epDown}, "note": {"ask payments, then ops"}})
+	require.Equal(t, "endpoint "+epDown+": note set", msg)
+	require.Equal(t, "open operator ask payments, then ops", endpoint())
+	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"note"}, "endpoint": {epDown}, "note": {""}})
+	require.Equal(t, "endpoint "+epDown+": note cleared", msg)
+	require.Equal(t, "open operator -", endpoint())
+
+	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"enable"}, "endpoint": {epDown}})
+	require.Equal(t, "endpoint "+epDown+": enabled; the jobs that died while it was disabled: "+
+		"'pgdispatch jobs retry --all-dead --host down.example.com:443' counts them, --yes retries them", msg)
+	require.Equal(t, "closed - -", endpoint())
+	require.Equal(t, []string{"note", "disable"}, buttons(epDown))
+	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"enable"}, "endpoint": {epDown}})
+	require.Equal(t, "endpoint "+epDown+" was not disabled", msg)
+
+	// The events, with their jobs.
+	require.Equal(t, "disabled operator ask payments endpoint_event ops; enabled operator - endpoint_event ops",
+		b.queryString(t, `SELECT string_agg(e.event || ' ' || e.actor || ' ' || coalesce(e.note, '-') || ' ' || j.kind || ' ' || j.queue, '; ' ORDER BY e.id)
+			FROM {schema}.endpoint_events e JOIN {jobs} j ON j.id = e.job_id WHERE e.actor = 'operator'`))
+
+	// What is not an endpoint, or no action.
+	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {"https://down.example.com/hook"}})
+	require.Contains(t, msg, "could not disable endpoint")
+	require.Contains(t, msg, "not an endpoint")
+	code, _ = b.postLocation(t, "/actions/endpoints", url.Values{"action": {"drop"}, "endpoint": {epDown}})
+	require.Equal(t, http.StatusBadRequest, code)
+
+	actions := logs.FilterMessage("console action").All()
+	require.Len(t, actions, 7)
+	for _, e := range actions {
+		require.Equal(t, "ann", e.ContextMap()["who"])
+	}
+	require.Equal(t, epDown, actions[5].ContextMap()["endpoint"])
+	require.Equal(t, "disable endpoint", actions[0].ContextMap()["action"])
 }
 
 // The endpoint of a job that cannot be read is no error: the page shows.
