@@ -629,3 +629,32 @@ func TestBrowserEndpoints(t *testing.T) {
 	require.Equal(t, "2", br.eval(t, `String(document.querySelectorAll('#rows .held').length)`), "the healthy endpoint's job holds no line")
 	br.noIncidents(t)
 }
+
+// An operator types a note on an endpoint's row and disables it: the page
+// comes back saying so, the endpoint first, disabled, with the note, and
+// the event on top; its enable button closes its circuit.
+func TestBrowserEndpointActions(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.breakEndpoints(t)
+	br := newBrowser(t, "ann", operatorToken)
+	br.do(t, "open the endpoints", chromedp.Navigate(b.url+"endpoints"), chromedp.WaitVisible("#endpoints"))
+	down := `#endpoints tr[data-endpoint="` + epDown + `"]`
+	br.do(t, "disable epDown with a note",
+		chromedp.SetValue(down+` input[name="note"]`, "ask payments"),
+		chromedp.Click(down+` button[value="disable"]`),
+		chromedp.WaitVisible(".flash"))
+	require.Equal(t, "endpoint "+epDown+": disabled; its jobs are dead, unsent, when next claimed, until it is enabled",
+		br.eval(t, `document.querySelector('.flash').textContent`))
+	require.Equal(t, epDown, br.eval(t, `document.querySelector('#endpoints tbody tr').dataset.endpoint`), "the disabled first")
+	require.Equal(t, "disabled circuit open", br.eval(t, `document.querySelector('`+down+` [data-f="state"]').innerText`))
+	require.Equal(t, "ask payments", br.eval(t, `document.querySelector('`+down+` [data-f="note"]').innerText`))
+	require.Equal(t, "ask payments", br.eval(t, `document.querySelector('`+down+` input[name="note"]').value`))
+	require.Equal(t, "disabled operator", br.eval(t, `(tr => tr.querySelector('[data-f="event"]').innerText + ' ' + tr.querySelector('[data-f="by"]').firstChild.textContent.trim())(document.querySelector('#events tbody tr'))`))
+
+	br.do(t, "enable it", chromedp.Click(down+` button[value="enable"]`))
+	br.waitFor(t, "the page after enable", `document.querySelector('.flash')?.textContent.includes(': enabled;')`)
+	require.Equal(t, "closed", br.eval(t, `document.querySelector('`+down+` [data-f="state"]').innerText`))
+	require.Equal(t, "enabled", br.eval(t, `document.querySelector('#events tbody tr [data-f="event"]').innerText`))
+	br.noIncidents(t)
+}
