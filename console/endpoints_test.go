@@ -98,8 +98,10 @@ func (b *bundle) disableEndpoints(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	br, err := endpoints.New(endpoints.Config{DB: b.pool, Schema: b.schema, MinAttempts: 4, FailureRatio: 0.5,
-		CoolDown: time.Microsecond, DisableAfter: time.Microsecond})
+	br, err := endpoints.New(endpoints.Config{
+		DB: b.pool, Schema: b.schema, MinAttempts: 4, FailureRatio: 0.5,
+		CoolDown: time.Microsecond, DisableAfter: time.Microsecond,
+	})
 	require.NoError(t, err)
 	reason := `POST https://old.example.net/hook: HTTP 502 Bad Gateway: {"password": "` + eventSecret + `"}`
 	for range 4 {
@@ -305,6 +307,39 @@ func TestEndpointsPageBounded(t *testing.T) {
 	require.Contains(t, body, fmt.Sprintf("%d of %d disabled", maxEndpointEventsShown+1, maxEndpointsShown+3+maxEndpointEventsShown+1))
 }
 
+// insertHook inserts a job of kind in the queue hooks whose payload's url
+// is url, and returns its id.
+func (b *bundle) insertHook(t *testing.T, kind, status, url string) int64 {
+	t.Helper()
+	return b.queryInt(t, `INSERT INTO {jobs} (queue, kind, status, finished_at, payload)
+		VALUES ('hooks', $1, $2, CASE WHEN $2 = 'dead' THEN now() END, jsonb_build_object('url', $3::text, 'data', '{}'::jsonb))
+		RETURNING id`, kind, status, url)
+}
+
+// jobRows is the jobs list at path, each row by its job's id.
+func (b *bundle) jobRows(t *testing.T, path string) map[int64]string {
+	t.Helper()
+	_, body := b.request(t, "GET", path, "vic", viewerToken, nil, nil)
+	rows := map[int64]string{}
+	for _, m := range regexp.MustCompile(`(?s)<tr data-id="(\d+)".*?</tr>`).FindAllStringSubmatch(body, -1) {
+		var id int64
+		_, err := fmt.Sscan(m[1], &id)
+		require.NoError(t, err)
+		rows[id] = m[0]
+	}
+	return rows
+}
+
+// requireNoHeldLine checks that the pages of the jobs ids say nothing of
+// their endpoint.
+func (b *bundle) requireNoHeldLine(t *testing.T, ids []int64) {
+	t.Helper()
+	for _, id := range ids {
+		_, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
+		require.NotContains(t, body, "endpoint-held", "job %d", id)
+	}
+}
+
 // A pending http_callback job whose endpoint is open or half-open says so
 // on its page and in the jobs list, with the time it holds until; the
 // endpoint is found as the executor finds it (case and the default port
@@ -314,12 +349,7 @@ func TestJobHeldByItsEndpoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})
 	b.breakEndpoints(t)
-	insert := func(kind, status, url string) int64 {
-		t.Helper()
-		return b.queryInt(t, `INSERT INTO {jobs} (queue, kind, status, finished_at, payload)
-			VALUES ('hooks', $1, $2, CASE WHEN $2 = 'dead' THEN now() END, jsonb_build_object('url', $3::text, 'data', '{}'::jsonb))
-			RETURNING id`, kind, status, url)
-	}
+	insert := func(kind, status, url string) int64 { return b.insertHook(t, kind, status, url) }
 	held := map[int64]string{
 		insert("http_callback", "pending", "https://down.example.com/hook?token=abc12345"): "open until " + b.stamp(t, "open_until", epDown),
 		insert("http_callback", "pending", "HTTPS://Down.Example.COM:443/other"):           "open until " + b.stamp(t, "open_until", epDown),
@@ -339,21 +369,11 @@ func TestJobHeldByItsEndpoint(t *testing.T) {
 		require.Contains(t, m[1], want+" UTC", "job %d", id)
 		require.Contains(t, m[1], `<a href="/endpoints">`)
 	}
-	for _, id := range free {
-		_, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
-		require.NotContains(t, body, "endpoint-held", "job %d", id)
-	}
+	b.requireNoHeldLine(t, free)
 
 	// The list, and its rows as the live updates reload them.
 	for _, path := range []string{"/jobs?queue=hooks", "/jobs?queue=hooks&fragment=1"} {
-		_, body := b.request(t, "GET", path, "vic", viewerToken, nil, nil)
-		rows := map[int64]string{}
-		for _, m := range regexp.MustCompile(`(?s)<tr data-id="(\d+)".*?</tr>`).FindAllStringSubmatch(body, -1) {
-			var id int64
-			_, err := fmt.Sscan(m[1], &id)
-			require.NoError(t, err)
-			rows[id] = m[0]
-		}
+		rows := b.jobRows(t, path)
 		require.Len(t, rows, len(held)+len(free), path)
 		for id, want := range held {
 			require.Contains(t, rows[id], `<div class="held" title="endpoint `, "%s: job %d", path, id)
@@ -375,12 +395,7 @@ func TestJobOfDisabledEndpoint(t *testing.T) {
 	b := setup(t, Config{})
 	b.breakEndpoints(t)
 	b.disableEndpoints(t)
-	insert := func(status, url string) int64 {
-		t.Helper()
-		return b.queryInt(t, `INSERT INTO {jobs} (queue, kind, status, finished_at, payload)
-			VALUES ('hooks', 'http_callback', $1, CASE WHEN $1 = 'dead' THEN now() END, jsonb_build_object('url', $2::text, 'data', '{}'::jsonb))
-			RETURNING id`, status, url)
-	}
+	insert := func(status, url string) int64 { return b.insertHook(t, "http_callback", status, url) }
 	disabled := map[int64]string{
 		insert("pending", "https://gone.example.com/hook?token=abc12345"): "disabled by operator since " + b.stamp(t, "disabled_at", epGone),
 		insert("pending", "https://OLD.example.net/hook"):                 "disabled by breaker since " + b.stamp(t, "disabled_at", epOld),
@@ -397,19 +412,9 @@ func TestJobOfDisabledEndpoint(t *testing.T) {
 		require.Contains(t, m[1], "<code>pgdispatch endpoints enable https://", "job %d", id)
 		require.NotContains(t, m[1], "until", "job %d: no probe goes", id)
 	}
-	for _, id := range free {
-		_, body := b.request(t, "GET", fmt.Sprintf("/jobs/%d", id), "vic", viewerToken, nil, nil)
-		require.NotContains(t, body, "endpoint-held", "job %d", id)
-	}
+	b.requireNoHeldLine(t, free)
 	for _, path := range []string{"/jobs?queue=hooks", "/jobs?queue=hooks&fragment=1"} {
-		_, body := b.request(t, "GET", path, "vic", viewerToken, nil, nil)
-		rows := map[int64]string{}
-		for _, m := range regexp.MustCompile(`(?s)<tr data-id="(\d+)".*?</tr>`).FindAllStringSubmatch(body, -1) {
-			var id int64
-			_, err := fmt.Sscan(m[1], &id)
-			require.NoError(t, err)
-			rows[id] = m[0]
-		}
+		rows := b.jobRows(t, path)
 		require.Len(t, rows, len(disabled)+len(free), path)
 		for id, want := range disabled {
 			require.Contains(t, rows[id], `<div class="held disabled" title="endpoint https://`, "%s: job %d", path, id)
