@@ -91,10 +91,10 @@ func EndpointOf(j Job) string {
 }
 
 // EndpointsHolding returns the endpoints that hold back jobs among jobs:
-// for each pending http_callback job whose endpoint is open or half-open,
-// that endpoint, by the job's id. Read the jobs' payloads before masking
-// them. It sends one statement, and none when no job is a pending
-// http_callback job.
+// for each pending http_callback job whose endpoint is open, half-open or
+// disabled (its job is dead, unsent, when next claimed), that endpoint, by
+// the job's id. Read the jobs' payloads before masking them. It sends one
+// statement, and none when no job is a pending http_callback job.
 func (a *Admin) EndpointsHolding(ctx context.Context, jobs []Job) (map[int64]*Endpoint, error) {
 	byJob := map[int64]string{}
 	var names []string
@@ -116,18 +116,18 @@ func (a *Admin) EndpointsHolding(ctx context.Context, jobs []Job) (map[int64]*En
 	defer cancel()
 	rows, _ := a.pool.Query(ctx, a.sql(`SELECT `+endpointColumns+`
 FROM {schema}.endpoints
-WHERE endpoint = ANY($1) AND state <> 'closed'`), names)
+WHERE endpoint = ANY($1) AND (state <> 'closed' OR disabled_at IS NOT NULL)`), names)
 	list, err := pgx.CollectRows(rows, scanEndpoint)
 	if err != nil {
 		return nil, fmt.Errorf("read the jobs' endpoints: %w", err)
 	}
-	notClosed := make(map[string]*Endpoint, len(list))
+	holding := make(map[string]*Endpoint, len(list))
 	for i := range list {
-		notClosed[list[i].Endpoint] = &list[i]
+		holding[list[i].Endpoint] = &list[i]
 	}
 	held := map[int64]*Endpoint{}
 	for id, name := range byJob {
-		if e := notClosed[name]; e != nil {
+		if e := holding[name]; e != nil {
 			held[id] = e
 		}
 	}
@@ -135,8 +135,12 @@ WHERE endpoint = ANY($1) AND state <> 'closed'`), names)
 }
 
 // Until is when e's state ends: open_until while it is open, probe_until
-// while it is half-open; nil while it is closed.
+// while it is half-open; nil while it is closed or disabled (no probe
+// goes).
 func (e Endpoint) Until() *time.Time {
+	if e.DisabledAt != nil {
+		return nil
+	}
 	switch e.State {
 	case "open":
 		return e.OpenUntil
@@ -146,17 +150,26 @@ func (e Endpoint) Until() *time.Time {
 	return nil
 }
 
-// EndpointsNotClosed counts the endpoints that are open and those that are
-// half-open.
-func (a *Admin) EndpointsNotClosed(ctx context.Context) (open, halfOpen int, err error) {
+// EndpointCount counts the endpoints that hold back jobs: those disabled,
+// and, of the others, those open and those half-open.
+type EndpointCount struct {
+	Disabled, Open, HalfOpen int
+}
+
+// EndpointCounts counts the endpoints disabled, open and half-open (a
+// disabled endpoint counts as disabled only).
+func (a *Admin) EndpointCounts(ctx context.Context) (EndpointCount, error) {
 	ctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	err = a.pool.QueryRow(ctx, a.sql(`SELECT count(*) FILTER (WHERE state = 'open'), count(*) FILTER (WHERE state = 'half_open')
-FROM {schema}.endpoints WHERE state <> 'closed'`)).Scan(&open, &halfOpen)
+	var c EndpointCount
+	err := a.pool.QueryRow(ctx, a.sql(`SELECT count(*) FILTER (WHERE disabled_at IS NOT NULL),
+       count(*) FILTER (WHERE disabled_at IS NULL AND state = 'open'),
+       count(*) FILTER (WHERE disabled_at IS NULL AND state = 'half_open')
+FROM {schema}.endpoints WHERE state <> 'closed' OR disabled_at IS NOT NULL`)).Scan(&c.Disabled, &c.Open, &c.HalfOpen)
 	if err != nil {
-		return 0, 0, fmt.Errorf("count the endpoints not closed: %w", err)
+		return EndpointCount{}, fmt.Errorf("count the endpoints disabled or not closed: %w", err)
 	}
-	return open, halfOpen, nil
+	return c, nil
 }
 
 // EventJob is the job an operator's change of an endpoint inserts with its

@@ -305,3 +305,53 @@ func (s *Server) pauseAction(w http.ResponseWriter, r *http.Request, what string
 	}
 	s.redirect(w, r, to, msg)
 }
+
+// endpointAction disables or enables an endpoint, or sets its note, as
+// `pgdispatch endpoints disable|enable|note` do: disable sets the note
+// too when the form's is not empty.
+func (s *Server) endpointAction(w http.ResponseWriter, r *http.Request) {
+	to := back(r, "/endpoints")
+	endpoint, action, note := r.PostFormValue("endpoint"), r.PostFormValue("action"), r.PostFormValue("note")
+	if endpoint == "" {
+		http.Error(w, "want an endpoint", http.StatusBadRequest)
+		return
+	}
+	ctx := context.WithoutCancel(r.Context()) // as in jobsAction
+	var (
+		changed bool
+		err     error
+		msg     string
+	)
+	switch action {
+	case "disable":
+		changed, err = s.admin.DisableEndpoint(ctx, endpoint, note, s.cfg.EndpointEventJob)
+		msg = "endpoint " + endpoint + ": disabled; its jobs are dead, unsent, when next claimed, until it is enabled"
+		if !changed {
+			msg = "endpoint " + endpoint + " was disabled already"
+		}
+	case "enable":
+		changed, err = s.admin.EnableEndpoint(ctx, endpoint, s.cfg.EndpointEventJob)
+		_, host, _ := strings.Cut(endpoint, "://")
+		msg = "endpoint " + endpoint + ": enabled; the jobs that died while it was disabled: 'pgdispatch jobs retry --all-dead --host " +
+			host + "' counts them, --yes retries them"
+		if !changed {
+			msg = "endpoint " + endpoint + " was not disabled"
+		}
+	case "note":
+		err = s.admin.SetEndpointNote(ctx, endpoint, note)
+		changed = true
+		msg = "endpoint " + endpoint + ": note set"
+		if note == "" {
+			msg = "endpoint " + endpoint + ": note cleared"
+		}
+	default:
+		http.Error(w, "want action disable, enable or note", http.StatusBadRequest)
+		return
+	}
+	s.log.Info("console action", zap.String("who", userOf(r).Name), zap.String("action", action+" endpoint"),
+		zap.String("endpoint", endpoint), zap.Bool("changed", changed), zap.Error(err))
+	if err != nil {
+		msg = s.dbError(action+" endpoint", err)
+	}
+	s.redirect(w, r, to, msg)
+}

@@ -75,6 +75,10 @@ type Config struct {
 	// Logger receives the actions, with who did them, and errors. Default:
 	// no logging.
 	Logger *zap.Logger
+	// EndpointEventJob is the job that an endpoint disabled or enabled
+	// from the console inserts with its event, as `pgdispatch endpoints
+	// disable` does (HTTP_BREAKER_EVENT_*). Default: none.
+	EndpointEventJob admin.EventJob
 }
 
 func (c *Config) validate() error {
@@ -157,6 +161,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /actions/bulk", s.operator(s.bulkAction))
 	mux.HandleFunc("POST /actions/queues", s.operator(s.queueAction))
 	mux.HandleFunc("POST /actions/schedules", s.operator(s.scheduleAction))
+	mux.HandleFunc("POST /actions/endpoints", s.operator(s.endpointAction))
 	return securityHeaders(s.authenticate(mux))
 }
 

@@ -226,7 +226,7 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		row.Chart = drawn[row.Queue]
 	}
 	slices.SortFunc(rows, func(a, b *queueRow) int { return strings.Compare(a.Queue, b.Queue) })
-	open, halfOpen, err := s.admin.EndpointsNotClosed(r.Context())
+	endpoints, err := s.admin.EndpointCounts(r.Context())
 	if err != nil && p.Error == "" {
 		p.Error = s.dbError("count the endpoints", err)
 	}
@@ -234,9 +234,9 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		Queues  []*queueRow
 		Workers []admin.Worker
 		Counted bool
-		// Open and HalfOpen count the endpoints in those states.
-		Open, HalfOpen int
-	}{rows, live.Workers, counted, open, halfOpen}
+		// Endpoints counts the endpoints disabled, open and half-open.
+		Endpoints admin.EndpointCount
+	}{rows, live.Workers, counted, endpoints}
 	s.render(w, r, "overview", "layout.html", p)
 }
 
@@ -256,7 +256,7 @@ type jobsView struct {
 	Fields   []string
 	Jobs     []admin.Job
 	// Held is, for each pending http_callback job of the page whose
-	// endpoint is open or half-open, that endpoint.
+	// endpoint is open, half-open or disabled, that endpoint.
 	Held  map[int64]*admin.Endpoint
 	Next  string // the next page's URL, empty on the last
 	First string // the first page's URL, when not on it
@@ -589,8 +589,8 @@ func (s *Server) showJob(w http.ResponseWriter, r *http.Request, reveal bool) {
 		// (admin.FlowWait); empty for any other.
 		Waiting string
 		// Endpoint is the endpoint of a pending http_callback job while
-		// it is open or half-open (admin.EndpointsHolding); nil for any
-		// other.
+		// it is open, half-open or disabled (admin.EndpointsHolding); nil
+		// for any other.
 		Endpoint *admin.Endpoint
 	}{j, attempts, skipped, masked, reveal, timeline, wait, held[j.ID]}
 	s.render(w, r, "job", "layout.html", p)
@@ -632,27 +632,45 @@ func (s *Server) schedules(w http.ResponseWriter, r *http.Request) {
 // counts the others.
 const maxEndpointsShown = 500
 
+// maxEndpointEventsShown is the most events the endpoints page lists, the
+// newest.
+const maxEndpointEventsShown = 50
+
 // endpoints shows the endpoints of http_callback jobs and their circuit
-// breakers, as `pgdispatch endpoints list` does: those not closed first.
+// breakers, as `pgdispatch endpoints list` does: the disabled first, then
+// those not closed; and their newest events, as `pgdispatch endpoints
+// events` does.
 func (s *Server) endpoints(w http.ResponseWriter, r *http.Request) {
 	p := page{Title: "Endpoints", Nav: "endpoints"}
 	list, err := s.admin.Endpoints(r.Context())
 	if err != nil {
 		p.Error = s.dbError("list the endpoints", err)
 	}
-	notClosed := 0
+	disabled, notClosed := 0, 0
 	for _, e := range list {
-		if e.State != "closed" {
+		switch {
+		case e.DisabledAt != nil:
+			disabled++
+		case e.State != "closed":
 			notClosed++
 		}
+	}
+	events, err := s.admin.EndpointEvents(r.Context(), "", maxEndpointEventsShown)
+	if err != nil && p.Error == "" {
+		p.Error = s.dbError("list the endpoints' events", err)
 	}
 	shown := list[:min(len(list), maxEndpointsShown)]
 	p.Data = struct {
 		// Endpoints are the first maxEndpointsShown of the Total.
-		Endpoints        []admin.Endpoint
-		Total, NotClosed int
-		More             int
-	}{shown, len(list), notClosed, len(list) - len(shown)}
+		Endpoints []admin.Endpoint
+		// Disabled counts the disabled endpoints, NotClosed the others
+		// that are open or half-open.
+		Total, Disabled, NotClosed int
+		More                       int
+		// Events are the newest maxEndpointEventsShown events.
+		Events    []admin.EndpointEvent
+		MaxEvents int
+	}{shown, len(list), disabled, notClosed, len(list) - len(shown), events, maxEndpointEventsShown}
 	s.render(w, r, "endpoints", "layout.html", p)
 }
 

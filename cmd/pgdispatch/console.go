@@ -18,15 +18,19 @@ import (
 // secrets, which a process listing would show.
 var consoleSettings = []settings.Setting{
 	{Env: "CONSOLE_LISTEN", Flag: "listen", Default: console.DefaultListen, Help: "address the web console serves on; keep it on loopback, or behind TLS"},
-	{Env: "CONSOLE_OPERATOR_TOKEN", Help: "password of the console's operators, who may act (retry, cancel, snooze, delete, pause, resume) and reveal secrets; the user name is who the actions are logged as"},
+	{Env: "CONSOLE_OPERATOR_TOKEN", Help: "password of the console's operators, who may act (retry, cancel, snooze, delete, pause, resume, disable and enable endpoints) and reveal secrets; the user name is who the actions are logged as"},
 	{Env: "CONSOLE_VIEWER_TOKEN", Help: "password of the console's viewers, who may only read"},
 }
 
 func consoleCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("console", "Serve the web console: queues, workers, jobs and their attempts, schedules and dispatch triggers, live.\n"+
 		"Sign in with your name and CONSOLE_OPERATOR_TOKEN (or CONSOLE_VIEWER_TOKEN to only read).", stderr)
-	v := settings.New(fs, connSettings, consoleSettings)
+	v := settings.New(fs, connSettings, consoleSettings, eventSettings)
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	events, err := eventJob(v)
+	if err != nil {
 		return err
 	}
 	addr := v.Str("CONSOLE_LISTEN")
@@ -49,7 +53,7 @@ func consoleCommand(ctx context.Context, args []string, stdout, stderr io.Writer
 	listenConfig.RuntimeParams["application_name"] = "pgdispatch-console"
 	srv, err := console.New(console.Config{
 		Pool: c.pool, Schema: c.schema, ListenConfig: listenConfig, Timeout: c.timeout,
-		OperatorToken: operatorToken, ViewerToken: viewerToken, Logger: c.logger,
+		OperatorToken: operatorToken, ViewerToken: viewerToken, Logger: c.logger, EndpointEventJob: events,
 	})
 	if err != nil {
 		return err
