@@ -109,8 +109,9 @@ func (b *bundle) disableEndpoints(t *testing.T) {
 	}
 	require.NoError(t, br.Flush(ctx))
 	require.NoError(t, br.Load(ctx)) // the cool-down is over
-	require.True(t, br.Admit(ctx, epOld, time.Hour).Probe, "the probe of epOld")
-	require.NoError(t, br.ProbeDone(ctx, epOld, true, reason))
+	probe := br.Admit(ctx, epOld, time.Hour)
+	require.True(t, probe.Probe, "the probe of epOld")
+	require.NoError(t, br.ProbeDone(ctx, epOld, probe, true, reason))
 
 	b.exec(t, `SELECT {schema}.disable_endpoint($1, $2)`, epGone, goneNote)
 	b.exec(t, `SELECT {schema}.disable_endpoint($1)`, epBack)
