@@ -462,3 +462,33 @@ func TestFlow(t *testing.T) {
 	requirePercentiles(t, w, "end_to_start")
 	require.Zero(t, w.Figures["overlaps"])
 }
+
+// The outage scenario, small: the failing endpoint's circuit opened, only
+// its probes went while it was open, and once it was healthy its backlog
+// was delivered in the order of run_at, none lost, none dead.
+func TestOutage(t *testing.T) {
+	t.Parallel()
+	o := tiny("outage")
+	o.OutageLength, o.OutageRate, o.OutageRounds = 2*time.Second, 200, 1
+	o.OutageCoolDown, o.OutageTimeout = 500*time.Millisecond, 300*time.Millisecond
+	results, log := run(t, o)
+	require.Len(t, results, 1)
+	r := results[0]
+	require.Equal(t, "outage", r.Scenario)
+	f := r.Figures
+	require.Contains(t, r.Conditions, "200 http_callback jobs a second, one per transaction, round robin to 10 receivers on loopback")
+	require.Contains(t, log, "bench: outage: round 1: ")
+	for _, run := range []string{"outage", "none"} {
+		require.Positive(t, f["healthy_commit_to_request_p50_ms_"+run], run)
+		require.GreaterOrEqual(t, f["healthy_commit_to_request_p99_ms_"+run], f["healthy_commit_to_request_p50_ms_"+run], run)
+	}
+	require.InDelta(t, f["healthy_commit_to_request_p99_ms_outage"]/f["healthy_commit_to_request_p99_ms_none"], f["healthy_p99_ratio"], 1e-9)
+	require.Positive(t, f["failing_requests_before_open"], "the circuit opened on failed requests")
+	require.Positive(t, f["failing_probes"], "the circuit stayed open past a cool-down")
+	require.LessOrEqual(t, f["failing_requests_while_open"], f["failing_probes"], "only probes went while the circuit was open")
+	require.Positive(t, f["backlog_jobs"])
+	require.InDelta(t, f["backlog_jobs"], f["backlog_delivered"], 0, "the backlog was delivered")
+	require.LessOrEqual(t, f["backlog_retried"], f["backlog_jobs"])
+	require.Zero(t, f["lost"])
+	require.Zero(t, f["dead"])
+}
