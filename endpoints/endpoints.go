@@ -124,10 +124,11 @@ type tally struct {
 }
 
 // gate is an endpoint that is not closed: its jobs wait until until
-// (local time), then one of them tries to take the probe.
+// (local time), then one of them tries to take the probe. hold, when set,
+// is that instant as the table says it (holdSQL), on the database's clock.
 type gate struct {
-	state string
-	until time.Time
+	state       string
+	until, hold time.Time
 }
 
 // New checks cfg and returns a Breaker.
@@ -179,6 +180,11 @@ type Admission struct {
 	// Wait, when above 0, is how long the job waits before it asks again:
 	// the endpoint is open, or another job probes it.
 	Wait time.Duration
+	// Until, when set, is the instant the wait ends, on the database's
+	// clock: the same for every job that waits for one cool-down or one
+	// probe, so that they are due together and go in their order (snooze
+	// the job until it: executors.SnoozeUntil).
+	Until time.Time
 	// Probe says the request is the endpoint's probe: report its outcome
 	// with ProbeDone, not Record.
 	Probe bool
@@ -198,7 +204,7 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		return Admission{}
 	}
 	if wait := time.Until(g.until); wait > 0 {
-		return Admission{Wait: max(wait, minWait)}
+		return Admission{Wait: max(wait, minWait), Until: g.hold}
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
 	defer cancel()
@@ -206,10 +212,11 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		probe bool
 		state *string
 		left  *float64
+		hold  *time.Time
 	)
-	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left); err != nil {
+	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds(), b.cfg.CoolDown.Seconds()).Scan(&probe, &state, &left, &hold); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			b.set(endpoint, "", 0)
+			b.set(endpoint, "", 0, nil)
 			return Admission{}
 		}
 		b.logger.Warn("taking the probe of an open endpoint failed; its job waits", zap.String("endpoint", endpoint),
@@ -218,16 +225,16 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	}
 	switch {
 	case probe:
-		b.set(endpoint, "half_open", b.wait("half_open", probeFor))
+		b.set(endpoint, "half_open", b.wait("half_open", probeFor), hold)
 		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))
 		return Admission{Probe: true}
 	case state == nil || *state == "closed":
-		b.set(endpoint, "", 0)
+		b.set(endpoint, "", 0, nil)
 		return Admission{}
 	default:
 		wait := b.wait(*state, seconds(left))
-		b.set(endpoint, *state, wait)
-		return Admission{Wait: wait}
+		b.set(endpoint, *state, wait, hold)
+		return Admission{Wait: wait, Until: deref(hold)}
 	}
 }
 
@@ -259,12 +266,13 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, r
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.StatementTimeout)
 	defer cancel()
 	var left *float64
+	var hold *time.Time
 	var err error
 	if failed {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.reopen, endpoint, excerpt(reason), b.cfg.CoolDown.Seconds(),
-			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema).Scan(&left)
+			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema).Scan(&left, &hold)
 	} else {
-		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.cfg.Schema).Scan(&left)
+		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.cfg.Schema).Scan(&left, &hold)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
@@ -273,11 +281,11 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, failed bool, r
 		return fmt.Errorf("record the probe of %s: %w", endpoint, describe(err))
 	}
 	if failed {
-		b.set(endpoint, "open", seconds(left))
+		b.set(endpoint, "open", seconds(left), hold)
 		b.logger.Warn("endpoint open again: its probe failed", zap.String("endpoint", endpoint),
 			zap.Duration("cool_down", seconds(left)), zap.String("reason", excerpt(reason)))
 	} else {
-		b.set(endpoint, "", 0)
+		b.set(endpoint, "", 0, nil)
 		b.logger.Info("endpoint closed: its probe succeeded", zap.String("endpoint", endpoint))
 	}
 	return nil
@@ -295,15 +303,15 @@ func (b *Breaker) wait(state string, left time.Duration) time.Duration {
 }
 
 // set notes endpoint's state: closed when state is "", else until wait
-// from now.
-func (b *Breaker) set(endpoint, state string, wait time.Duration) {
+// from now, hold on the database's clock (nil: unknown).
+func (b *Breaker) set(endpoint, state string, wait time.Duration, hold *time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	old, had := b.open[endpoint]
 	if state == "" {
 		delete(b.open, endpoint)
 	} else {
-		b.open[endpoint] = gate{state: state, until: time.Now().Add(wait)}
+		b.open[endpoint] = gate{state: state, until: time.Now().Add(wait), hold: deref(hold)}
 	}
 	if had != (state != "") || old.state != state {
 		b.notify()
@@ -338,6 +346,13 @@ func (b *Breaker) State(endpoint string) string {
 		return g.state
 	}
 	return "closed"
+}
+
+func deref(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
 }
 
 func seconds(s *float64) time.Duration {

@@ -19,25 +19,38 @@ type statements struct {
 const notifyFrom = ` FROM u, LATERAL pg_catalog.pg_notify('pgdispatch.control',
     pg_catalog.jsonb_build_object('schema', $%d::text, 'endpoints', true, 'endpoint', u.endpoint)::text) AS n`
 
+// holdSQL is the instant the jobs of a row that is not closed wait for,
+// given the cool-down in seconds: an open one's open_until; a half-open
+// one's, a second (for the probe to report) after probe_until, but at
+// most after a cool-down past open_until, so that a probe's success lets
+// the backlog go soon however long the probe's timeout (from now, for a
+// probe taken a cool-down late). Every job that waits for one cool-down or
+// one probe waits for the same instant, so that they are due together and
+// claimed in their order.
+const holdSQL = `CASE %[1]sstate WHEN 'open' THEN %[1]sopen_until ELSE greatest(least(%[1]sprobe_until,
+    %[1]sopen_until + make_interval(secs => %[2]s)), now()) + interval '1 second' END`
+
 func newStatements(schema string) statements {
 	t := pgx.Identifier{schema, "endpoints"}.Sanitize()
 	return statements{
 		// probe takes the probe of $1 for $2 seconds, when its cool-down
-		// or the last probe's time is over, and says the state it found
-		// and for how long it holds.
+		// or the last probe's time is over, and says the state it found,
+		// for how long it holds, and the instant the others wait for
+		// (holdSQL, the cool-down $3 seconds).
 		probe: `WITH p AS (
     UPDATE ` + t + ` SET state = 'half_open', probe_until = now() + make_interval(secs => $2), updated_at = now()
     WHERE endpoint = $1 AND ((state = 'open' AND open_until <= now()) OR (state = 'half_open' AND probe_until <= now()))
-    RETURNING endpoint)
+    RETURNING endpoint, ` + fmt.Sprintf(holdSQL, "", "$3") + ` AS hold)
 SELECT EXISTS (SELECT FROM p), e.state,
-       extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8
+       extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8,
+       coalesce((SELECT hold FROM p), CASE WHEN e.state <> 'closed' THEN ` + fmt.Sprintf(holdSQL, "e.", "$3") + ` END)
 FROM ` + t + ` e WHERE e.endpoint = $1`,
 		close: `WITH u AS (
     UPDATE ` + t + ` SET state = 'closed', attempts = 0, failures = 0, window_started_at = now(), opened_at = NULL,
         open_until = NULL, cool_down = NULL, probe_until = NULL, updated_at = now()
     WHERE endpoint = $1 AND state = 'half_open'
     RETURNING endpoint)
-SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
+SELECT NULL::float8, NULL::timestamptz` + fmt.Sprintf(notifyFrom, 2),
 		// reopen doubles the cool-down ($3 seconds when none), up to $4.
 		reopen: `WITH u AS (
     UPDATE ` + t + ` SET state = 'open',
@@ -45,10 +58,11 @@ SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
         open_until = now() + least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
         probe_until = NULL, reason = $2, updated_at = now()
     WHERE endpoint = $1 AND state = 'half_open'
-    RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs)
-SELECT u.left_secs` + fmt.Sprintf(notifyFrom, 5),
+    RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs, open_until)
+SELECT u.left_secs, u.open_until` + fmt.Sprintf(notifyFrom, 5),
 		load: `SELECT endpoint, state,
-       greatest(extract(epoch FROM CASE state WHEN 'open' THEN open_until ELSE probe_until END - now()), 0)::float8
+       greatest(extract(epoch FROM CASE state WHEN 'open' THEN open_until ELSE probe_until END - now()), 0)::float8,
+       ` + fmt.Sprintf(holdSQL, "", "$1") + `
 FROM ` + t + ` WHERE state <> 'closed' ORDER BY endpoint`,
 		flush: `SELECT e FROM ` + pgx.Identifier{schema, "record_endpoint_outcomes"}.Sanitize() + `($1, $2, $3, $4,
     make_interval(secs => $5), $6, $7, make_interval(secs => $8)) AS e`,
@@ -71,11 +85,12 @@ func (b *Breaker) Load(ctx context.Context) error {
 	type row struct {
 		endpoint, state string
 		left            float64
+		hold            time.Time
 	}
-	rows, _ := b.cfg.DB.Query(ctx, b.sql.load)
+	rows, _ := b.cfg.DB.Query(ctx, b.sql.load, b.cfg.CoolDown.Seconds())
 	read, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		return x, r.Scan(&x.endpoint, &x.state, &x.left)
+		return x, r.Scan(&x.endpoint, &x.state, &x.left, &x.hold)
 	})
 	if err != nil {
 		return fmt.Errorf("read the endpoints: %w", describe(err))
@@ -87,7 +102,7 @@ func (b *Breaker) Load(ctx context.Context) error {
 		if x.state == "half_open" {
 			left = min(left, b.cfg.CoolDown)
 		}
-		open[x.endpoint] = gate{state: x.state, until: now.Add(left)}
+		open[x.endpoint] = gate{state: x.state, until: now.Add(left), hold: x.hold}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -147,7 +162,17 @@ func (b *Breaker) Flush(ctx context.Context) error {
 	for _, e := range opened {
 		b.logger.Warn("endpoint open: too many of its requests failed; its jobs wait", zap.String("endpoint", e),
 			zap.Duration("cool_down", b.cfg.CoolDown), zap.String("reason", excerpt(counts[e].reason)))
-		b.set(e, "open", b.cfg.CoolDown)
+	}
+	if len(opened) == 0 {
+		return nil
+	}
+	// Read, the endpoints that opened say the instant their jobs wait for;
+	// else they wait a cool-down from now, and a read follows.
+	if err := b.Load(ctx); err != nil {
+		b.logger.Warn("reading the endpoints that opened failed; their jobs wait a cool-down from now", zap.Error(err))
+		for _, e := range opened {
+			b.set(e, "open", b.cfg.CoolDown, nil)
+		}
 	}
 	return nil
 }

@@ -336,6 +336,9 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	if admission.Wait > 0 {
 		e.logger.Debug("the job's endpoint is open; the job waits", zap.Int64("job_id", job.ID),
 			zap.String("endpoint", endpoint), zap.Duration("wait", admission.Wait))
+		if !admission.Until.IsZero() {
+			return executors.SnoozeUntil(admission.Until, admission.Wait)
+		}
 		return executors.Snooze(admission.Wait)
 	}
 	v, err := e.send(ctx, job, r, target)
