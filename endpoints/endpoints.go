@@ -213,8 +213,18 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		state *string
 		left  *float64
 		hold  *time.Time
+		err   error
 	)
-	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds(), b.cfg.CoolDown.Seconds()).Scan(&probe, &state, &left, &hold); err != nil {
+	// A probe taken by another job while the statement waited for the
+	// row leaves it reading the row as it was: over (left ≤ 0), yet not
+	// taken. The next statement reads the row as it is.
+	for range 2 {
+		err = b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds(), b.cfg.CoolDown.Seconds()).Scan(&probe, &state, &left, &hold)
+		if err != nil || probe || left == nil || *left > 0 {
+			break
+		}
+	}
+	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			b.set(endpoint, "", 0, nil)
 			return Admission{}

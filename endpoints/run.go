@@ -24,11 +24,11 @@ const notifyFrom = ` FROM u, LATERAL pg_catalog.pg_notify('pgdispatch.control',
 // one's, a second (for the probe to report) after probe_until, but at
 // most after a cool-down past open_until, so that a probe's success lets
 // the backlog go soon however long the probe's timeout (from now, for a
-// probe taken a cool-down late). Every job that waits for one cool-down or
-// one probe waits for the same instant, so that they are due together and
-// claimed in their order.
-const holdSQL = `CASE %[1]sstate WHEN 'open' THEN %[1]sopen_until ELSE greatest(least(%[1]sprobe_until,
-    %[1]sopen_until + make_interval(secs => %[2]s)), now()) + interval '1 second' END`
+// probe taken a cool-down late); NULL when it is past. Every job that
+// waits for one cool-down or one probe waits for the same instant, so that
+// they are due together and claimed in their order.
+const holdSQL = `nullif(greatest(CASE %[1]sstate WHEN 'open' THEN %[1]sopen_until ELSE greatest(least(%[1]sprobe_until,
+    %[1]sopen_until + make_interval(secs => %[2]s)), now()) + interval '1 second' END, now()), now())`
 
 func newStatements(schema string) statements {
 	t := pgx.Identifier{schema, "endpoints"}.Sanitize()
@@ -85,7 +85,7 @@ func (b *Breaker) Load(ctx context.Context) error {
 	type row struct {
 		endpoint, state string
 		left            float64
-		hold            time.Time
+		hold            *time.Time
 	}
 	rows, _ := b.cfg.DB.Query(ctx, b.sql.load, b.cfg.CoolDown.Seconds())
 	read, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
@@ -102,7 +102,7 @@ func (b *Breaker) Load(ctx context.Context) error {
 		if x.state == "half_open" {
 			left = min(left, b.cfg.CoolDown)
 		}
-		open[x.endpoint] = gate{state: x.state, until: now.Add(left), hold: x.hold}
+		open[x.endpoint] = gate{state: x.state, until: now.Add(left), hold: deref(x.hold)}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

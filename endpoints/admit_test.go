@@ -1,0 +1,55 @@
+package endpoints_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/endpoints"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+)
+
+// A job that asks for the probe while another job takes it, its statement
+// waiting for the row, waits for that probe: for the instant every job
+// held by it waits for (a cool-down past the end of the last one, within
+// the probe's time, and a second), not for an instant already past, which
+// would make it due again at once, and again, until its wait ended.
+func TestAdmitWhileAnotherTakesTheProbe(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	br, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	const ep = "http://down:80"
+	for range 4 {
+		br.Record(ep, true, "HTTP 503 Service Unavailable")
+	}
+	require.NoError(t, br.Flush(ctx))
+	table := pgx.Identifier{b.schema, "endpoints"}.Sanitize()
+	// Its cool-down over.
+	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+table+" SET open_until = now() - interval '1 millisecond' WHERE endpoint = $1", ep)
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+
+	// Another worker takes the probe, and has not committed yet.
+	tx, err := pgtest.Pool(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "UPDATE "+table+" SET state = 'half_open', probe_until = now() + interval '1 hour' WHERE endpoint = $1", ep)
+	require.NoError(t, err)
+	admitted := make(chan endpoints.Admission, 1)
+	go func() { admitted <- br.Admit(ctx, ep, time.Hour) }()
+	pgtest.WaitSQL(t, time.Minute, "the other job's statement waiting for the row",
+		"SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%half_open%' AND pid <> pg_backend_pid())")
+	require.NoError(t, tx.Commit(ctx))
+
+	a := <-admitted
+	require.False(t, a.Probe, "the probe is the other job's")
+	var hold time.Time
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT open_until + interval '1 hour' + interval '1 second' FROM "+table+" WHERE endpoint = $1", ep).Scan(&hold))
+	require.True(t, hold.Equal(a.Until), "the job waits for the probe's instant, %s, not %s", hold, a.Until)
+	require.Equal(t, "half_open", br.State(ep))
+}
