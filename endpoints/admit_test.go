@@ -53,3 +53,38 @@ func TestAdmitWhileAnotherTakesTheProbe(t *testing.T) {
 	require.True(t, hold.Equal(a.Until), "the job waits for the probe's instant, %s, not %s", hold, a.Until)
 	require.Equal(t, "half_open", br.State(ep))
 }
+
+// A probe that fails opens the endpoint again at least until the jobs that
+// waited for the probe are due, so that they wait again until the same
+// instant as the jobs held since, and go in their order with them.
+func TestFailedProbeHoldsItsWaitersWithTheOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	b.cfg.CoolDown = 200 * time.Millisecond
+	br, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	other, err := endpoints.New(b.cfg) // another worker's
+	require.NoError(t, err)
+	const ep = "http://down:80"
+	for range 4 {
+		br.Record(ep, true, "HTTP 503 Service Unavailable")
+	}
+	require.NoError(t, br.Flush(ctx))
+	table := pgx.Identifier{b.schema, "endpoints"}.Sanitize()
+	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+table+" SET open_until = now() - interval '1 millisecond' WHERE endpoint = $1", ep)
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+	require.NoError(t, other.Load(ctx))
+
+	require.True(t, br.Admit(ctx, ep, time.Minute).Probe)
+	waiter := other.Admit(ctx, ep, time.Minute)
+	require.False(t, waiter.Probe)
+	require.False(t, waiter.Until.IsZero(), "the waiter waits for the probe's instant")
+	require.NoError(t, br.ProbeDone(ctx, ep, true, "HTTP 503 Service Unavailable"))
+
+	require.NoError(t, other.Load(ctx))
+	later := other.Admit(ctx, ep, time.Minute)
+	require.Equal(t, "open", other.State(ep))
+	require.True(t, later.Until.Equal(waiter.Until), "a job held after the probe failed waits until %s, as the probe's waiter, not %s", waiter.Until, later.Until)
+}

@@ -51,11 +51,15 @@ FROM ` + t + ` e WHERE e.endpoint = $1`,
     WHERE endpoint = $1 AND state = 'half_open'
     RETURNING endpoint)
 SELECT NULL::float8, NULL::timestamptz` + fmt.Sprintf(notifyFrom, 2),
-		// reopen doubles the cool-down ($3 seconds when none), up to $4.
+		// reopen doubles the cool-down ($3 seconds when none), up to $4,
+		// and opens the endpoint for it, and at least until the jobs held
+		// by the probe are due (holdSQL), so that they are held again with
+		// the jobs held since, until the same instant.
 		reopen: `WITH u AS (
     UPDATE ` + t + ` SET state = 'open',
         cool_down = least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
-        open_until = now() + least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
+        open_until = greatest(now() + least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
+            least(probe_until, open_until + make_interval(secs => $3)) + interval '1 second'),
         probe_until = NULL, reason = $2, updated_at = now()
     WHERE endpoint = $1 AND state = 'half_open'
     RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs, open_until)
