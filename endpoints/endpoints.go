@@ -347,6 +347,28 @@ func (b *Breaker) Changed() <-chan struct{} {
 	return b.changed
 }
 
+// AwaitProbe waits, at most for d, until this worker knows endpoint out of
+// half_open: the outcome of its probe, when it is quick, lets the jobs
+// that asked while it went go in their order, rather than a probe's wait
+// after the jobs asked later. It says whether the state changed.
+func (b *Breaker) AwaitProbe(ctx context.Context, endpoint string, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		changed := b.Changed()
+		if b.State(endpoint) != "half_open" {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // State is the state this worker knows endpoint in: "closed", "open" or
 // "half_open".
 func (b *Breaker) State(endpoint string) string {
