@@ -489,6 +489,23 @@ func TestOutage(t *testing.T) {
 	require.Positive(t, f["backlog_jobs"])
 	require.InDelta(t, f["backlog_jobs"], f["backlog_delivered"], 0, "the backlog was delivered")
 	require.LessOrEqual(t, f["backlog_retried"], f["backlog_jobs"])
+	require.Zero(t, f["backlog_out_of_order"], "the backlog was delivered in the order of run_at")
+	require.Zero(t, f["later_jobs_before_backlog"], "no job committed after the endpoint healed went before its backlog")
 	require.Zero(t, f["lost"])
 	require.Zero(t, f["dead"])
+}
+
+func TestLongestInOrder(t *testing.T) {
+	t.Parallel()
+	at := func(secs ...int) []time.Time {
+		out := make([]time.Time, len(secs))
+		for i, s := range secs {
+			out[i] = time.Unix(int64(s), 0)
+		}
+		return out
+	}
+	require.Equal(t, 0, longestInOrder(nil))
+	require.Equal(t, 4, longestInOrder(at(1, 3, 2, 2, 5, 4)), "1 2 2 4: ties keep the order")
+	require.Equal(t, 1, longestInOrder(at(3, 2, 1)))
+	require.Equal(t, 3, longestInOrder(at(7, 1, 1, 1)))
 }

@@ -117,7 +117,7 @@ type outageRun struct {
 	beforeOpen, whileOpen int
 	backlog, delivered    int // its jobs committed from the outage's start until the circuit closed
 	retried               int // backlog jobs with a request refused, retried on their own schedule
-	outOfOrder            int // of the others, those delivered by an earlier claim than one committed before them
+	outOfOrder            int // of the others, the fewest that, left out, leave the rest delivered in order
 	overtaken             int // of the others, those delivered by a later claim than a job committed after the circuit closed
 	lost, dead            int // jobs not delivered in the end, and dead (every endpoint's)
 }
@@ -421,23 +421,25 @@ func allDelivered(jobs []outageJob, rcvs []*outageReceiver) bool {
 // backlogOrder counts the failing endpoint's backlog (its jobs committed
 // from start until the circuit closed), those delivered and those retried
 // (a request refused: they wait for their retry, whose run_at is later).
-// Of the others, the jobs the breaker alone held, it counts those
-// delivered by an earlier claim than such a job committed before them (out
-// of order), and those delivered by a later claim than a job of the
-// endpoint committed after the circuit closed (overtaken). The jobs of one
-// claim run at once: their order among themselves is not counted.
+// Of the others, the jobs the breaker alone held, it counts those out of
+// order: the fewest that, left out, leave the rest delivered by claims in
+// the order the jobs were committed (the jobs of one claim run at once:
+// their order among themselves is not counted); and those overtaken:
+// delivered by a later claim than a job of the endpoint committed after
+// the circuit closed.
 func backlogOrder(run *outageRun, jobs []outageJob, r *outageReceiver, e *claimedExec, start time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var latest, firstAfter time.Time // the latest claim of a held job so far; the first claim of a later job
+	var firstAfter time.Time // the first claim of a job committed after the circuit closed
 	for _, j := range jobs {
 		if c, ok := e.by[j.id]; ok && j.endpoint == 0 && !j.committed.Before(run.closed) && (firstAfter.IsZero() || c.Before(firstAfter)) {
 			firstAfter = c
 		}
 	}
-	for _, j := range jobs { // in commit order: one producer, so id and run_at order too
+	var claims []time.Time // the held jobs' claims, in commit order: one producer, so id and run_at order too
+	for _, j := range jobs {
 		if j.endpoint != 0 || j.committed.Before(start) || !j.committed.Before(run.closed) {
 			continue
 		}
@@ -453,14 +455,30 @@ func backlogOrder(run *outageRun, jobs []outageJob, r *outageReceiver, e *claime
 		if !claimed {
 			continue
 		}
-		if c.Before(latest) {
-			run.outOfOrder++
-		}
-		if c.After(latest) {
-			latest = c
-		}
+		claims = append(claims, c)
 		if !firstAfter.IsZero() && c.After(firstAfter) {
 			run.overtaken++
 		}
 	}
+	run.outOfOrder = len(claims) - longestInOrder(claims)
+}
+
+// longestInOrder is the length of the longest subsequence of ts that does
+// not go back in time.
+func longestInOrder(ts []time.Time) int {
+	var tails []time.Time // tails[k]: the least last element of such a subsequence of length k+1
+	for _, t := range ts {
+		k, _ := slices.BinarySearchFunc(tails, t, func(a, b time.Time) int {
+			if a.After(b) {
+				return 1
+			}
+			return -1 // equal times extend a subsequence: search past them
+		})
+		if k == len(tails) {
+			tails = append(tails, t)
+		} else {
+			tails[k] = t
+		}
+	}
+	return len(tails)
 }
