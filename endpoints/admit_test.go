@@ -88,3 +88,36 @@ func TestFailedProbeHoldsItsWaitersWithTheOthers(t *testing.T) {
 	require.Equal(t, "open", other.State(ep))
 	require.True(t, later.Until.Equal(waiter.Until), "a job held after the probe failed waits until %s, as the probe's waiter, not %s", waiter.Until, later.Until)
 }
+
+// A job waits for the outcome of a probe in flight, for a while; once a
+// wait ran out, the next for the same probe returns at once, so that a
+// slow probe holds one batch of slots, not one per job of the backlog.
+func TestAwaitProbeWaitsOnceForASlowProbe(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	br, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	const ep = "http://down:80"
+	for range 4 {
+		br.Record(ep, true, "HTTP 503 Service Unavailable")
+	}
+	require.NoError(t, br.Flush(ctx))
+	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+pgx.Identifier{b.schema, "endpoints"}.Sanitize()+
+		" SET open_until = now() - interval '1 millisecond' WHERE endpoint = $1", ep)
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+	require.True(t, br.Admit(ctx, ep, time.Hour).Probe)
+
+	require.False(t, br.AwaitProbe(ctx, ep, time.Millisecond), "the probe is in flight")
+	done := make(chan bool, 1)
+	go func() { done <- br.AwaitProbe(ctx, ep, time.Hour) }()
+	select {
+	case ok := <-done:
+		require.False(t, ok)
+	case <-time.After(time.Minute):
+		t.Fatal("a job waited again for a probe that a job waited for in vain")
+	}
+	require.NoError(t, br.ProbeDone(ctx, ep, false, ""))
+	require.True(t, br.AwaitProbe(ctx, ep, time.Hour), "the probe succeeded: the endpoint is closed")
+}

@@ -8,7 +8,9 @@
 // endpoint's cool-down ends; then exactly one job, the probe, takes the
 // endpoint half-open (a compare-and-set in SQL) and goes, and the others
 // wait until the probe ends. The probe's outcome closes the circuit, or
-// opens it again with the cool-down doubled (ProbeDone).
+// opens it again with the cool-down doubled (ProbeDone). The jobs that
+// wait for one cool-down or one probe wait for the same instant
+// (Admission.Until), so that they go in their order.
 //
 // The outcomes of the requests of a closed endpoint are counted in memory
 // (Record) and written every FlushInterval in one statement,
@@ -112,9 +114,10 @@ type Breaker struct {
 	sql    statements
 
 	mu      sync.Mutex
-	counts  map[string]*tally // outcomes not yet written
-	open    map[string]gate   // the endpoints not closed, as last read
-	changed chan struct{}     // closed at the next change of open
+	counts  map[string]*tally    // outcomes not yet written
+	open    map[string]gate      // the endpoints not closed, as last read
+	slow    map[string]time.Time // the hold of each endpoint's last probe that a job waited for in vain
+	changed chan struct{}        // closed at the next change of open
 }
 
 // tally is an endpoint's outcomes since the last write.
@@ -154,7 +157,7 @@ func New(cfg Config) (*Breaker, error) {
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
 	return &Breaker{
 		cfg: cfg, logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("endpoints"), wake: make(chan struct{}, 1),
-		sql: newStatements(cfg.Schema), counts: map[string]*tally{}, open: map[string]gate{},
+		sql: newStatements(cfg.Schema), counts: map[string]*tally{}, open: map[string]gate{}, slow: map[string]time.Time{},
 	}, nil
 }
 
@@ -320,6 +323,7 @@ func (b *Breaker) set(endpoint, state string, wait time.Duration, hold *time.Tim
 	old, had := b.open[endpoint]
 	if state == "" {
 		delete(b.open, endpoint)
+		delete(b.slow, endpoint)
 	} else {
 		b.open[endpoint] = gate{state: state, until: time.Now().Add(wait), hold: deref(hold)}
 	}
@@ -350,8 +354,18 @@ func (b *Breaker) Changed() <-chan struct{} {
 // AwaitProbe waits, at most for d, until this worker knows endpoint out of
 // half_open: the outcome of its probe, when it is quick, lets the jobs
 // that asked while it went go in their order, rather than a probe's wait
-// after the jobs asked later. It says whether the state changed.
+// after the jobs asked later. Once a wait for a probe ran out, the others
+// for it return at once: a slow probe holds a batch of slots for d, not
+// every job of the backlog. It says whether the state changed.
 func (b *Breaker) AwaitProbe(ctx context.Context, endpoint string, d time.Duration) bool {
+	b.mu.Lock()
+	probe := b.open[endpoint].hold
+	waited, ok := b.slow[endpoint]
+	slow := ok && waited.Equal(probe)
+	b.mu.Unlock()
+	if slow {
+		return false
+	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
@@ -362,6 +376,9 @@ func (b *Breaker) AwaitProbe(ctx context.Context, endpoint string, d time.Durati
 		select {
 		case <-changed:
 		case <-timer.C:
+			b.mu.Lock()
+			b.slow[endpoint] = probe
+			b.mu.Unlock()
 			return false
 		case <-ctx.Done():
 			return false

@@ -117,6 +117,11 @@ func (b *Breaker) Load(ctx context.Context) error {
 		}
 	}
 	b.open = open
+	for e := range b.slow {
+		if _, ok := open[e]; !ok {
+			delete(b.slow, e)
+		}
+	}
 	if changed {
 		b.notify()
 		b.logger.Debug("endpoints read", zap.Strings("not_closed", sortedKeys(open)))
