@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -22,6 +24,10 @@ import (
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 )
+
+// slowHealthy is the delay past which the outage scenario's log counts a
+// healthy endpoint's job, by the second of the run it was committed in.
+const slowHealthy = 20 * time.Millisecond
 
 // outageEndpoints is how many receivers the outage scenario's jobs go to,
 // each on a port of its own, so an endpoint of its own.
@@ -363,6 +369,8 @@ func (b *bench) outageRun(ctx context.Context, failing bool, length time.Duratio
 		return nil, err
 	}
 
+	slow := map[int]int{}                 // the healthy jobs slower than slowHealthy, by second of the run
+	byWindow := map[int][]time.Duration{} // the healthy jobs' delays, by 10 s of the run
 	for _, j := range jobs {
 		at, ok := rcvs[j.endpoint].deliveredAt(j.id)
 		if !ok {
@@ -371,8 +379,26 @@ func (b *bench) outageRun(ctx context.Context, failing bool, length time.Duratio
 		}
 		if j.endpoint != 0 {
 			run.latencies = append(run.latencies, at.Sub(j.committed))
+			w := int(j.committed.Sub(start) / (10 * time.Second))
+			byWindow[w] = append(byWindow[w], at.Sub(j.committed))
+			if at.Sub(j.committed) > slowHealthy {
+				slow[int(j.committed.Sub(start).Seconds())]++
+			}
 		}
 	}
+	if len(slow) > 0 {
+		secs := slices.SortedFunc(maps.Keys(slow), func(a, b int) int { return cmp.Compare(slow[b], slow[a]) })
+		var parts []string
+		for _, s := range secs[:min(len(secs), 6)] {
+			parts = append(parts, fmt.Sprintf("%ds: %d", s, slow[s]))
+		}
+		fmt.Fprintf(b.log, "bench: outage: healthy jobs slower than %s (failing: %v), by second of the run: %s\n", slowHealthy, failing, strings.Join(parts, ", "))
+	}
+	var medians []string
+	for w := range len(byWindow) {
+		medians = append(medians, fmt.Sprintf("%.2f", ms(quantile(byWindow[w], 0.5))))
+	}
+	fmt.Fprintf(b.log, "bench: outage: healthy p50 ms by 10 s of the run (failing: %v): %s\n", failing, strings.Join(medians, " "))
 	if !failing {
 		return run, nil
 	}
