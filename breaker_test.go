@@ -3,6 +3,7 @@ package pgdispatch_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -25,13 +26,15 @@ import (
 	"github.com/pgdispatch/pgdispatch/internal/testkit/workertest"
 )
 
-// receiver answers 503 while down, else 204, and counts the requests of
-// each job.
+// receiver answers 503 while down, else 204, counts the requests of each
+// job and all of them, and notes the jobs it answered 204, in order.
 type receiver struct {
 	*httptest.Server
-	down atomic.Bool
-	mu   sync.Mutex
-	seen map[int64]int
+	down      atomic.Bool
+	total     atomic.Int64
+	mu        sync.Mutex
+	seen      map[int64]int
+	delivered []int64
 }
 
 func newReceiver(t *testing.T, down bool) *receiver {
@@ -39,13 +42,15 @@ func newReceiver(t *testing.T, down bool) *receiver {
 	rc.down.Store(down)
 	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, _ := strconv.ParseInt(r.Header.Get("Pgdispatch-Job-Id"), 10, 64)
+		rc.total.Add(1)
 		rc.mu.Lock()
+		defer rc.mu.Unlock()
 		rc.seen[id]++
-		rc.mu.Unlock()
 		if rc.down.Load() {
 			http.Error(w, "down for maintenance", http.StatusServiceUnavailable)
 			return
 		}
+		rc.delivered = append(rc.delivered, id)
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	t.Cleanup(rc.Close)
@@ -97,11 +102,10 @@ func (o *outcomes) snoozed(ids []int64) (int, <-chan struct{}) {
 }
 
 // breakerWorker runs a worker whose http_callback executor keeps the
-// circuits with a breaker of its own, as every worker process does. tune
-// changes the breaker's settings.
-func breakerWorker(t *testing.T, schema, id string, obs claimer.Observer, coolDown time.Duration,
-	tune ...func(*endpoints.Config),
-) (*endpoints.Breaker, func()) {
+// circuits with a breaker of its own, as every worker process does. Each
+// of tune, a func(*endpoints.Config) or a func(*pgdispatch.Config),
+// changes the breaker's settings or the worker's.
+func breakerWorker(t *testing.T, schema, id string, obs claimer.Observer, coolDown time.Duration, tune ...any) (*endpoints.Breaker, func()) {
 	t.Helper()
 	pool := pgtest.Pool(t)
 	bcfg := endpoints.Config{
@@ -110,7 +114,9 @@ func breakerWorker(t *testing.T, schema, id string, obs claimer.Observer, coolDo
 		Logger: zaptest.NewLogger(t).Named(id),
 	}
 	for _, f := range tune {
-		f(&bcfg)
+		if f, ok := f.(func(*endpoints.Config)); ok {
+			f(&bcfg)
+		}
 	}
 	br, err := endpoints.New(bcfg)
 	require.NoError(t, err)
@@ -126,6 +132,11 @@ func breakerWorker(t *testing.T, schema, id string, obs claimer.Observer, coolDo
 	cfg.PollInterval = time.Hour
 	cfg.JobTimeout = 10 * time.Second
 	cfg.RetryBackoff = func(int) time.Duration { return 50 * time.Millisecond }
+	for _, f := range tune {
+		if f, ok := f.(func(*pgdispatch.Config)); ok {
+			f(&cfg)
+		}
+	}
 	_, stop := workertest.Run(context.Background(), t, cfg)
 	return br, stop
 }
@@ -248,4 +259,123 @@ func TestBreakerStateSurvivesRestart(t *testing.T) {
 	for _, id := range ids {
 		require.Zero(t, failing.requests(id), "job %d sent while its endpoint is open", id)
 	}
+}
+
+// The jobs an open endpoint holds are due at one instant, the end of its
+// cool-down, whenever each was held, so that once it heals they go in
+// their order (priority, then id), as they would have gone.
+func TestBreakerHeldJobsKeepTheirOrder(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	table := pgx.Identifier{schema, "endpoints"}.Sanitize()
+	failing := newReceiver(t, true)
+	obs := newOutcomes()
+	a, _ := breakerWorker(t, schema, "order", obs, 5*time.Second, func(c *pgdispatch.Config) { c.Concurrency = 1 })
+	ep := endpointOf(t, failing.URL)
+	first := enqueueTo(t, schema, failing.URL, 5)
+	waitState(t, a, ep, "open", "the worker")
+	held := enqueueTo(t, schema, failing.URL, 20)
+	all := append(append([]int64{}, first...), held...)
+	wait.On(t, time.Minute, "every job held", func() (bool, <-chan struct{}) {
+		n, changed := obs.snoozed(all)
+		return n == len(all), changed
+	})
+	// The outcomes are written after the observer hears of them.
+	pgtest.WaitSQL(t, time.Minute, "every job pending while the endpoint is open",
+		"SELECT count(*) = $2 FROM "+jobs+" WHERE id = ANY($1) AND status = 'pending'", all, len(all))
+	var runAts int
+	var sameAsOpenUntil bool
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), "SELECT count(DISTINCT j.run_at), "+
+		"bool_and(j.run_at = e.open_until) FROM "+jobs+" j, "+table+" e WHERE j.id = ANY($1) AND e.endpoint = $2", all, ep).Scan(&runAts, &sameAsOpenUntil))
+	require.Equal(t, 1, runAts, "the held jobs are due at one instant")
+	require.True(t, sameAsOpenUntil, "the end of the endpoint's cool-down")
+
+	failing.down.Store(false)
+	pgtest.WaitSQL(t, time.Minute, "every job done",
+		"SELECT count(*) = $2 FROM "+jobs+" WHERE id = ANY($1) AND status = 'done'", all, len(all))
+	failing.mu.Lock()
+	defer failing.mu.Unlock()
+	require.Equal(t, all, failing.delivered, "one job at a time, in their order")
+}
+
+// Three workers share one endpoint's circuit: once it opens, the receiver
+// sees no request but the probes, one per cool-down in all, and after every
+// worker is stopped and others started, the endpoint is still open and
+// they hold its jobs back too.
+func TestBreakerSharedByThreeWorkersAndKeptAcrossRestarts(t *testing.T) {
+	t.Parallel()
+	schema := pgtest.Schema(t)
+	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
+	table := pgx.Identifier{schema, "endpoints"}.Sanitize()
+	const coolDown = time.Second
+	failing := newReceiver(t, true)
+	ep := endpointOf(t, failing.URL)
+	obs := newOutcomes()
+	// start runs three workers, and waits until each knows the endpoint
+	// is not closed.
+	start := func(generation string, enqueue func()) (stop func()) {
+		var stops []func()
+		var brs []*endpoints.Breaker
+		for i := range 3 {
+			br, stop := breakerWorker(t, schema, fmt.Sprintf("%s-%d", generation, i+1), obs, coolDown)
+			brs, stops = append(brs, br), append(stops, stop)
+		}
+		enqueue()
+		for i, br := range brs {
+			wait.On(t, time.Minute, fmt.Sprintf("%s worker %d to know the endpoint not closed", generation, i+1), func() (bool, <-chan struct{}) {
+				changed := br.Changed()
+				return br.State(ep) != "closed", changed
+			})
+		}
+		return func() {
+			for _, stop := range stops {
+				stop()
+			}
+		}
+	}
+	// probes is how many probes went: each that failed doubled the
+	// cool-down, and one may have been cut short by a stop.
+	probes := func() int64 {
+		var (
+			secs  float64
+			state string
+		)
+		require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(),
+			"SELECT extract(epoch FROM cool_down), state FROM "+table+" WHERE endpoint = $1", ep).Scan(&secs, &state))
+		require.NotEqual(t, "closed", state)
+		n := int64(math.Round(math.Log2(secs / coolDown.Seconds())))
+		if state == "half_open" {
+			n++
+		}
+		return n
+	}
+	held := func(what string, ids []int64) {
+		wait.On(t, time.Minute, what, func() (bool, <-chan struct{}) {
+			n, changed := obs.snoozed(ids)
+			return n == len(ids), changed
+		})
+	}
+
+	var first []int64
+	stop := start("first", func() { first = enqueueTo(t, schema, failing.URL, 5) })
+	before := failing.total.Load()
+	more := enqueueTo(t, schema, failing.URL, 10)
+	held("the jobs held", append(append([]int64{}, first...), more...))
+	pgtest.WaitSQL(t, time.Minute, "a probe failed", "SELECT cool_down >= interval '2 seconds' FROM "+table+" WHERE endpoint = $1", ep)
+	stop()
+	failed := probes()
+	require.LessOrEqual(t, failing.total.Load()-before, failed, "while the endpoint was open, only its probes went, one per cool-down")
+
+	before = failing.total.Load()
+	stop = start("second", func() {})
+	after := enqueueTo(t, schema, failing.URL, 6)
+	held("the jobs enqueued after the restart held", after)
+	stop()
+	require.LessOrEqual(t, failing.total.Load()-before, probes()-failed, "after the restart, only probes went")
+	var pending int
+	all := append(append(append([]int64{}, first...), more...), after...)
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), "SELECT count(*) FROM "+jobs+" WHERE id = ANY($1) AND status = 'pending'",
+		all).Scan(&pending))
+	require.Equal(t, len(all), pending, "no job is dead or done: the receiver is down")
 }

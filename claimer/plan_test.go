@@ -83,10 +83,10 @@ func checkPlans(t *testing.T, setup []string) {
 		"give_back":   {giveback.SQL, "text, text, float8, bigint[], int4[]", "'default', 'w', 30, " + idArray + ", '{1}'"},
 		"delete_done": {completer.DeleteDoneSQL, "bigint[], timestamptz[], text", idArray + ", array_fill(now(), ARRAY[1000]), 'w'"},
 		"complete": {
-			completer.CompleteSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text[], text[], text",
+			completer.CompleteSQL, "bigint[], timestamptz[], text[], float8[], text[], bool[], text[], text[], timestamptz[], text",
 			idArray + ", array_fill(now(), ARRAY[1000]), array_fill('done'::text, ARRAY[1000]), array_fill(0::float8, ARRAY[1000]), " +
 				"array_fill(NULL::text, ARRAY[1000]), array_fill(false, ARRAY[1000]), array_fill(NULL::text, ARRAY[1000]), " +
-				"array_fill(NULL::text, ARRAY[1000]), 'w'",
+				"array_fill(NULL::text, ARRAY[1000]), array_fill(NULL::timestamptz, ARRAY[1000]), 'w'",
 		},
 	}
 	explain := func(name string) string {

@@ -9,7 +9,9 @@
 // endpoint half-open (a compare-and-set in SQL) and goes, and the others
 // wait until the probe ends. The probe's outcome closes the circuit, or
 // opens it again with the cool-down doubled (ProbeDone); a probe whose
-// request said nothing of the endpoint is given back (GiveBack).
+// request said nothing of the endpoint is given back (GiveBack). The jobs
+// that wait for one cool-down or one probe wait for the same instant
+// (Admission.Until), so that they go in their order.
 //
 // The outcomes of the requests of a closed endpoint are counted in memory
 // (Record) and written every FlushInterval in one statement,
@@ -139,9 +141,10 @@ type Breaker struct {
 	sql    statements
 
 	mu      sync.Mutex
-	counts  map[string]*tally // outcomes not yet written
-	open    map[string]gate   // the endpoints not closed, as last read
-	changed chan struct{}     // closed at the next change of open
+	counts  map[string]*tally    // outcomes not yet written
+	open    map[string]gate      // the endpoints not closed, as last read
+	slow    map[string]time.Time // the hold of each endpoint's last probe that a job waited for in vain
+	changed chan struct{}        // closed at the next change of open
 
 	events *prometheus.CounterVec // the events reported, by event and actor
 }
@@ -153,12 +156,13 @@ type tally struct {
 }
 
 // gate is an endpoint that is not closed: its jobs wait until until
-// (local time), then one of them tries to take the probe; or a disabled
-// one, whose jobs fail.
+// (local time), then one of them tries to take the probe; hold, when set,
+// is that instant as the table says it (holdSQL), on the database's clock.
+// Or a disabled one, whose jobs fail.
 type gate struct {
-	state    string
-	until    time.Time
-	disabled bool
+	state       string
+	until, hold time.Time
+	disabled    bool
 }
 
 // New checks cfg and returns a Breaker.
@@ -187,7 +191,7 @@ func New(cfg Config) (*Breaker, error) {
 	cfg.StatementTimeout = cmp.Or(cfg.StatementTimeout, stmttimeout.Default)
 	b := &Breaker{
 		cfg: cfg, logger: cmp.Or(cfg.Logger, zap.NewNop()).Named("endpoints"), wake: make(chan struct{}, 1),
-		sql: newStatements(cfg.Schema), counts: map[string]*tally{}, open: map[string]gate{},
+		sql: newStatements(cfg.Schema), counts: map[string]*tally{}, open: map[string]gate{}, slow: map[string]time.Time{},
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "pgdispatch", Name: "endpoint_events_total",
 			Help: "Events of the endpoints' circuits (opened, closed, disabled, enabled), by event and by whom (breaker or operator), " +
@@ -236,6 +240,11 @@ type Admission struct {
 	// Wait, when above 0, is how long the job waits before it asks again:
 	// the endpoint is open, or another job probes it.
 	Wait time.Duration
+	// Until, when set, is the instant the wait ends, on the database's
+	// clock: the same for every job that waits for one cool-down or one
+	// probe, so that they are due together and go in their order (snooze
+	// the job until it: executors.SnoozeUntil).
+	Until time.Time
 	// Probe says the request is the endpoint's probe: report its outcome
 	// with ProbeDone, not Record.
 	Probe bool
@@ -276,7 +285,7 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		return Admission{Disabled: true}
 	}
 	if wait := time.Until(g.until); wait > 0 {
-		return Admission{Wait: max(wait, minWait)}
+		return Admission{Wait: max(wait, minWait), Until: g.hold}
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
 	defer cancel()
@@ -285,10 +294,22 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		state           *string
 		left            *float64
 		probeUntil      *time.Time
+		hold            *time.Time
+		err             error
 	)
-	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left, &disabled, &probeUntil); err != nil {
+	// A probe taken by another job while the statement waited for the
+	// row leaves it reading the row as it was: over (left ≤ 0), yet not
+	// taken. The next statement reads the row as it is.
+	for range 2 {
+		err = b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds(), b.cfg.CoolDown.Seconds()).Scan(
+			&probe, &state, &left, &disabled, &probeUntil, &hold)
+		if err != nil || probe || disabled || left == nil || *left > 0 {
+			break
+		}
+	}
+	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
-			b.set(endpoint, "", 0)
+			b.set(endpoint, "", 0, nil)
 			return Admission{}
 		}
 		b.logger.Warn("taking the probe of an open endpoint failed; its job waits", zap.String("endpoint", endpoint),
@@ -300,16 +321,16 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		b.setDisabled(endpoint, *state)
 		return Admission{Disabled: true}
 	case probe:
-		b.set(endpoint, "half_open", b.wait("half_open", probeFor))
+		b.set(endpoint, "half_open", b.wait("half_open", probeFor), hold)
 		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))
 		return Admission{Probe: true, probeUntil: *probeUntil}
 	case state == nil || *state == "closed":
-		b.set(endpoint, "", 0)
+		b.set(endpoint, "", 0, nil)
 		return Admission{}
 	default:
 		wait := b.wait(*state, seconds(left))
-		b.set(endpoint, *state, wait)
-		return Admission{Wait: wait}
+		b.set(endpoint, *state, wait, hold)
+		return Admission{Wait: wait, Until: deref(hold)}
 	}
 }
 
@@ -344,16 +365,17 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, probe Admissio
 	defer cancel()
 	var (
 		left     *float64
+		hold     *time.Time
 		disabled bool
 		err      error
 	)
 	if failed {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.reopen, endpoint, excerpt(reason), b.cfg.CoolDown.Seconds(),
 			b.cfg.MaxCoolDown.Seconds(), b.cfg.Schema, b.disableAfter(), b.eventKind(), b.eventQueue(),
-			b.eventPayload(), probe.probeUntil).Scan(&left, &disabled)
+			b.eventPayload(), probe.probeUntil).Scan(&left, &hold, &disabled)
 	} else {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.eventKind(), b.eventQueue(), b.eventPayload(),
-			probe.probeUntil).Scan(&left)
+			probe.probeUntil).Scan(&left, &hold)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil
@@ -365,11 +387,11 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, probe Admissio
 	case disabled:
 		b.setDisabled(endpoint, "open")
 	case failed:
-		b.set(endpoint, "open", seconds(left))
+		b.set(endpoint, "open", seconds(left), hold)
 		b.logger.Warn("endpoint open again: its probe failed", zap.String("endpoint", endpoint),
 			zap.Duration("cool_down", seconds(left)), zap.String("reason", excerpt(reason)))
 	default:
-		b.set(endpoint, "", 0)
+		b.set(endpoint, "", 0, nil)
 	}
 	return nil
 }
@@ -420,7 +442,7 @@ func (b *Breaker) GiveBack(ctx context.Context, endpoint string, probe Admission
 	if err != nil {
 		return fmt.Errorf("give back the probe of %s: %w", endpoint, describe(err))
 	}
-	b.set(endpoint, "half_open", 0)
+	b.set(endpoint, "half_open", 0, nil)
 	return nil
 }
 
@@ -436,15 +458,16 @@ func (b *Breaker) wait(state string, left time.Duration) time.Duration {
 }
 
 // set notes endpoint's state: closed when state is "", else until wait
-// from now.
-func (b *Breaker) set(endpoint, state string, wait time.Duration) {
+// from now, hold on the database's clock (nil: unknown).
+func (b *Breaker) set(endpoint, state string, wait time.Duration, hold *time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	old, had := b.open[endpoint]
 	if state == "" {
 		delete(b.open, endpoint)
+		delete(b.slow, endpoint)
 	} else {
-		b.open[endpoint] = gate{state: state, until: time.Now().Add(wait)}
+		b.open[endpoint] = gate{state: state, until: time.Now().Add(wait), hold: deref(hold)}
 	}
 	if had != (state != "") || old.state != state || old.disabled {
 		b.notify()
@@ -481,6 +504,41 @@ func (b *Breaker) Changed() <-chan struct{} {
 	return b.changed
 }
 
+// AwaitProbe waits, at most for d, until this worker knows endpoint out of
+// half_open: the outcome of its probe, when it is quick, lets the jobs
+// that asked while it went go in their order, rather than a probe's wait
+// after the jobs asked later. Once a wait for a probe ran out, the others
+// for it return at once: a slow probe holds a batch of slots for d, not
+// every job of the backlog. It says whether the state changed.
+func (b *Breaker) AwaitProbe(ctx context.Context, endpoint string, d time.Duration) bool {
+	b.mu.Lock()
+	probe := b.open[endpoint].hold
+	waited, ok := b.slow[endpoint]
+	slow := ok && waited.Equal(probe)
+	b.mu.Unlock()
+	if slow {
+		return false
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		changed := b.Changed()
+		if b.State(endpoint) != "half_open" {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			b.mu.Lock()
+			b.slow[endpoint] = probe
+			b.mu.Unlock()
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // State is the state this worker knows endpoint in: "closed", "open" or
 // "half_open", or "disabled".
 func (b *Breaker) State(endpoint string) string {
@@ -493,6 +551,13 @@ func (b *Breaker) State(endpoint string) string {
 		return g.state
 	}
 	return "closed"
+}
+
+func deref(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
 }
 
 func seconds(s *float64) time.Duration {

@@ -21,6 +21,17 @@ type statements struct {
 const notifyFrom = ` FROM u, LATERAL pg_catalog.pg_notify('pgdispatch.control',
     pg_catalog.jsonb_build_object('schema', $%d::text, 'endpoints', true, 'endpoint', u.endpoint)::text) AS n`
 
+// holdSQL is the instant the jobs of a row that is not closed wait for,
+// given the cool-down in seconds: an open one's open_until; a half-open
+// one's, a second (for the probe to report) after probe_until, but at
+// most after a cool-down past open_until, so that a probe's success lets
+// the backlog go soon however long the probe's timeout (from now, for a
+// probe taken a cool-down late); NULL when it is past. Every job that
+// waits for one cool-down or one probe waits for the same instant, so that
+// they are due together and claimed in their order.
+const holdSQL = `nullif(greatest(CASE %[1]sstate WHEN 'open' THEN %[1]sopen_until ELSE greatest(least(%[1]sprobe_until,
+    %[1]sopen_until + make_interval(secs => %[2]s)), now()) + interval '1 second' END, now()), now())`
+
 func newStatements(schema string) statements {
 	t := pgx.Identifier{schema, "endpoints"}.Sanitize()
 	events := pgx.Identifier{schema, "endpoint_events"}.Sanitize()
@@ -29,16 +40,18 @@ func newStatements(schema string) statements {
 		// probe takes the probe of $1 for $2 seconds, when its cool-down
 		// or the last probe's time is over and it is not disabled, and
 		// says the state it found, for how long it holds, whether the
-		// endpoint is disabled, and the probe_until that names the probe
-		// it took.
+		// endpoint is disabled, the probe_until that names the probe it
+		// took, and the instant the others wait for (holdSQL, the
+		// cool-down $3 seconds).
 		probe: `WITH p AS (
     UPDATE ` + t + ` SET state = 'half_open', probe_until = now() + make_interval(secs => $2), updated_at = now()
     WHERE endpoint = $1 AND disabled_at IS NULL
       AND ((state = 'open' AND open_until <= now()) OR (state = 'half_open' AND probe_until <= now()))
-    RETURNING probe_until)
+    RETURNING probe_until, ` + fmt.Sprintf(holdSQL, "", "$3") + ` AS hold)
 SELECT EXISTS (SELECT FROM p), e.state,
        extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8,
-       e.disabled_at IS NOT NULL, (SELECT probe_until FROM p)
+       e.disabled_at IS NOT NULL, (SELECT probe_until FROM p),
+       coalesce((SELECT hold FROM p), CASE WHEN e.state <> 'closed' THEN ` + fmt.Sprintf(holdSQL, "e.", "$3") + ` END)
 FROM ` + t + ` e WHERE e.endpoint = $1`,
 		// close closes $1 and records the event, its job of kind $2 in
 		// queue $3 with payload $4 (endpoint_event tells the workers).
@@ -47,23 +60,27 @@ FROM ` + t + ` e WHERE e.endpoint = $1`,
         open_until = NULL, cool_down = NULL, probe_until = NULL, updated_at = now()
     WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL AND probe_until = $5
     RETURNING endpoint)
-SELECT NULL::float8 FROM u, LATERAL ` + event + `(u.endpoint, 'closed', 'breaker', NULL, NULL, $2, $3, $4::jsonb) AS ev`,
+SELECT NULL::float8, NULL::timestamptz FROM u, LATERAL ` + event + `(u.endpoint, 'closed', 'breaker', NULL, NULL, $2, $3, $4::jsonb) AS ev`,
 		// reopen doubles the cool-down ($3 seconds when none), up to $4;
 		// an endpoint open for $6 seconds or more (0: never) is disabled
 		// instead, an event whose job is of kind $7 in queue $8 with
-		// payload $9. close and reopen end the probe named by its
-		// probe_until ($5, $10): a late outcome of another changes nothing.
+		// payload $9. It opens the endpoint at least until the jobs held
+		// by the probe are due (holdSQL), so that they are held again with
+		// the jobs held since, until the same instant. close and reopen end
+		// the probe named by its probe_until ($5, $10): a late outcome of
+		// another changes nothing.
 		reopen: `WITH u AS (
     UPDATE ` + t + ` SET state = 'open',
         cool_down = least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
-        open_until = now() + least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
+        open_until = greatest(now() + least(coalesce(cool_down, make_interval(secs => $3)) * 2, make_interval(secs => $4)),
+            least(probe_until, open_until + make_interval(secs => $3)) + interval '1 second'),
         probe_until = NULL, reason = $2, updated_at = now(),
         disabled_at = CASE WHEN $6::float8 > 0 AND opened_at <= now() - make_interval(secs => $6::float8) THEN now() END,
         disabled_by = CASE WHEN $6::float8 > 0 AND opened_at <= now() - make_interval(secs => $6::float8) THEN 'breaker' END
     WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL AND probe_until = $10
-    RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs, disabled_at IS NOT NULL AS disabled,
-        reason)
-SELECT u.left_secs, u.disabled` + fmt.Sprintf(notifyFrom, 5) + `,
+    RETURNING endpoint, extract(epoch FROM open_until - now())::float8 AS left_secs, open_until,
+        disabled_at IS NOT NULL AS disabled, reason)
+SELECT u.left_secs, u.open_until, u.disabled` + fmt.Sprintf(notifyFrom, 5) + `,
     LATERAL (SELECT CASE WHEN u.disabled
         THEN ` + event + `(u.endpoint, 'disabled', 'breaker', u.reason, NULL, $7, $8, $9::jsonb) END) AS ev`,
 		// giveBack ends the probe named by its probe_until ($3) without
@@ -75,7 +92,7 @@ SELECT u.left_secs, u.disabled` + fmt.Sprintf(notifyFrom, 5) + `,
 SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
 		load: `SELECT endpoint, state,
        greatest(extract(epoch FROM CASE state WHEN 'open' THEN open_until ELSE probe_until END - now()), 0)::float8,
-       disabled_at IS NOT NULL
+       disabled_at IS NOT NULL, ` + fmt.Sprintf(holdSQL, "", "$1") + `
 FROM ` + t + ` WHERE state <> 'closed' OR disabled_at IS NOT NULL ORDER BY endpoint`,
 		flush: `SELECT e FROM ` + pgx.Identifier{schema, "record_endpoint_outcomes"}.Sanitize() + `($1, $2, $3, $4,
     make_interval(secs => $5), $6, $7, make_interval(secs => $8), $9, $10, $11::jsonb) AS e`,
@@ -105,11 +122,12 @@ func (b *Breaker) Load(ctx context.Context) error {
 		endpoint, state string
 		left            float64
 		disabled        bool
+		hold            *time.Time
 	}
-	rows, _ := b.cfg.DB.Query(ctx, b.sql.load)
+	rows, _ := b.cfg.DB.Query(ctx, b.sql.load, b.cfg.CoolDown.Seconds())
 	read, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		return x, r.Scan(&x.endpoint, &x.state, &x.left, &x.disabled)
+		return x, r.Scan(&x.endpoint, &x.state, &x.left, &x.disabled, &x.hold)
 	})
 	if err != nil {
 		return fmt.Errorf("read the endpoints: %w", describe(err))
@@ -121,7 +139,7 @@ func (b *Breaker) Load(ctx context.Context) error {
 		if x.state == "half_open" {
 			left = min(left, b.cfg.CoolDown)
 		}
-		open[x.endpoint] = gate{state: x.state, until: now.Add(left), disabled: x.disabled}
+		open[x.endpoint] = gate{state: x.state, until: now.Add(left), hold: deref(x.hold), disabled: x.disabled}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -132,6 +150,11 @@ func (b *Breaker) Load(ctx context.Context) error {
 		}
 	}
 	b.open = open
+	for e := range b.slow {
+		if _, ok := open[e]; !ok {
+			delete(b.slow, e)
+		}
+	}
 	if changed {
 		b.notify()
 		b.logger.Debug("endpoints read", zap.Strings("not_closed", sortedKeys(open)))
@@ -178,8 +201,17 @@ func (b *Breaker) Flush(ctx context.Context) error {
 		b.mu.Unlock()
 		return fmt.Errorf("record the endpoints' outcomes: %w", describe(err))
 	}
-	for _, e := range opened {
-		b.set(e, "open", b.cfg.CoolDown)
+	if len(opened) == 0 {
+		return nil
+	}
+	// Read, the endpoints that opened say the instant their jobs wait for;
+	// else they wait a cool-down from now, and a read follows. (Their
+	// events are logged when a worker reads the events: Report.)
+	if err := b.Load(ctx); err != nil {
+		b.logger.Warn("reading the endpoints that opened failed; their jobs wait a cool-down from now", zap.Error(err))
+		for _, e := range opened {
+			b.set(e, "open", b.cfg.CoolDown, nil)
+		}
 	}
 	return nil
 }

@@ -156,9 +156,12 @@ func clean(v any) (any, error) {
 	return v, nil
 }
 
-// SnoozeError asks for the job to run again after Delay, without spending
-// an attempt. See Snooze.
-type SnoozeError struct{ Delay time.Duration }
+// SnoozeError asks for the job to run again after Delay, or at Until when
+// it is set, without spending an attempt. See Snooze and SnoozeUntil.
+type SnoozeError struct {
+	Delay time.Duration
+	Until time.Time
+}
 
 func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.Delay) }
 
@@ -169,4 +172,12 @@ func (e *SnoozeError) Error() string { return fmt.Sprintf("snoozed for %s", e.De
 // River's JobSnooze; use RetryAfter for a failure that should count.
 func Snooze(d time.Duration) error {
 	return &SnoozeError{Delay: max(d, 0)}
+}
+
+// SnoozeUntil is Snooze until the instant at, as the database's clock
+// reads it, d from now as the worker reckons it (for its log): the jobs
+// snoozed until one instant are due together, and claimed in their order
+// (priority, then id), whenever each was snoozed.
+func SnoozeUntil(at time.Time, d time.Duration) error {
+	return &SnoozeError{Delay: max(d, 0), Until: at}
 }

@@ -345,12 +345,18 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	endpoint := endpoints.Of(r.url)
 	admission := e.breaker.Admit(ctx, endpoint, job.Timeout)
+	if admission.Wait > 0 && e.breaker.State(endpoint) == "half_open" && e.breaker.AwaitProbe(ctx, endpoint, probeWait) {
+		admission = e.breaker.Admit(ctx, endpoint, job.Timeout)
+	}
 	if admission.Disabled {
 		return executors.Permanent(endpoints.DisabledError(endpoint))
 	}
 	if admission.Wait > 0 {
 		e.logger.Debug("the job's endpoint is open; the job waits", zap.Int64("job_id", job.ID),
 			zap.String("endpoint", endpoint), zap.Duration("wait", admission.Wait))
+		if !admission.Until.IsZero() {
+			return executors.SnoozeUntil(admission.Until, admission.Wait)
+		}
 		return executors.Snooze(admission.Wait)
 	}
 	v, err := e.send(ctx, job, r, target)
@@ -375,6 +381,11 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	return err
 }
+
+// probeWait is how long a job whose endpoint is being probed waits, its
+// slot held, for the probe's outcome before it is snoozed: a quick probe's
+// success lets it go in its order.
+const probeWait = 100 * time.Millisecond
 
 // verdict is what a request says of its endpoint's health.
 type verdict int

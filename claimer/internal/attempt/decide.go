@@ -42,6 +42,7 @@ type Policy struct {
 type Decision struct {
 	Verdict runstate.Verdict
 	Delay   time.Duration // Retry and Snoozed: until the job is due again
+	Until   time.Time     // Snoozed: when set, the instant the job is due again, not Delay from now
 	// LastError is the row's new last_error (nil keeps the one before):
 	// printable, and at most maxErrorLen bytes.
 	LastError *string
@@ -80,7 +81,7 @@ func Decide(e Ending, p Policy) Decision {
 	)
 	switch {
 	case errors.As(err, &snooze):
-		return Decision{Verdict: runstate.Snoozed, Delay: snooze.Delay}
+		return Decision{Verdict: runstate.Snoozed, Delay: snooze.Delay, Until: snooze.Until}
 	case e.Interrupted && e.Ran <= p.JobTimeout:
 		last := errText(fmt.Errorf("interrupted by worker shutdown: %w", err))
 		return Decision{Verdict: runstate.Released, Err: err, LastError: last}

@@ -106,3 +106,15 @@ func TestErrText(t *testing.T) {
 	require.True(t, utf8.ValidString(long))
 	require.LessOrEqual(t, len(long), maxErrorLen+len("…"))
 }
+
+// A snooze until an instant keeps the instant, which the completer writes
+// as the job's run_at, and its delay, for the log.
+func TestDecideSnoozeUntil(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2030, 1, 2, 3, 4, 5, 6000, time.UTC)
+	d := Decide(Ending{Err: executors.SnoozeUntil(at, time.Minute), Attempt: 5, MaxAttempts: 5}, Policy{JobTimeout: time.Minute})
+	require.Equal(t, runstate.Snoozed, d.Verdict)
+	require.Equal(t, at, d.Until)
+	require.Equal(t, time.Minute, d.Delay)
+	require.Nil(t, d.LastError)
+}

@@ -34,13 +34,15 @@ import (
 
 // CompleteSQL records a batch of outcomes: $3 is done, pending (a retry,
 // or a release: an attempt given back at shutdown or snoozed, $6) or dead.
+// A pending job is due $4 seconds from now, or at $9 when it is set (a
+// snooze until an instant).
 // A failed attempt's entry ($7, JSON) is appended to errors after the last
 // 19 before it, so that errors holds the last 20 (as cancel() in migration
 // 010 does), and a done job's result ($8, JSON, NULL for none) is stored.
 const CompleteSQL = `
 UPDATE {jobs} j
 SET status = v.status,
-    run_at = CASE WHEN v.status = 'pending' THEN now() + make_interval(secs => v.delay) ELSE j.run_at END,
+    run_at = CASE WHEN v.status = 'pending' THEN coalesce(v.until, now() + make_interval(secs => v.delay)) ELSE j.run_at END,
     attempts = CASE WHEN v.release THEN j.attempts - 1 ELSE j.attempts END,
     last_error = coalesce(v.err, j.last_error),
     errors = CASE WHEN v.entry IS NULL THEN j.errors
@@ -50,9 +52,9 @@ SET status = v.status,
     locked_by = NULL,
     locked_until = NULL,
     updated_at = now()
-FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::float8[], $5::text[], $6::bool[], $7::text[], $8::text[])
-    AS v(id, claimed_at, status, delay, err, release, entry, result)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $9 AND j.updated_at = v.claimed_at) IS TRUE`
+FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::float8[], $5::text[], $6::bool[], $7::text[], $8::text[], $9::timestamptz[])
+    AS v(id, claimed_at, status, delay, err, release, entry, result, until)
+WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $10 AND j.updated_at = v.claimed_at) IS TRUE`
 
 // DeleteDoneSQL deletes done jobs $1 of claims $2, when done jobs are not
 // kept (RETAIN_DONE=0).
@@ -191,7 +193,7 @@ func (c *Completer) write(ctx context.Context, batch []runstate.Outcome) error {
 	}
 	if len(rest.ids) > 0 {
 		n, err := c.exec(ctx, c.completeSQL, rest.ids, rest.claims, rest.statuses, rest.delays, rest.errs, rest.releases,
-			rest.entries, rest.results, c.cfg.WorkerID)
+			rest.entries, rest.results, rest.untils, c.cfg.WorkerID)
 		if err != nil {
 			return err
 		}
@@ -231,6 +233,7 @@ type columns struct {
 	releases []bool
 	entries  []*string
 	results  []*string
+	untils   []*time.Time // nil: Delay from now
 }
 
 func (a *columns) add(o runstate.Outcome) {
@@ -242,4 +245,9 @@ func (a *columns) add(o runstate.Outcome) {
 	a.releases = append(a.releases, o.GivesBack())
 	a.entries = append(a.entries, o.Entry)
 	a.results = append(a.results, o.Result)
+	var until *time.Time
+	if !o.Until.IsZero() {
+		until = &o.Until
+	}
+	a.untils = append(a.untils, until)
 }

@@ -89,6 +89,7 @@ type Outcome struct {
 	Run     *Run
 	Verdict Verdict
 	Delay   time.Duration // Retry, Snoozed: until the job is due again
+	Until   time.Time     // Snoozed: when set, the instant the job is due again, not Delay from now
 	Err     *string       // last_error; nil keeps the one before
 	Entry   *string       // a counted failure's entry in the job's errors, as JSON; nil for none
 	Result  *string       // a done attempt's result, as JSON; nil for none

@@ -1,8 +1,9 @@
 // Package bench measures a pgdispatch worker against a real PostgreSQL:
 // latency from commit to start, drain throughput and its in-server floor,
 // webhook delivery, writers at full speed, the trigger's cost to them, what
-// an idle worker sends, the jobs table's size over a long run, and flow
-// limits by key held across several workers.
+// an idle worker sends, the jobs table's size over a long run, flow limits
+// by key held across several workers, and webhook delivery while one
+// receiver is down, its circuit open.
 //
 // Each scenario migrates a schema of its own, named pgdispatch_bench_*, runs
 // workers built from the caller's pgdispatch.Config with a no-op executor
@@ -27,14 +28,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgdispatch/pgdispatch"
+	"github.com/pgdispatch/pgdispatch/endpoints"
 )
 
 // DefaultScenarios are the scenarios of a run that names none.
 var DefaultScenarios = []string{"latency", "drain", "floor", "http", "sustained", "writers", "idle"}
 
-// Scenarios are every scenario, in the order a run lists them. soak, xmin
-// and flow are left out of the default set: they run for minutes.
-var Scenarios = append(slices.Clone(DefaultScenarios), "soak", "xmin", "flow")
+// Scenarios are every scenario, in the order a run lists them. soak, xmin,
+// flow and outage are left out of the default set: they run for minutes.
+var Scenarios = append(slices.Clone(DefaultScenarios), "soak", "xmin", "flow", "outage")
 
 // Options says which scenarios run, and how big each is. Every count and
 // duration must be above 0; DefaultOptions has the sizes of a full run.
@@ -86,6 +88,15 @@ type Options struct {
 	FlowRateDuration time.Duration
 	FlowBacklog      int
 	FlowWakeups      int
+	// The outage scenario's sizes: OutageRate http_callback jobs a second
+	// to 10 receivers, one of which fails for OutageLength, each request's
+	// timeout OutageTimeout, the breaker's cool-down OutageCoolDown;
+	// OutageRounds runs with the outage, alternated with as many without.
+	OutageLength   time.Duration
+	OutageRate     int
+	OutageRounds   int
+	OutageCoolDown time.Duration
+	OutageTimeout  time.Duration
 	// Latencies, when set, receives a CSV row per job of the latency, http
 	// and sustained scenarios: its commit and start times, and for latency
 	// and http, when it passed each mark of its way (hops.go).
@@ -122,6 +133,12 @@ func DefaultOptions() Options {
 		FlowRateDuration: 30 * time.Second,
 		FlowBacklog:      100000,
 		FlowWakeups:      200,
+
+		OutageLength:   time.Minute,
+		OutageRate:     200,
+		OutageRounds:   2,
+		OutageCoolDown: endpoints.DefaultCoolDown,
+		OutageTimeout:  10 * time.Second,
 	}
 }
 
@@ -153,6 +170,9 @@ func (o Options) validate(worker pgdispatch.Config) error {
 	if o.FlowJobs <= 0 || o.FlowKeys <= 0 || o.FlowWorkers <= 0 || o.FlowStrictKeys <= 0 || o.FlowStrictJobs <= 0 ||
 		o.FlowRate <= 0 || o.FlowRate > 10000 || o.FlowRateDuration < time.Second || o.FlowBacklog <= 0 || o.FlowWakeups < 2 {
 		errs = append(errs, errors.New("the options' Flow sizes must be above 0, FlowRate at most 10000, FlowRateDuration at least 1s and FlowWakeups at least 2"))
+	}
+	if o.OutageLength <= 0 || o.OutageRate <= 0 || o.OutageRate > 10000 || o.OutageRounds <= 0 || o.OutageCoolDown <= 0 || o.OutageTimeout <= 0 {
+		errs = append(errs, errors.New("the options' Outage sizes must be above 0, OutageRate at most 10000"))
 	}
 	if o.Gap < 0 {
 		errs = append(errs, errors.New("the options' Gap must not be negative"))
@@ -240,6 +260,8 @@ func Run(ctx context.Context, worker pgdispatch.Config, o Options) ([]*Result, e
 			rs, err = b.xmin(ctx)
 		case "flow":
 			rs, err = b.flow(ctx)
+		case "outage":
+			rs, err = b.outage(ctx)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("bench %s: %w", s, err)

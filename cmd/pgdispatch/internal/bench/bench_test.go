@@ -462,3 +462,56 @@ func TestFlow(t *testing.T) {
 	requirePercentiles(t, w, "end_to_start")
 	require.Zero(t, w.Figures["overlaps"])
 }
+
+// The outage scenario, small: the failing endpoint's circuit opened and
+// was probed, and once it was healthy its backlog was delivered, none
+// lost, none dead. The requests counted while open and the backlog's order
+// are reported, not asserted here: the scenario times the circuit's
+// opening and closing by when the worker logs them, and at this size the
+// requests in flight as it logs decide both counts (the bench's run at
+// full size, in docs/performance.md, reads them). The root package's
+// TestBreakerSharedByThreeWorkersAndKeptAcrossRestarts and
+// TestBreakerHeldJobsKeepTheirOrder assert both properties by events.
+func TestOutage(t *testing.T) {
+	t.Parallel()
+	o := tiny("outage")
+	o.OutageLength, o.OutageRate, o.OutageRounds = 2*time.Second, 200, 1
+	o.OutageCoolDown, o.OutageTimeout = 500*time.Millisecond, 300*time.Millisecond
+	results, log := run(t, o)
+	require.Len(t, results, 1)
+	r := results[0]
+	require.Equal(t, "outage", r.Scenario)
+	f := r.Figures
+	require.Contains(t, r.Conditions, "200 http_callback jobs a second, one per transaction, round robin to 10 receivers on loopback")
+	require.Contains(t, log, "bench: outage: round 1: ")
+	for _, run := range []string{"outage", "none"} {
+		require.Positive(t, f["healthy_commit_to_request_p50_ms_"+run], run)
+		require.GreaterOrEqual(t, f["healthy_commit_to_request_p99_ms_"+run], f["healthy_commit_to_request_p50_ms_"+run], run)
+	}
+	require.InDelta(t, f["healthy_commit_to_request_p99_ms_outage"]/f["healthy_commit_to_request_p99_ms_none"], f["healthy_p99_ratio"], 1e-9)
+	require.Positive(t, f["failing_requests_before_open"], "the circuit opened on failed requests")
+	require.Positive(t, f["failing_probes"], "the circuit stayed open past a cool-down")
+	for _, k := range []string{"failing_requests_while_open", "backlog_out_of_order", "later_jobs_before_backlog"} {
+		require.Contains(t, f, k)
+	}
+	require.Positive(t, f["backlog_jobs"])
+	require.InDelta(t, f["backlog_jobs"], f["backlog_delivered"], 0, "the backlog was delivered")
+	require.LessOrEqual(t, f["backlog_retried"], f["backlog_jobs"])
+	require.Zero(t, f["lost"])
+	require.Zero(t, f["dead"])
+}
+
+func TestLongestInOrder(t *testing.T) {
+	t.Parallel()
+	at := func(secs ...int) []time.Time {
+		out := make([]time.Time, len(secs))
+		for i, s := range secs {
+			out[i] = time.Unix(int64(s), 0)
+		}
+		return out
+	}
+	require.Equal(t, 0, longestInOrder(nil))
+	require.Equal(t, 4, longestInOrder(at(1, 3, 2, 2, 5, 4)), "1 2 2 4: ties keep the order")
+	require.Equal(t, 1, longestInOrder(at(3, 2, 1)))
+	require.Equal(t, 3, longestInOrder(at(7, 1, 1, 1)))
+}

@@ -27,7 +27,7 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	f := &Flags{o: DefaultOptions()}
 	o := &f.o
 	fs.StringVar(&f.scenarios, "scenario", strings.Join(o.Scenarios, ","), "comma-separated scenarios: "+strings.Join(Scenarios, ", ")+
-		" (soak, xmin and flow are not in the default set)")
+		" (soak, xmin, flow and outage are not in the default set)")
 	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency and http: jobs inserted one per transaction")
 	fs.DurationVar(&o.Gap, "gap", o.Gap, "latency and http: pause between those inserts")
 	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
@@ -50,6 +50,11 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 	fs.DurationVar(&o.FlowRateDuration, "flow-rate-duration", o.FlowRateDuration, "flow: length of the rate part")
 	fs.IntVar(&o.FlowBacklog, "flow-backlog", o.FlowBacklog, "flow: due jobs of the fair part's first key")
 	fs.IntVar(&o.FlowWakeups, "flow-wakeups", o.FlowWakeups, "flow: jobs of the wake-ups part's key")
+	fs.DurationVar(&o.OutageLength, "outage-length", o.OutageLength, "outage: how long the failing receiver fails: 503 for the first half, no answer for the second")
+	fs.IntVar(&o.OutageRate, "outage-rate", o.OutageRate, "outage: http_callback jobs a second, to all 10 receivers")
+	fs.IntVar(&o.OutageRounds, "outage-rounds", o.OutageRounds, "outage: runs with the outage, alternated with as many without")
+	fs.DurationVar(&o.OutageCoolDown, "outage-cool-down", o.OutageCoolDown, "outage: the breaker's cool-down")
+	fs.DurationVar(&o.OutageTimeout, "outage-timeout", o.OutageTimeout, "outage: each request's timeout (the payload's)")
 	return f
 }
 
@@ -100,6 +105,9 @@ func (f *Flags) Options() (Options, error) {
 	}
 	if o.FlowRate <= 0 || o.FlowRate > 10000 || o.FlowRateDuration < time.Second || o.FlowWakeups < 2 {
 		return Options{}, errors.New("--flow-rate must be from 1 to 10000, --flow-rate-duration at least 1s and --flow-wakeups at least 2")
+	}
+	if o.OutageLength <= 0 || o.OutageRate <= 0 || o.OutageRate > 10000 || o.OutageRounds <= 0 || o.OutageCoolDown <= 0 || o.OutageTimeout <= 0 {
+		return Options{}, errors.New("--outage-length, --outage-rounds, --outage-cool-down and --outage-timeout must be above 0, --outage-rate from 1 to 10000")
 	}
 	return o, nil
 }
