@@ -37,16 +37,20 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/net/idna"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
@@ -219,16 +223,48 @@ func (b *Breaker) Collect(ch chan<- prometheus.Metric) { b.events.Collect(ch) }
 // not counted.
 const MaxEndpoint = 300
 
-// Of is the endpoint of a URL: its scheme, lowercased host and port, the
-// scheme's default port filled in (https://example.com:443). It holds no
-// user info, path or query.
+// Of is the endpoint of a URL: its scheme, host and port as HostPort gives
+// them (https://example.com:443). It holds no user info, path or query.
+// The URLs that the HTTP client sends to the same host and port have the
+// same endpoint, so that a writer cannot send to a disabled endpoint by
+// spelling its URL another way.
 func Of(u *url.URL) string {
-	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
-	port := u.Port()
-	if port == "" {
+	host, port := HostPort(u)
+	return strings.ToLower(u.Scheme) + "://" + net.JoinHostPort(host, port)
+}
+
+// HostPort is a URL's host and port as its endpoint names them: the host
+// as Host gives it, the port without leading zeros (the client dials
+// :0443 as :443), the scheme's default when the URL has none.
+func HostPort(u *url.URL) (host, port string) {
+	port = u.Port()
+	if n, err := strconv.ParseUint(port, 10, 64); err == nil {
+		port = strconv.FormatUint(n, 10)
+	} else if port == "" {
 		port = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
 	}
-	return strings.ToLower(u.Scheme) + "://" + net.JoinHostPort(host, port)
+	return Host(u.Hostname()), port
+}
+
+// Host is a URL's host (url.URL.Hostname) as its endpoint names it:
+// without a trailing dot; an IP address in its canonical form, an
+// IPv4-mapped IPv6 address as the IPv4 address the client dials; a name in
+// lowercase ASCII, an internationalised one in the punycode the client
+// looks up.
+func Host(h string) string {
+	h = strings.TrimSuffix(h, ".")
+	if ip, err := netip.ParseAddr(h); err == nil {
+		return ip.Unmap().String()
+	}
+	for _, r := range h {
+		if r >= utf8.RuneSelf { // as net/http's idnaASCII: an ASCII name is dialed as it is
+			if a, err := idna.Lookup.ToASCII(h); err == nil {
+				h = a
+			}
+			break
+		}
+	}
+	return strings.ToLower(h)
 }
 
 // Admission is what Admit decides for a request.

@@ -28,6 +28,12 @@ func TestOf(t *testing.T) {
 		"http://user:pw@example.com:8080/x":          "http://example.com:8080",
 		"HTTP://example.com./":                       "http://example.com:80",
 		"https://[::1]/":                             "https://[::1]:443",
+		"https://[0:0::1]:0443/":                     "https://[::1]:443",
+		"https://[::FFFF:7f00:1]/":                   "https://127.0.0.1:443",
+		"https://example.com:00080/":                 "https://example.com:80",
+		"https://bücher.EXAMPLE/":                    "https://xn--bcher-kva.example:443",
+		"https://xn--bcher-kva.example./":            "https://xn--bcher-kva.example:443",
+		"https://my_host.internal/":                  "https://my_host.internal:443",
 	} {
 		u, err := url.Parse(in)
 		require.NoError(t, err)
