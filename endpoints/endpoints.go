@@ -291,7 +291,17 @@ func DisabledError(endpoint string) error {
 	}
 	return fmt.Errorf("endpoint %s is disabled: its jobs are not sent. Once its receiver works, run "+
 		"'pgdispatch endpoints enable %s', then 'pgdispatch jobs retry --all-dead --host %s --yes' "+
-		"to send the jobs that died meanwhile", endpoint, endpoint, host)
+		"to send the jobs that died meanwhile", endpoint, ShellArg(endpoint), ShellArg(host))
+}
+
+// ShellArg is an endpoint, or its host:port, as a word of a shell
+// command: an IPv6 address's brackets, which a shell reads as a glob (zsh
+// refuses one that matches no file), in double quotes.
+func ShellArg(s string) string {
+	if strings.ContainsAny(s, "[]") {
+		return `"` + s + `"`
+	}
+	return s
 }
 
 // Admit says whether a request to endpoint may go. A request to a closed

@@ -3,6 +3,8 @@ package endpoints_test
 import (
 	"context"
 	"net/url"
+	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
@@ -291,4 +294,34 @@ func TestLateProbeChangesNothing(t *testing.T) {
 	require.NoError(t, second.ProbeDone(ctx, down, now, false, ""))
 	state, _, _, _ = b.state(t, down)
 	require.Equal(t, "closed", state)
+}
+
+// The commands a disabled endpoint's error names run as written in a
+// shell that refuses a glob matching no file (zsh's default; bash with
+// failglob): an IPv6 endpoint's brackets are quoted. Each gives pgdispatch
+// the endpoint, and the host:port that selects its jobs.
+func TestDisabledErrorCommandsRunAsWritten(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	for endpoint, host := range map[string]string{
+		"https://[2001:db8::1]:8443":    "[2001:db8::1]:8443",
+		"http://hooks.example.com:8080": "hooks.example.com:8080",
+	} {
+		msg := endpoints.DisabledError(endpoint).Error()
+		cmds := regexp.MustCompile(`'(pgdispatch [^']*)'`).FindAllStringSubmatch(msg, -1)
+		require.Len(t, cmds, 2, msg)
+		var args [][]string
+		for _, c := range cmds {
+			cmd := exec.Command("bash", "-O", "failglob", "-c", `printf '%s\n' `+c[1])
+			cmd.Dir = t.TempDir()
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s: %s", c[1], out)
+			args = append(args, strings.Fields(string(out)))
+		}
+		require.Equal(t, []string{"pgdispatch", "endpoints", "enable", endpoint}, args[0])
+		require.Equal(t, []string{"pgdispatch", "jobs", "retry", "--all-dead", "--host", host, "--yes"}, args[1])
+		require.NoError(t, admin.DeadFilter{Host: host}.Validate())
+	}
 }
