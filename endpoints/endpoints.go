@@ -309,8 +309,8 @@ func ShellArg(s string) string {
 // after it, the first to ask takes the probe for probeFor (its timeout),
 // and the others wait for the probe. A probe that was not reported within
 // probeFor is given to the next to ask. When the table cannot be read, the
-// job waits RefreshInterval. A request to a disabled endpoint does not go
-// (Disabled).
+// job waits RefreshInterval. A request to an endpoint the table says is
+// disabled does not go (Disabled).
 func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Duration) Admission {
 	b.mu.Lock()
 	g, ok := b.open[endpoint]
@@ -318,10 +318,10 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	if !ok {
 		return Admission{}
 	}
-	if g.disabled {
-		return Admission{Disabled: true}
-	}
-	if wait := time.Until(g.until); wait > 0 {
+	// A disabled endpoint is read again: its job is made dead only by
+	// what the table says, not by a read that an operator's enable has
+	// not reached yet.
+	if wait := time.Until(g.until); wait > 0 && !g.disabled {
 		return Admission{Wait: max(wait, minWait)}
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)

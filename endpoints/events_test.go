@@ -254,3 +254,26 @@ pgdispatch_endpoint_events_total{by="operator",event="enabled"} 1
 		require.ErrorContains(t, err, "not an endpoint", bad)
 	}
 }
+
+// A job is made dead only by what the table says: a worker that has not
+// yet read an operator's enable (its notification is on its way: the
+// operator enables, then retries the dead jobs at once, as the error says)
+// lets the job go rather than fail it as disabled again.
+func TestEnableBeatsAStaleRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	br, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	table := pgx.Identifier{b.schema}.Sanitize()
+	const ep = "https://hooks.example.com:443"
+	_, err = pgtest.Pool(t).Exec(ctx, "SELECT "+table+".disable_endpoint($1)", ep)
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+	require.Equal(t, endpoints.Admission{Disabled: true}, br.Admit(ctx, ep, time.Minute))
+
+	_, err = pgtest.Pool(t).Exec(ctx, "SELECT "+table+".enable_endpoint($1)", ep)
+	require.NoError(t, err)
+	require.Equal(t, endpoints.Admission{}, br.Admit(ctx, ep, time.Minute), "a job failed as disabled after the enable")
+	require.Equal(t, "closed", br.State(ep))
+}
