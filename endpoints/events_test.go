@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
@@ -276,4 +277,38 @@ func TestEnableBeatsAStaleRead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, endpoints.Admission{}, br.Admit(ctx, ep, time.Minute), "a job failed as disabled after the enable")
 	require.Equal(t, "closed", br.State(ep))
+}
+
+// Workers that report at once log each event once between them.
+func TestReportOnceAmongWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const n = 450
+	_, err := pgtest.Pool(t).Exec(ctx, "SELECT "+pgx.Identifier{b.schema, "endpoint_event"}.Sanitize()+
+		"('https://e' || i || '.example:443', 'opened', 'breaker', NULL, NULL, NULL, NULL, NULL) FROM generate_series(1, $1) i", n)
+	require.NoError(t, err)
+	type worker struct {
+		br   *endpoints.Breaker
+		logs *observer.ObservedLogs
+	}
+	workers := make([]worker, 3)
+	for i := range workers {
+		workers[i].br, workers[i].logs = observed(t, b.cfg)
+	}
+	var g errgroup.Group
+	for _, w := range workers {
+		g.Go(func() error { return w.br.Report(ctx) })
+	}
+	require.NoError(t, g.Wait())
+	seen := map[int64]int{}
+	for _, w := range workers {
+		for _, e := range w.logs.All() {
+			seen[e.ContextMap()["event_id"].(int64)]++
+		}
+	}
+	require.Len(t, seen, n)
+	for id, times := range seen {
+		require.Equal(t, 1, times, "event %d", id)
+	}
 }
