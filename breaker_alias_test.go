@@ -3,6 +3,7 @@ package pgdispatch_test
 import (
 	"context"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +34,12 @@ func TestDisabledEndpointHasNoAliases(t *testing.T) {
 	localhost := "http://localhost:" + port
 
 	ctx := context.Background()
+	// A job of the host that died before, of another failure: the
+	// command that the disabled endpoint's jobs name does not retry it.
+	var before int64
+	require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "INSERT INTO "+jobs+` (kind, payload, status, attempts, finished_at, last_error)
+		VALUES ('http_callback', jsonb_build_object('url', $1::text), 'dead', 1, now() - interval '1 hour', 'HTTP 410 Gone') RETURNING id`,
+		rc.URL+"/gone").Scan(&before))
 	a := admin.New(pgtest.Pool(t), schema, 10*time.Second)
 	for _, e := range []string{ep, localhost} {
 		disabled, err := a.DisableEndpoint(ctx, e, "", admin.EventJob{})
@@ -64,26 +71,33 @@ func TestDisabledEndpointHasNoAliases(t *testing.T) {
 		require.Zero(t, rc.requests(id), "job %d to %s sent to a disabled endpoint", id, raw)
 	}
 
-	// Each job's last_error names its endpoint's host:port for jobs retry,
-	// and that host selects it.
-	hosts := map[string]bool{}
+	// Each job's last_error names its endpoint's host:port and the time
+	// it was disabled for jobs retry, which select it, and not the job
+	// that died before.
+	command := regexp.MustCompile(`--all-dead --host (\S+) --since (\S+) --yes`)
+	filters := map[admin.DeadFilter]bool{}
 	for id, want := range ids {
 		var lastError string
 		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT last_error FROM "+jobs+" WHERE id = $1", id).Scan(&lastError))
-		host := strings.TrimPrefix(want, "http://")
 		require.Contains(t, lastError, "endpoint "+want+" is disabled", id)
-		require.Contains(t, lastError, "--all-dead --host "+host+" --yes", id)
-		hosts[host] = true
+		m := command.FindStringSubmatch(lastError)
+		require.NotNil(t, m, lastError)
+		require.Equal(t, strings.TrimPrefix(want, "http://"), m[1], id)
+		since, err := time.Parse(time.RFC3339, m[2])
+		require.NoError(t, err)
+		filters[admin.DeadFilter{Host: m[1], Since: since}] = true
 	}
-	for host := range hosts {
+	require.Len(t, filters, 2, "one command for each endpoint")
+	for f := range filters {
 		var want []int64
 		for id, e := range ids {
-			if e == "http://"+host {
+			if e == "http://"+f.Host {
 				want = append(want, id)
 			}
 		}
-		c, err := a.CountDead(ctx, admin.DeadFilter{Host: host}, 100)
+		c, err := a.CountDead(ctx, f, 100)
 		require.NoError(t, err)
-		require.ElementsMatch(t, want, c.FirstIDs, host)
+		require.ElementsMatch(t, want, c.FirstIDs, f.Host)
+		require.NotContains(t, c.FirstIDs, before)
 	}
 }

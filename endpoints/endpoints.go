@@ -278,20 +278,24 @@ type Admission struct {
 	// probeUntil names the probe: its probe_until, as taken.
 	probeUntil time.Time
 	// Disabled says the endpoint is disabled: the job is not sent, and
-	// fails (see DisabledError).
-	Disabled bool
+	// fails (see DisabledError); DisabledAt is when it was disabled.
+	Disabled   bool
+	DisabledAt time.Time
 }
 
-// DisabledError is the failure of a job whose endpoint is disabled: it
-// says how to enable the endpoint and run its dead jobs again.
-func DisabledError(endpoint string) error {
+// DisabledError is the failure of a job whose endpoint is disabled, since
+// disabledAt: it says how to enable the endpoint and run again the jobs
+// that died since then, and not those of the host that died before, of
+// another failure.
+func DisabledError(endpoint string, disabledAt time.Time) error {
 	host := endpoint
 	if _, rest, ok := strings.Cut(endpoint, "://"); ok {
 		host = rest
 	}
 	return fmt.Errorf("endpoint %s is disabled: its jobs are not sent. Once its receiver works, run "+
-		"'pgdispatch endpoints enable %s', then 'pgdispatch jobs retry --all-dead --host %s --yes' "+
-		"to send the jobs that died meanwhile", endpoint, ShellArg(endpoint), ShellArg(host))
+		"'pgdispatch endpoints enable %s', then 'pgdispatch jobs retry --all-dead --host %s --since %s --yes' "+
+		"to send the jobs that died meanwhile", endpoint, ShellArg(endpoint), ShellArg(host),
+		disabledAt.UTC().Format(time.RFC3339Nano))
 }
 
 // ShellArg is an endpoint, or its host:port, as a word of a shell
@@ -327,12 +331,12 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
 	defer cancel()
 	var (
-		probe, disabled bool
-		state           *string
-		left            *float64
-		probeUntil      *time.Time
+		probe                  bool
+		state                  *string
+		left                   *float64
+		disabledAt, probeUntil *time.Time
 	)
-	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left, &disabled, &probeUntil); err != nil {
+	if err := b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds()).Scan(&probe, &state, &left, &disabledAt, &probeUntil); err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			b.set(endpoint, "", 0)
 			return Admission{}
@@ -342,9 +346,9 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		return Admission{Wait: b.cfg.RefreshInterval}
 	}
 	switch {
-	case disabled:
+	case disabledAt != nil:
 		b.setDisabled(endpoint, *state)
-		return Admission{Disabled: true}
+		return Admission{Disabled: true, DisabledAt: *disabledAt}
 	case probe:
 		b.set(endpoint, "half_open", b.wait("half_open", probeFor))
 		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))

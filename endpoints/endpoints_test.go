@@ -299,7 +299,8 @@ func TestLateProbeChangesNothing(t *testing.T) {
 // The commands a disabled endpoint's error names run as written in a
 // shell that refuses a glob matching no file (zsh's default; bash with
 // failglob): an IPv6 endpoint's brackets are quoted. Each gives pgdispatch
-// the endpoint, and the host:port that selects its jobs.
+// the endpoint, and the host:port and the time since which its jobs died
+// of it.
 func TestDisabledErrorCommandsRunAsWritten(t *testing.T) {
 	t.Parallel()
 	if _, err := exec.LookPath("bash"); err != nil {
@@ -309,7 +310,8 @@ func TestDisabledErrorCommandsRunAsWritten(t *testing.T) {
 		"https://[2001:db8::1]:8443":    "[2001:db8::1]:8443",
 		"http://hooks.example.com:8080": "hooks.example.com:8080",
 	} {
-		msg := endpoints.DisabledError(endpoint).Error()
+		since := time.Date(2026, 5, 3, 2, 14, 2, 123456000, time.FixedZone("CEST", 2*3600))
+		msg := endpoints.DisabledError(endpoint, since).Error()
 		cmds := regexp.MustCompile(`'(pgdispatch [^']*)'`).FindAllStringSubmatch(msg, -1)
 		require.Len(t, cmds, 2, msg)
 		var args [][]string
@@ -321,7 +323,10 @@ func TestDisabledErrorCommandsRunAsWritten(t *testing.T) {
 			args = append(args, strings.Fields(string(out)))
 		}
 		require.Equal(t, []string{"pgdispatch", "endpoints", "enable", endpoint}, args[0])
-		require.Equal(t, []string{"pgdispatch", "jobs", "retry", "--all-dead", "--host", host, "--yes"}, args[1])
+		require.Equal(t, []string{"pgdispatch", "jobs", "retry", "--all-dead", "--host", host, "--since", "2026-05-03T00:14:02.123456Z", "--yes"}, args[1])
 		require.NoError(t, admin.DeadFilter{Host: host}.Validate())
+		var m admin.Moment
+		require.NoError(t, m.UnmarshalText([]byte(args[1][7])))
+		require.True(t, since.Equal(m.At(time.Now())))
 	}
 }

@@ -178,19 +178,19 @@ VALUES ($1, 'open', now() - $2::interval, now(), '1 hour', 'HTTP 503')`, down, c
 				[]any{events[0].Event, events[0].Actor, *events[0].Reason})
 			require.Nil(t, events[0].JobID)
 			require.Equal(t, []string{"warn disabled by breaker"}, eventLines(logs))
-			require.Equal(t, endpoints.Admission{Disabled: true}, br.Admit(ctx, down, time.Minute))
+			require.True(t, br.Admit(ctx, down, time.Minute).Disabled)
 
 			// Past its cool-down, another worker takes no probe either.
 			_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+pgx.Identifier{b.schema, "endpoints"}.Sanitize()+" SET open_until = now()")
 			require.NoError(t, err)
 			require.Equal(t, "open", stale.State(down))
-			require.Equal(t, endpoints.Admission{Disabled: true}, stale.Admit(ctx, down, time.Minute))
+			require.True(t, stale.Admit(ctx, down, time.Minute).Disabled)
 			require.Equal(t, "disabled", stale.State(down))
 			other, err := endpoints.New(b.cfg)
 			require.NoError(t, err)
 			require.NoError(t, other.Load(ctx))
 			require.Equal(t, "disabled", other.State(down))
-			require.Equal(t, endpoints.Admission{Disabled: true}, other.Admit(ctx, down, time.Minute))
+			require.True(t, other.Admit(ctx, down, time.Minute).Disabled)
 			state, _, _, _ := b.state(t, down)
 			require.Equal(t, "open", state)
 		})
@@ -220,7 +220,7 @@ func TestOperatorDisableEnable(t *testing.T) {
 	require.NoError(t, br.Load(ctx))
 	require.NoError(t, br.Report(ctx))
 	require.Equal(t, "disabled", br.State(ep))
-	require.Equal(t, endpoints.Admission{Disabled: true}, br.Admit(ctx, ep, time.Minute))
+	require.True(t, br.Admit(ctx, ep, time.Minute).Disabled)
 	// A disabled endpoint does not open, whatever its failures.
 	for range 4 {
 		br.Record(ep, true, "HTTP 503")
@@ -271,7 +271,7 @@ func TestEnableBeatsAStaleRead(t *testing.T) {
 	_, err = pgtest.Pool(t).Exec(ctx, "SELECT "+table+".disable_endpoint($1)", ep)
 	require.NoError(t, err)
 	require.NoError(t, br.Load(ctx))
-	require.Equal(t, endpoints.Admission{Disabled: true}, br.Admit(ctx, ep, time.Minute))
+	require.True(t, br.Admit(ctx, ep, time.Minute).Disabled)
 
 	_, err = pgtest.Pool(t).Exec(ctx, "SELECT "+table+".enable_endpoint($1)", ep)
 	require.NoError(t, err)

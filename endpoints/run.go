@@ -28,9 +28,9 @@ func newStatements(schema string) statements {
 	return statements{
 		// probe takes the probe of $1 for $2 seconds, when its cool-down
 		// or the last probe's time is over and it is not disabled, and
-		// says the state it found, for how long it holds, whether the
-		// endpoint is disabled, and the probe_until that names the probe
-		// it took.
+		// says the state it found, for how long it holds, when the
+		// endpoint was disabled (NULL: it is not), and the probe_until
+		// that names the probe it took.
 		probe: `WITH p AS (
     UPDATE ` + t + ` SET state = 'half_open', probe_until = now() + make_interval(secs => $2), updated_at = now()
     WHERE endpoint = $1 AND disabled_at IS NULL
@@ -38,7 +38,7 @@ func newStatements(schema string) statements {
     RETURNING probe_until)
 SELECT EXISTS (SELECT FROM p), e.state,
        extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8,
-       e.disabled_at IS NOT NULL, (SELECT probe_until FROM p)
+       e.disabled_at, (SELECT probe_until FROM p)
 FROM ` + t + ` e WHERE e.endpoint = $1`,
 		// close closes $1 and records the event, its job of kind $2 in
 		// queue $3 with payload $4 (endpoint_event tells the workers).
