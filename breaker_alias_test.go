@@ -70,6 +70,8 @@ func TestDisabledEndpointHasNoAliases(t *testing.T) {
 		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT payload->>'url' FROM "+jobs+" WHERE id = $1", id).Scan(&raw))
 		require.Zero(t, rc.requests(id), "job %d to %s sent to a disabled endpoint", id, raw)
 	}
+	// Their attempts count what was tried: nothing.
+	require.Equal(t, 0, queryInt(t, "SELECT coalesce(sum(attempts), 0)::int FROM "+jobs+" WHERE id = ANY($1)", all))
 
 	// Each job's last_error names its endpoint's host:port and the time
 	// it was disabled for jobs retry, which select it, and not the job
@@ -99,5 +101,27 @@ func TestDisabledEndpointHasNoAliases(t *testing.T) {
 		require.NoError(t, err)
 		require.ElementsMatch(t, want, c.FirstIDs, f.Host)
 		require.NotContains(t, c.FirstIDs, before)
+		if f.Host != strings.TrimPrefix(ep, "http://") {
+			continue
+		}
+		// Enabled, the command's jobs are sent, each attempt a request.
+		enabled, err := a.EnableEndpoint(ctx, ep, admin.EventJob{})
+		require.NoError(t, err)
+		require.True(t, enabled)
+		n, err := a.RetryDeadMatching(ctx, f)
+		require.NoError(t, err)
+		require.EqualValues(t, len(want), n)
+		pgtest.WaitSQL(t, time.Minute, "the retried jobs done",
+			"SELECT count(*) = $2 FROM "+jobs+" WHERE id = ANY($1) AND status = 'done'", want, len(want))
+		for _, id := range want {
+			require.Equal(t, rc.requests(id), queryInt(t, "SELECT attempts FROM "+jobs+" WHERE id = $1", id), "job %d", id)
+		}
 	}
+}
+
+func queryInt(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pgtest.Pool(t).QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
 }
