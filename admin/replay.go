@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 )
 
@@ -25,11 +26,13 @@ type DeadFilter struct {
 	Since, Until time.Time
 	// Host selects http_callback jobs whose payload url names this host:
 	// a name or an IP (IPv6 with or without brackets), compared with the
-	// url's host without regard to case, optionally with a port, which must
-	// then be the url's (its explicit port, or 80 for http and 443 for
-	// https). The url is read as the http_callback executor reads it
-	// (httpcallback.PayloadURL); a job whose url it cannot read is not
-	// selected. Host implies Kind http_callback.
+	// url's host as their endpoints name them (endpoints.HostPort: without
+	// regard to case or a trailing dot, an IP in any of its forms),
+	// optionally with a port, which must then be the url's (its explicit
+	// port, or 80 for http and 443 for https). The url is read as the
+	// http_callback executor reads it (httpcallback.PayloadURL); a job
+	// whose url it cannot read is not selected. Host implies Kind
+	// http_callback.
 	Host string
 }
 
@@ -88,7 +91,7 @@ func parseHost(h string) (*hostMatch, error) {
 	if host == "" || strings.ContainsAny(host, "[]") {
 		return nil, errHostForm
 	}
-	return &hostMatch{host: host, port: port}, nil
+	return &hostMatch{host: endpoints.Host(host), port: port}, nil
 }
 
 // match reports whether the object of a payload's url fields names m's host.
@@ -97,17 +100,11 @@ func (m *hostMatch) match(urlFields []byte) bool {
 		return false
 	}
 	u, err := httpcallback.PayloadURL(urlFields)
-	if err != nil || !strings.EqualFold(u.Hostname(), m.host) {
+	if err != nil {
 		return false
 	}
-	if m.port == "" {
-		return true
-	}
-	port := u.Port()
-	if port == "" {
-		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
-	}
-	return port == m.port
+	host, port := endpoints.HostPort(u)
+	return host == m.host && (m.port == "" || port == m.port)
 }
 
 // deadWhere is the condition that selects f's dead jobs, its arguments

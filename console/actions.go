@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/endpoints"
 )
 
 // defaultSnooze is how long a snooze delays a job unless the form says.
@@ -333,7 +334,7 @@ func (s *Server) endpointAction(w http.ResponseWriter, r *http.Request) {
 		changed, err = s.admin.EnableEndpoint(ctx, endpoint, s.cfg.EndpointEventJob)
 		_, host, _ := strings.Cut(endpoint, "://")
 		msg = "endpoint " + endpoint + ": enabled; the jobs that died while it was disabled: 'pgdispatch jobs retry --all-dead --host " +
-			host + "' counts them, --yes retries them"
+			endpoints.ShellArg(host) + "' counts them, --yes retries them"
 		if !changed {
 			msg = "endpoint " + endpoint + " was not disabled"
 		}

@@ -39,16 +39,20 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/net/idna"
 
 	"github.com/pgdispatch/pgdispatch/executors"
 	"github.com/pgdispatch/pgdispatch/internal/stmttimeout"
@@ -223,16 +227,48 @@ func (b *Breaker) Collect(ch chan<- prometheus.Metric) { b.events.Collect(ch) }
 // not counted.
 const MaxEndpoint = 300
 
-// Of is the endpoint of a URL: its scheme, lowercased host and port, the
-// scheme's default port filled in (https://example.com:443). It holds no
-// user info, path or query.
+// Of is the endpoint of a URL: its scheme, host and port as HostPort gives
+// them (https://example.com:443). It holds no user info, path or query.
+// The URLs that the HTTP client sends to the same host and port have the
+// same endpoint, so that a writer cannot send to a disabled endpoint by
+// spelling its URL another way.
 func Of(u *url.URL) string {
-	host := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
-	port := u.Port()
-	if port == "" {
+	host, port := HostPort(u)
+	return strings.ToLower(u.Scheme) + "://" + net.JoinHostPort(host, port)
+}
+
+// HostPort is a URL's host and port as its endpoint names them: the host
+// as Host gives it, the port without leading zeros (the client dials
+// :0443 as :443), the scheme's default when the URL has none.
+func HostPort(u *url.URL) (host, port string) {
+	port = u.Port()
+	if n, err := strconv.ParseUint(port, 10, 64); err == nil {
+		port = strconv.FormatUint(n, 10)
+	} else if port == "" {
 		port = map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
 	}
-	return strings.ToLower(u.Scheme) + "://" + net.JoinHostPort(host, port)
+	return Host(u.Hostname()), port
+}
+
+// Host is a URL's host (url.URL.Hostname) as its endpoint names it:
+// without a trailing dot; an IP address in its canonical form, an
+// IPv4-mapped IPv6 address as the IPv4 address the client dials; a name in
+// lowercase ASCII, an internationalised one in the punycode the client
+// looks up.
+func Host(h string) string {
+	h = strings.TrimSuffix(h, ".")
+	if ip, err := netip.ParseAddr(h); err == nil {
+		return ip.Unmap().String()
+	}
+	for _, r := range h {
+		if r >= utf8.RuneSelf { // as net/http's idnaASCII: an ASCII name is dialed as it is
+			if a, err := idna.Lookup.ToASCII(h); err == nil {
+				h = a
+			}
+			break
+		}
+	}
+	return strings.ToLower(h)
 }
 
 // Admission is what Admit decides for a request.
@@ -251,20 +287,34 @@ type Admission struct {
 	// probeUntil names the probe: its probe_until, as taken.
 	probeUntil time.Time
 	// Disabled says the endpoint is disabled: the job is not sent, and
-	// fails (see DisabledError).
-	Disabled bool
+	// fails (see DisabledError); DisabledAt is when it was disabled.
+	Disabled   bool
+	DisabledAt time.Time
 }
 
-// DisabledError is the failure of a job whose endpoint is disabled: it
-// says how to enable the endpoint and run its dead jobs again.
-func DisabledError(endpoint string) error {
+// DisabledError is the failure of a job whose endpoint is disabled, since
+// disabledAt: it says how to enable the endpoint and run again the jobs
+// that died since then, and not those of the host that died before, of
+// another failure.
+func DisabledError(endpoint string, disabledAt time.Time) error {
 	host := endpoint
 	if _, rest, ok := strings.Cut(endpoint, "://"); ok {
 		host = rest
 	}
 	return fmt.Errorf("endpoint %s is disabled: its jobs are not sent. Once its receiver works, run "+
-		"'pgdispatch endpoints enable %s', then 'pgdispatch jobs retry --all-dead --host %s --yes' "+
-		"to send the jobs that died meanwhile", endpoint, endpoint, host)
+		"'pgdispatch endpoints enable %s', then 'pgdispatch jobs retry --all-dead --host %s --since %s --yes' "+
+		"to send the jobs that died meanwhile", endpoint, ShellArg(endpoint), ShellArg(host),
+		disabledAt.UTC().Format(time.RFC3339Nano))
+}
+
+// ShellArg is an endpoint, or its host:port, as a word of a shell
+// command: an IPv6 address's brackets, which a shell reads as a glob (zsh
+// refuses one that matches no file), in double quotes.
+func ShellArg(s string) string {
+	if strings.ContainsAny(s, "[]") {
+		return `"` + s + `"`
+	}
+	return s
 }
 
 // Admit says whether a request to endpoint may go. A request to a closed
@@ -272,8 +322,8 @@ func DisabledError(endpoint string) error {
 // after it, the first to ask takes the probe for probeFor (its timeout),
 // and the others wait for the probe. A probe that was not reported within
 // probeFor is given to the next to ask. When the table cannot be read, the
-// job waits RefreshInterval. A request to a disabled endpoint does not go
-// (Disabled).
+// job waits RefreshInterval. A request to an endpoint the table says is
+// disabled does not go (Disabled).
 func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Duration) Admission {
 	b.mu.Lock()
 	g, ok := b.open[endpoint]
@@ -281,29 +331,29 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 	if !ok {
 		return Admission{}
 	}
-	if g.disabled {
-		return Admission{Disabled: true}
-	}
-	if wait := time.Until(g.until); wait > 0 {
+	// A disabled endpoint is read again: its job is made dead only by
+	// what the table says, not by a read that an operator's enable has
+	// not reached yet.
+	if wait := time.Until(g.until); wait > 0 && !g.disabled {
 		return Admission{Wait: max(wait, minWait), Until: g.hold}
 	}
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
 	defer cancel()
 	var (
-		probe, disabled bool
-		state           *string
-		left            *float64
-		probeUntil      *time.Time
-		hold            *time.Time
-		err             error
+		probe                  bool
+		state                  *string
+		left                   *float64
+		disabledAt, probeUntil *time.Time
+		hold                   *time.Time
+		err                    error
 	)
 	// A probe taken by another job while the statement waited for the
 	// row leaves it reading the row as it was: over (left ≤ 0), yet not
 	// taken. The next statement reads the row as it is.
 	for range 2 {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.probe, endpoint, probeFor.Seconds(), b.cfg.CoolDown.Seconds()).Scan(
-			&probe, &state, &left, &disabled, &probeUntil, &hold)
-		if err != nil || probe || disabled || left == nil || *left > 0 {
+			&probe, &state, &left, &disabledAt, &probeUntil, &hold)
+		if err != nil || probe || disabledAt != nil || left == nil || *left > 0 {
 			break
 		}
 	}
@@ -317,9 +367,9 @@ func (b *Breaker) Admit(ctx context.Context, endpoint string, probeFor time.Dura
 		return Admission{Wait: b.cfg.RefreshInterval}
 	}
 	switch {
-	case disabled:
+	case disabledAt != nil:
 		b.setDisabled(endpoint, *state)
-		return Admission{Disabled: true}
+		return Admission{Disabled: true, DisabledAt: *disabledAt}
 	case probe:
 		b.set(endpoint, "half_open", b.wait("half_open", probeFor), hold)
 		b.logger.Info("probing an open endpoint", zap.String("endpoint", endpoint))

@@ -3,6 +3,8 @@ package endpoints_test
 import (
 	"context"
 	"net/url"
+	"os/exec"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
@@ -28,6 +31,12 @@ func TestOf(t *testing.T) {
 		"http://user:pw@example.com:8080/x":          "http://example.com:8080",
 		"HTTP://example.com./":                       "http://example.com:80",
 		"https://[::1]/":                             "https://[::1]:443",
+		"https://[0:0::1]:0443/":                     "https://[::1]:443",
+		"https://[::FFFF:7f00:1]/":                   "https://127.0.0.1:443",
+		"https://example.com:00080/":                 "https://example.com:80",
+		"https://bücher.EXAMPLE/":                    "https://xn--bcher-kva.example:443",
+		"https://xn--bcher-kva.example./":            "https://xn--bcher-kva.example:443",
+		"https://my_host.internal/":                  "https://my_host.internal:443",
 	} {
 		u, err := url.Parse(in)
 		require.NoError(t, err)
@@ -285,4 +294,39 @@ func TestLateProbeChangesNothing(t *testing.T) {
 	require.NoError(t, second.ProbeDone(ctx, down, now, false, ""))
 	state, _, _, _ = b.state(t, down)
 	require.Equal(t, "closed", state)
+}
+
+// The commands a disabled endpoint's error names run as written in a
+// shell that refuses a glob matching no file (zsh's default; bash with
+// failglob): an IPv6 endpoint's brackets are quoted. Each gives pgdispatch
+// the endpoint, and the host:port and the time since which its jobs died
+// of it.
+func TestDisabledErrorCommandsRunAsWritten(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash")
+	}
+	for endpoint, host := range map[string]string{
+		"https://[2001:db8::1]:8443":    "[2001:db8::1]:8443",
+		"http://hooks.example.com:8080": "hooks.example.com:8080",
+	} {
+		since := time.Date(2026, 5, 3, 2, 14, 2, 123456000, time.FixedZone("CEST", 2*3600))
+		msg := endpoints.DisabledError(endpoint, since).Error()
+		cmds := regexp.MustCompile(`'(pgdispatch [^']*)'`).FindAllStringSubmatch(msg, -1)
+		require.Len(t, cmds, 2, msg)
+		var args [][]string
+		for _, c := range cmds {
+			cmd := exec.Command("bash", "-O", "failglob", "-c", `printf '%s\n' `+c[1])
+			cmd.Dir = t.TempDir()
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s: %s", c[1], out)
+			args = append(args, strings.Fields(string(out)))
+		}
+		require.Equal(t, []string{"pgdispatch", "endpoints", "enable", endpoint}, args[0])
+		require.Equal(t, []string{"pgdispatch", "jobs", "retry", "--all-dead", "--host", host, "--since", "2026-05-03T00:14:02.123456Z", "--yes"}, args[1])
+		require.NoError(t, admin.DeadFilter{Host: host}.Validate())
+		var m admin.Moment
+		require.NoError(t, m.UnmarshalText([]byte(args[1][7])))
+		require.True(t, since.Equal(m.At(time.Now())))
+	}
 }

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
@@ -177,19 +178,19 @@ VALUES ($1, 'open', now() - $2::interval, now(), '1 hour', 'HTTP 503')`, down, c
 				[]any{events[0].Event, events[0].Actor, *events[0].Reason})
 			require.Nil(t, events[0].JobID)
 			require.Equal(t, []string{"warn disabled by breaker"}, eventLines(logs))
-			require.Equal(t, endpoints.Admission{Disabled: true}, br.Admit(ctx, down, time.Minute))
+			require.True(t, br.Admit(ctx, down, time.Minute).Disabled)
 
 			// Past its cool-down, another worker takes no probe either.
 			_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+pgx.Identifier{b.schema, "endpoints"}.Sanitize()+" SET open_until = now()")
 			require.NoError(t, err)
 			require.Equal(t, "open", stale.State(down))
-			require.Equal(t, endpoints.Admission{Disabled: true}, stale.Admit(ctx, down, time.Minute))
+			require.True(t, stale.Admit(ctx, down, time.Minute).Disabled)
 			require.Equal(t, "disabled", stale.State(down))
 			other, err := endpoints.New(b.cfg)
 			require.NoError(t, err)
 			require.NoError(t, other.Load(ctx))
 			require.Equal(t, "disabled", other.State(down))
-			require.Equal(t, endpoints.Admission{Disabled: true}, other.Admit(ctx, down, time.Minute))
+			require.True(t, other.Admit(ctx, down, time.Minute).Disabled)
 			state, _, _, _ := b.state(t, down)
 			require.Equal(t, "open", state)
 		})
@@ -219,7 +220,7 @@ func TestOperatorDisableEnable(t *testing.T) {
 	require.NoError(t, br.Load(ctx))
 	require.NoError(t, br.Report(ctx))
 	require.Equal(t, "disabled", br.State(ep))
-	require.Equal(t, endpoints.Admission{Disabled: true}, br.Admit(ctx, ep, time.Minute))
+	require.True(t, br.Admit(ctx, ep, time.Minute).Disabled)
 	// A disabled endpoint does not open, whatever its failures.
 	for range 4 {
 		br.Record(ep, true, "HTTP 503")
@@ -252,5 +253,62 @@ pgdispatch_endpoint_events_total{by="operator",event="enabled"} 1
 	for _, bad := range []string{"https://hooks.example.com/path", "Https://hooks.example.com:443", "hooks.example.com"} {
 		_, err := pool.Exec(ctx, "SELECT "+pgx.Identifier{b.schema, "disable_endpoint"}.Sanitize()+"($1)", bad)
 		require.ErrorContains(t, err, "not an endpoint", bad)
+	}
+}
+
+// A job is made dead only by what the table says: a worker that has not
+// yet read an operator's enable (its notification is on its way: the
+// operator enables, then retries the dead jobs at once, as the error says)
+// lets the job go rather than fail it as disabled again.
+func TestEnableBeatsAStaleRead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	br, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	table := pgx.Identifier{b.schema}.Sanitize()
+	const ep = "https://hooks.example.com:443"
+	_, err = pgtest.Pool(t).Exec(ctx, "SELECT "+table+".disable_endpoint($1)", ep)
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+	require.True(t, br.Admit(ctx, ep, time.Minute).Disabled)
+
+	_, err = pgtest.Pool(t).Exec(ctx, "SELECT "+table+".enable_endpoint($1)", ep)
+	require.NoError(t, err)
+	require.Equal(t, endpoints.Admission{}, br.Admit(ctx, ep, time.Minute), "a job failed as disabled after the enable")
+	require.Equal(t, "closed", br.State(ep))
+}
+
+// Workers that report at once log each event once between them.
+func TestReportOnceAmongWorkers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const n = 450
+	_, err := pgtest.Pool(t).Exec(ctx, "SELECT "+pgx.Identifier{b.schema, "endpoint_event"}.Sanitize()+
+		"('https://e' || i || '.example:443', 'opened', 'breaker', NULL, NULL, NULL, NULL, NULL) FROM generate_series(1, $1) i", n)
+	require.NoError(t, err)
+	type worker struct {
+		br   *endpoints.Breaker
+		logs *observer.ObservedLogs
+	}
+	workers := make([]worker, 3)
+	for i := range workers {
+		workers[i].br, workers[i].logs = observed(t, b.cfg)
+	}
+	var g errgroup.Group
+	for _, w := range workers {
+		g.Go(func() error { return w.br.Report(ctx) })
+	}
+	require.NoError(t, g.Wait())
+	seen := map[int64]int{}
+	for _, w := range workers {
+		for _, e := range w.logs.All() {
+			seen[e.ContextMap()["event_id"].(int64)]++
+		}
+	}
+	require.Len(t, seen, n)
+	for id, times := range seen {
+		require.Equal(t, 1, times, "event %d", id)
 	}
 }

@@ -39,10 +39,10 @@ func newStatements(schema string) statements {
 	return statements{
 		// probe takes the probe of $1 for $2 seconds, when its cool-down
 		// or the last probe's time is over and it is not disabled, and
-		// says the state it found, for how long it holds, whether the
-		// endpoint is disabled, the probe_until that names the probe it
-		// took, and the instant the others wait for (holdSQL, the
-		// cool-down $3 seconds).
+		// says the state it found, for how long it holds, when the
+		// endpoint was disabled (NULL: it is not), the probe_until that
+		// names the probe it took, and the instant the others wait for
+		// (holdSQL, the cool-down $3 seconds).
 		probe: `WITH p AS (
     UPDATE ` + t + ` SET state = 'half_open', probe_until = now() + make_interval(secs => $2), updated_at = now()
     WHERE endpoint = $1 AND disabled_at IS NULL
@@ -50,7 +50,7 @@ func newStatements(schema string) statements {
     RETURNING probe_until, ` + fmt.Sprintf(holdSQL, "", "$3") + ` AS hold)
 SELECT EXISTS (SELECT FROM p), e.state,
        extract(epoch FROM CASE e.state WHEN 'open' THEN e.open_until WHEN 'half_open' THEN e.probe_until END - now())::float8,
-       e.disabled_at IS NOT NULL, (SELECT probe_until FROM p),
+       e.disabled_at, (SELECT probe_until FROM p),
        coalesce((SELECT hold FROM p), CASE WHEN e.state <> 'closed' THEN ` + fmt.Sprintf(holdSQL, "e.", "$3") + ` END)
 FROM ` + t + ` e WHERE e.endpoint = $1`,
 		// close closes $1 and records the event, its job of kind $2 in

@@ -48,7 +48,12 @@ type Func func(ctx context.Context, job *Job) error
 func (f Func) Execute(ctx context.Context, job *Job) error { return f(ctx, job) }
 
 // PermanentError marks a failure that no retry can fix. See Permanent.
-type PermanentError struct{ Err error }
+// Unsent says the job sent nothing, so that its attempt is given back (see
+// Unsent).
+type PermanentError struct {
+	Err    error
+	Unsent bool
+}
 
 func (e *PermanentError) Error() string { return e.Err.Error() }
 func (e *PermanentError) Unwrap() error { return e.Err }
@@ -60,6 +65,17 @@ func Permanent(err error) error {
 		return nil
 	}
 	return &PermanentError{Err: err}
+}
+
+// Unsent wraps err, the failure of a job that was refused before it sent
+// anything (its endpoint is disabled), so that the job goes dead at once,
+// as with Permanent, its attempt given back: its attempts count only what
+// was tried. A nil err stays nil.
+func Unsent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err, Unsent: true}
 }
 
 // Permanentf is Permanent(fmt.Errorf(format, args...)).

@@ -86,7 +86,7 @@ func endpointsDisable(ctx context.Context, args []string, stdout, stderr io.Writ
 			return errNothingChanged
 		}
 		fmt.Fprintf(stdout, "endpoint %s: disabled; its jobs fail until 'pgdispatch endpoints enable %s'\n",
-			termsafe.String(endpoint), termsafe.String(endpoint))
+			termsafe.String(endpoint), termsafe.String(endpoints.ShellArg(endpoint)))
 		return nil
 	})
 }
@@ -119,7 +119,7 @@ func endpointsEnable(ctx context.Context, args []string, stdout, stderr io.Write
 		host := endpoint[strings.Index(endpoint, "://")+3:]
 		fmt.Fprintf(stdout, "endpoint %s: enabled; the jobs that died while it was disabled: "+
 			"'pgdispatch jobs retry --all-dead --host %s' counts them, --yes retries them\n",
-			termsafe.String(endpoint), termsafe.String(host))
+			termsafe.String(endpoint), termsafe.String(endpoints.ShellArg(host)))
 		return nil
 	})
 }

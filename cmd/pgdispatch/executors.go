@@ -99,7 +99,36 @@ func eventJob(v *settings.Values) (admin.EventJob, error) {
 	if len(job.Kind) > 128 || len(job.Queue) > 128 {
 		return job, errors.New("invalid HTTP_BREAKER_EVENT_KIND or HTTP_BREAKER_EVENT_QUEUE: at most 128 characters")
 	}
+	if err := checkEventPayload(job); err != nil {
+		return job, fmt.Errorf("invalid HTTP_BREAKER_EVENT_PAYLOAD for %s jobs: %w", job.Kind, err)
+	}
 	return job, nil
+}
+
+// checkEventPayload refuses the payload of an event's job of a built-in
+// kind that its executor would refuse, as endpoint_event (migration 020)
+// makes it: the event set in data (http_callback) or body (rabbitmq). A
+// payload without a url would make every event's job dead at the first
+// outage, which the events are there to tell of.
+func checkEventPayload(job admin.EventJob) error {
+	validate, field := map[string]func(json.RawMessage) error{
+		httpcallback.Kind: httpcallback.Validate, rabbitmq.Kind: rabbitmq.Validate,
+	}[job.Kind], map[string]string{httpcallback.Kind: "data", rabbitmq.Kind: "body"}[job.Kind]
+	if validate == nil {
+		return nil
+	}
+	p := map[string]json.RawMessage{}
+	if len(job.Payload) > 0 {
+		if err := json.Unmarshal(job.Payload, &p); err != nil {
+			return err
+		}
+	}
+	p[field] = json.RawMessage(`{"event": "opened", "endpoint": "https://hooks.example.com:443"}`)
+	raw, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	return validate(raw)
 }
 
 // buildRegistry registers the built-in executors that the settings

@@ -130,7 +130,7 @@ func stampOr(t *time.Time) string {
 	return stamp(*t)
 }
 
-var shellPlain = regexp.MustCompile(`^[A-Za-z0-9._:@%+=,/\[\]-]+$`)
+var shellPlain = regexp.MustCompile(`^[A-Za-z0-9._:@%+=,/-]+$`)
 
 // shellQuote quotes s for a POSIX shell when it needs it.
 func shellQuote(s string) string {

@@ -129,6 +129,9 @@ func TestBadConfigurationIsAClearError(t *testing.T) {
 		{"HTTP_BREAKER_MAX_COOL_DOWN=1s", `HTTP_BREAKER_MAX_COOL_DOWN (1s) must not be less than HTTP_BREAKER_COOL_DOWN (30s)`},
 		{"HTTP_BREAKER_DISABLE_AFTER=-1h", `invalid HTTP_BREAKER_DISABLE_AFTER "-1h"`},
 		{"HTTP_BREAKER_EVENT_PAYLOAD=[1]", `invalid HTTP_BREAKER_EVENT_PAYLOAD: want a JSON object`},
+		// The event's job would be dead at the first outage.
+		{"HTTP_BREAKER_EVENT_KIND=http_callback", `invalid HTTP_BREAKER_EVENT_PAYLOAD for http_callback jobs: payload.url: is required`},
+		{"HTTP_BREAKER_EVENT_KIND=rabbitmq", `invalid HTTP_BREAKER_EVENT_PAYLOAD for rabbitmq jobs`},
 	} {
 		p := start(t, dbEnv(schema, tc.env), "run")
 		require.Equal(t, 1, p.wait(t, 30*time.Second), tc.env)
@@ -214,4 +217,22 @@ func TestRunServesMetrics(t *testing.T) {
 	_, body := get("/metrics")
 	require.Contains(t, body, `pgdispatch_listener_connected 1`)
 	require.Contains(t, body, `pgdispatch_jobs_claimed_total{queue="default"} 1`)
+}
+
+// The events' jobs of the documented settings, and of kinds pgdispatch
+// does not run itself, are taken as they are.
+func TestEventJobSettings(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"--http-breaker-event-kind", "http_callback", "--http-breaker-event-payload", `{"url": "https://alerts.example.com/pgdispatch"}`},
+		{"--http-breaker-event-kind", "http_callback", "--http-breaker-event-payload", `{"url": "https://alerts.example.com/x", "data": "replaced"}`},
+		{"--http-breaker-event-kind", "tell_ops"},
+		{},
+	} {
+		fs := newFlagSet("run", "", io.Discard)
+		v := settings.New(fs, eventSettings)
+		require.NoError(t, fs.Parse(args))
+		_, err := eventJob(v)
+		require.NoError(t, err, args)
+	}
 }

@@ -349,7 +349,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 		admission = e.breaker.Admit(ctx, endpoint, job.Timeout)
 	}
 	if admission.Disabled {
-		return executors.Permanent(endpoints.DisabledError(endpoint))
+		return executors.Unsent(endpoints.DisabledError(endpoint, admission.DisabledAt))
 	}
 	if admission.Wait > 0 {
 		e.logger.Debug("the job's endpoint is open; the job waits", zap.Int64("job_id", job.ID),

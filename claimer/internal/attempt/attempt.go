@@ -126,7 +126,7 @@ func (a *Attempts) try(workCtx context.Context, r *runstate.Run) Ending {
 // an outcome already.
 func (a *Attempts) report(r *runstate.Run, e Ending) bool {
 	d := Decide(e, a.cfg.Policy)
-	o := runstate.Outcome{Run: r, Verdict: d.Verdict, Delay: d.Delay, Until: d.Until, Err: d.LastError}
+	o := runstate.Outcome{Run: r, Verdict: d.Verdict, Delay: d.Delay, Until: d.Until, Err: d.LastError, Unsent: d.GiveBack}
 	switch d.Verdict {
 	case runstate.Done:
 		if res := r.Result(); res != nil {

@@ -50,6 +50,9 @@ type Decision struct {
 	Err error
 	// UsedUp: Dead because no attempt is left, not for a permanent error.
 	UsedUp bool
+	// GiveBack: Dead of an error that sent nothing (executors.Unsent),
+	// its attempt given back.
+	GiveBack bool
 }
 
 // Decide decides what becomes of an attempt. It is a pure function of its
@@ -61,6 +64,7 @@ type Decision struct {
 //	interrupted within JobTimeout                 released: due at once, the attempt given back
 //	interrupted after JobTimeout                  counts: retry at once, or dead when none is left
 //	executors.Permanent                           dead
+//	executors.Unsent                              dead, the attempt given back
 //	any other error, no attempt left              dead
 //	executors.RetryAfter                          retry after its delay
 //	any other error                               retry after p.Backoff(attempt)
@@ -91,7 +95,7 @@ func Decide(e Ending, p Policy) Decision {
 		err = fmt.Errorf("interrupted by worker shutdown after running %s, longer than JOB_TIMEOUT (%s), so the attempt counts: %w",
 			e.Ran.Round(time.Millisecond), p.JobTimeout, err)
 	case errors.As(err, &permanent):
-		return Decision{Verdict: runstate.Dead, Err: err, LastError: errText(err)}
+		return Decision{Verdict: runstate.Dead, Err: err, LastError: errText(err), GiveBack: permanent.Unsent}
 	}
 	if e.Attempt >= e.MaxAttempts {
 		last := errText(fmt.Errorf("attempt %d of %d: %w", e.Attempt, e.MaxAttempts, err))

@@ -27,12 +27,13 @@ func TestDecide(t *testing.T) {
 	long := "interrupted by worker shutdown after running 2m0s, longer than JOB_TIMEOUT (1m0s), so the attempt counts: boom"
 	abandoned := fmt.Errorf("the executor did not return within %s of the job's end (timeout %s): abandoned", AbandonGrace, time.Minute)
 	cases := []struct {
-		name   string
-		ending Ending
-		want   runstate.Verdict
-		delay  time.Duration
-		last   string // last_error; "" for none
-		usedUp bool
+		name     string
+		ending   Ending
+		want     runstate.Verdict
+		delay    time.Duration
+		last     string // last_error; "" for none
+		usedUp   bool
+		giveBack bool
 	}{
 		{name: "done", ending: Ending{Attempt: 1, MaxAttempts: 5}, want: runstate.Done},
 		{name: "done on the last attempt", ending: Ending{Attempt: 5, MaxAttempts: 5}, want: runstate.Done},
@@ -43,6 +44,8 @@ func TestDecide(t *testing.T) {
 		{name: "retry after: no attempt left", ending: Ending{Err: executors.RetryAfter(3*time.Second, boom), Attempt: 5, MaxAttempts: 5}, want: runstate.Dead, last: "attempt 5 of 5: boom", usedUp: true},
 		{name: "permanent: dead with attempts left", ending: Ending{Err: executors.Permanent(boom), Attempt: 1, MaxAttempts: 5}, want: runstate.Dead, last: "boom"},
 		{name: "permanent, wrapped", ending: Ending{Err: fmt.Errorf("call: %w", executors.Permanent(boom)), Attempt: 1, MaxAttempts: 5}, want: runstate.Dead, last: "call: boom"},
+		{name: "unsent: dead, the attempt given back", ending: Ending{Err: executors.Unsent(boom), Attempt: 1, MaxAttempts: 5}, want: runstate.Dead, last: "boom", giveBack: true},
+		{name: "unsent on the last attempt: dead, the attempt given back", ending: Ending{Err: fmt.Errorf("call: %w", executors.Unsent(boom)), Attempt: 5, MaxAttempts: 5}, want: runstate.Dead, last: "call: boom", giveBack: true},
 		{name: "snoozed: its delay, nothing recorded", ending: Ending{Err: executors.Snooze(time.Hour), Attempt: 5, MaxAttempts: 5}, want: runstate.Snoozed, delay: time.Hour},
 		{name: "snoozed as the shutdown came", ending: Ending{Err: executors.Snooze(time.Hour), Interrupted: true, Ran: time.Hour, Attempt: 1, MaxAttempts: 5}, want: runstate.Snoozed, delay: time.Hour},
 		{name: "interrupted within JobTimeout: released", ending: Ending{Err: context.Canceled, Interrupted: true, Ran: time.Minute, Attempt: 5, MaxAttempts: 5}, want: runstate.Released, last: "interrupted by worker shutdown: context canceled"},
@@ -65,6 +68,7 @@ func TestDecide(t *testing.T) {
 			require.Equal(t, c.want, d.Verdict)
 			require.Equal(t, c.delay, d.Delay)
 			require.Equal(t, c.usedUp, d.UsedUp)
+			require.Equal(t, c.giveBack, d.GiveBack)
 			if c.last == "" {
 				require.Nil(t, d.LastError)
 			} else {

@@ -94,6 +94,7 @@ type Outcome struct {
 	Entry   *string       // a counted failure's entry in the job's errors, as JSON; nil for none
 	Result  *string       // a done attempt's result, as JSON; nil for none
 	Cause   error         // Dropped: why the run was stopped
+	Unsent  bool          // Dead: the job sent nothing (executors.Unsent), the attempt given back
 }
 
 // Status is the row's status once the outcome is written.
@@ -109,4 +110,6 @@ func (o Outcome) Status() string {
 }
 
 // GivesBack reports whether the outcome gives the attempt back.
-func (o Outcome) GivesBack() bool { return o.Verdict == Snoozed || o.Verdict == Released }
+func (o Outcome) GivesBack() bool {
+	return o.Verdict == Snoozed || o.Verdict == Released || (o.Verdict == Dead && o.Unsent)
+}
