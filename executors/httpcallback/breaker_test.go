@@ -140,6 +140,25 @@ func TestBreakerCountsOnlyTheEndpointsFailures(t *testing.T) {
 	require.Equal(t, "open", br.State(endpoints.Of(u)))
 }
 
+// A receiver that gives no response counts against its endpoint when the
+// job's timeout ran out, the payload's own too once it is a second or
+// more: writers who set a timeout do not hide a hanging receiver.
+func TestBreakerCountsAHangingReceiverUnderThePayloadsTimeout(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, func(_ http.ResponseWriter, r *http.Request, _ int) { <-r.Context().Done() })
+	br, _ := newBreaker(t, "", 2)
+	e, err := httpcallback.New(httpcallback.Config{AllowNetworks: loopback, Breaker: br})
+	require.NoError(t, err)
+	u, err := url.Parse(rc.URL)
+	require.NoError(t, err)
+	for range 2 {
+		_, _, err := runAttempt(t, e, httpcallback.CountedTimeout, map[string]any{"url": rc.URL, "timeout": httpcallback.CountedTimeout.String()})
+		require.ErrorContains(t, err, "no response before the job's timeout")
+	}
+	require.NoError(t, br.Flush(context.Background()))
+	require.Equal(t, "open", br.State(endpoints.Of(u)))
+}
+
 // A probe whose request says nothing of its endpoint (here its job is
 // cancelled while the receiver has not answered) is given back: the next
 // job, on any worker, takes the probe at once rather than after the

@@ -117,8 +117,8 @@ type Config struct {
 	// no response before the job's timeout. A request refused by the
 	// rules, cut short by the worker's stop, failed before it reached the
 	// network (a header value the client refuses), or timed out under a
-	// timeout its payload set, counts neither way: a writer's choices
-	// cannot open an endpoint that answers. A job whose endpoint is
+	// timeout its payload set shorter than CountedTimeout, counts neither
+	// way: a writer's choices cannot open an endpoint that answers. A job whose endpoint is
 	// disabled fails, dead, unsent (endpoints.DisabledError). Default: none.
 	Breaker *endpoints.Breaker
 	// Logger receives a warning, at most once a minute per host, when jobs
@@ -248,6 +248,12 @@ type payload struct {
 
 var methods = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true}
 
+// CountedTimeout is the shortest timeout a payload may set whose end the
+// circuit breaker counts as its endpoint's failure: a writer's shorter one
+// (a nanosecond) would open an endpoint that answers, and a receiver that
+// gives no response within a second or more is failing.
+const CountedTimeout = time.Second
+
 // request is a validated payload.
 type request struct {
 	url         *url.URL
@@ -255,10 +261,10 @@ type request struct {
 	body        []byte
 	headers     map[string]string
 	contentType string
-	// ownTimeout: the payload set the job's timeout, which the breaker
-	// then does not count (a writer's short one would open an endpoint
-	// that answers).
-	ownTimeout bool
+	// shortTimeout: the payload set the job's timeout below
+	// CountedTimeout, which the breaker then does not count (a writer's
+	// short one would open an endpoint that answers).
+	shortTimeout bool
 }
 
 // parse validates a payload. Errors are permanent and name the field.
@@ -292,7 +298,7 @@ func parse(raw json.RawMessage) (*request, error) {
 	if err != nil {
 		return nil, executors.Permanent(err)
 	}
-	r.ownTimeout = set && timeout > 0
+	r.shortTimeout = set && timeout > 0 && timeout < CountedTimeout
 	r.body = executors.Body(p.Data)
 	return r, nil
 }
@@ -460,8 +466,8 @@ func (e *Executor) send(ctx context.Context, job *executors.Job, r *request, tar
 			return unknown, executors.Permanent(maskReply(fmt.Errorf("%s: %s", target, refused.msg), known))
 		}
 		if ctx.Err() != nil {
-			v = unknown // the worker stopped it, or the payload's own timeout ended it
-			if errors.Is(ctx.Err(), context.DeadlineExceeded) && !r.ownTimeout {
+			v = unknown // the worker stopped it, or the payload's own short timeout ended it
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) && !r.shortTimeout {
 				v = failed
 			}
 			return v, fmt.Errorf("%s: no response before the job's timeout: %w", target, context.Cause(ctx))

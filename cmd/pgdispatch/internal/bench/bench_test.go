@@ -22,6 +22,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch"
 	"github.com/pgdispatch/pgdispatch/claimer"
+	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
@@ -476,7 +477,7 @@ func TestOutage(t *testing.T) {
 	t.Parallel()
 	o := tiny("outage")
 	o.OutageLength, o.OutageRate, o.OutageRounds = 2*time.Second, 200, 1
-	o.OutageCoolDown, o.OutageTimeout = 500*time.Millisecond, 300*time.Millisecond
+	o.OutageCoolDown, o.OutageTimeout = 500*time.Millisecond, httpcallback.CountedTimeout // the hanging receiver counts
 	results, log := run(t, o)
 	require.Len(t, results, 1)
 	r := results[0]
