@@ -278,7 +278,7 @@ func (b *bench) outageRun(ctx context.Context, failing bool, length time.Duratio
 		if rcvs[i], err = startOutageReceiver(); err != nil {
 			return nil, err
 		}
-		defer rcvs[i].srv.Close()
+		defer func() { _ = rcvs[i].srv.Close() }()
 		payloads[i], _ = json.Marshal(map[string]string{"url": rcvs[i].url, "timeout": b.opts.OutageTimeout.String()})
 	}
 	u, _ := httpcallback.PayloadURL(payloads[0])
