@@ -244,13 +244,20 @@ func readBreakerLog(logs *observer.ObservedLogs, endpoint string) breakerEvents 
 		if e.ContextMap()["endpoint"] != endpoint {
 			continue
 		}
+		// The line of an event (opened, closed) is logged when a worker
+		// reads it, after the jobs it let go may have reached the
+		// receiver: its at field says when it happened.
+		at, ok := e.ContextMap()["at"].(time.Time)
+		if !ok {
+			at = e.Time
+		}
 		switch {
 		case strings.HasPrefix(e.Message, "probing"):
 			ev.probes++
 		case strings.HasPrefix(e.Message, "endpoint open") && ev.opened.IsZero():
-			ev.opened = e.Time
+			ev.opened = at
 		case strings.HasPrefix(e.Message, "endpoint closed") && !ev.opened.IsZero() && ev.closed.IsZero():
-			ev.closed = e.Time
+			ev.closed = at
 		}
 	}
 	return ev
