@@ -332,9 +332,8 @@ func (s *Server) endpointAction(w http.ResponseWriter, r *http.Request) {
 		}
 	case "enable":
 		changed, err = s.admin.EnableEndpoint(ctx, endpoint, s.cfg.EndpointEventJob)
-		_, host, _ := strings.Cut(endpoint, "://")
-		msg = "endpoint " + endpoint + ": enabled; the jobs that died while it was disabled: 'pgdispatch jobs retry --all-dead --host " +
-			endpoints.ShellArg(host) + "' counts them, --yes retries them"
+		msg = "endpoint " + endpoint + ": enabled; the jobs that died while it was disabled: '" +
+			endpoints.RetryCommand(endpoint) + "' counts them, --yes retries them"
 		if !changed {
 			msg = "endpoint " + endpoint + " was not disabled"
 		}

@@ -297,14 +297,21 @@ type Admission struct {
 // that died since then, and not those of the host that died before, of
 // another failure.
 func DisabledError(endpoint string, disabledAt time.Time) error {
+	return fmt.Errorf("endpoint %s is disabled: its jobs are not sent. Once its receiver works, run "+
+		"'pgdispatch endpoints enable %s', then '%s --since %s --yes' "+
+		"to send the jobs that died meanwhile", endpoint, ShellArg(endpoint), RetryCommand(endpoint),
+		disabledAt.UTC().Format(time.RFC3339Nano))
+}
+
+// RetryCommand is the command that counts endpoint's dead jobs, those
+// of its host and port (--yes retries them): pgdispatch jobs retry
+// --all-dead --host H.
+func RetryCommand(endpoint string) string {
 	host := endpoint
 	if _, rest, ok := strings.Cut(endpoint, "://"); ok {
 		host = rest
 	}
-	return fmt.Errorf("endpoint %s is disabled: its jobs are not sent. Once its receiver works, run "+
-		"'pgdispatch endpoints enable %s', then 'pgdispatch jobs retry --all-dead --host %s --since %s --yes' "+
-		"to send the jobs that died meanwhile", endpoint, ShellArg(endpoint), ShellArg(host),
-		disabledAt.UTC().Format(time.RFC3339Nano))
+	return "pgdispatch jobs retry --all-dead --host " + ShellArg(host)
 }
 
 // ShellArg is an endpoint, or its host:port, as a word of a shell

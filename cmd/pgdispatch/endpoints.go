@@ -59,20 +59,27 @@ func endpointArg(fs *flag.FlagSet, arg string) (string, error) {
 	return endpoints.Of(u), nil
 }
 
+// endpointAndJob reads the one endpoint args name (endpointArg) and the
+// event's job the settings give (eventJob).
+func endpointAndJob(fs *flag.FlagSet, v *settings.Values, args []string) (string, admin.EventJob, error) {
+	name, err := oneName(fs, args, "endpoint")
+	if err != nil {
+		return "", admin.EventJob{}, err
+	}
+	endpoint, err := endpointArg(fs, name)
+	if err != nil {
+		return "", admin.EventJob{}, err
+	}
+	job, err := eventJob(v)
+	return endpoint, job, err
+}
+
 func endpointsDisable(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("endpoints disable", "Disable an endpoint: its http_callback jobs fail, dead, unsent, until it is enabled: "+
 		"pgdispatch endpoints disable ENDPOINT [--note TEXT]", stderr)
 	v := settings.New(fs, connSettings, eventSettings)
 	note := fs.String("note", "", "the operator's note, shown by endpoints list; empty: the note stays")
-	name, err := oneName(fs, args, "endpoint")
-	if err != nil {
-		return err
-	}
-	endpoint, err := endpointArg(fs, name)
-	if err != nil {
-		return err
-	}
-	job, err := eventJob(v)
+	endpoint, job, err := endpointAndJob(fs, v, args)
 	if err != nil {
 		return err
 	}
@@ -95,15 +102,7 @@ func endpointsEnable(ctx context.Context, args []string, stdout, stderr io.Write
 	fs := newFlagSet("endpoints enable", "Enable a disabled endpoint and close its circuit: its jobs go: "+
 		"pgdispatch endpoints enable ENDPOINT", stderr)
 	v := settings.New(fs, connSettings, eventSettings)
-	name, err := oneName(fs, args, "endpoint")
-	if err != nil {
-		return err
-	}
-	endpoint, err := endpointArg(fs, name)
-	if err != nil {
-		return err
-	}
-	job, err := eventJob(v)
+	endpoint, job, err := endpointAndJob(fs, v, args)
 	if err != nil {
 		return err
 	}
@@ -116,10 +115,9 @@ func endpointsEnable(ctx context.Context, args []string, stdout, stderr io.Write
 			fmt.Fprintf(stdout, "endpoint %s: not disabled\n", termsafe.String(endpoint))
 			return errNothingChanged
 		}
-		host := endpoint[strings.Index(endpoint, "://")+3:]
 		fmt.Fprintf(stdout, "endpoint %s: enabled; the jobs that died while it was disabled: "+
-			"'pgdispatch jobs retry --all-dead --host %s' counts them, --yes retries them\n",
-			termsafe.String(endpoint), termsafe.String(endpoints.ShellArg(host)))
+			"'%s' counts them, --yes retries them\n",
+			termsafe.String(endpoint), termsafe.String(endpoints.RetryCommand(endpoint)))
 		return nil
 	})
 }
