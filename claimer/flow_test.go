@@ -387,3 +387,62 @@ func TestFlowJobsWithoutAKeyAreClaimed(t *testing.T) {
 	runs, _ = claimNow(ctx, t, c, 10)
 	require.Len(t, runs, 1)
 }
+
+// A limit written by hand, not with set_flow_limit, holds as a declared
+// one, and deleting or truncating the rows by hand lifts it as
+// clear_flow_limit does; each write tells the queue's workers.
+func TestFlowLimitsWrittenByHand(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	limits := pgx.Identifier{c.cfg.Schema, "flow_limits"}.Sanitize()
+	listener, err := pgx.Connect(ctx, pgtest.URL())
+	require.NoError(t, err)
+	defer func() { _ = listener.Close(context.Background()) }()
+	_, err = listener.Exec(ctx, "LISTEN "+pgx.Identifier{c.cfg.Schema}.Sanitize())
+	require.NoError(t, err)
+	told := func(what string) {
+		t.Helper()
+		wctx, stop := context.WithTimeout(ctx, 10*time.Second)
+		defer stop()
+		n, err := listener.WaitForNotification(wctx)
+		require.NoError(t, err, "%s told no worker", what)
+		require.Equal(t, c.cfg.Queue, n.Payload, what)
+	}
+	insertKeyed(ctx, t, pool, jobs, "a", 6)
+
+	_, err = pool.Exec(ctx, "INSERT INTO "+limits+" (queue, concurrency) VALUES ($1, 1)", c.cfg.Queue)
+	require.NoError(t, err)
+	told("an INSERT")
+	runs, _ := claimNow(ctx, t, c, 10)
+	require.Len(t, runs, 1, "a limit inserted by hand holds")
+	_, r := claimNow(ctx, t, c, 10)
+	require.True(t, r.Held, "key a is at its limit")
+
+	_, err = pool.Exec(ctx, "UPDATE "+limits+" SET concurrency = 3 WHERE queue = $1", c.cfg.Queue)
+	require.NoError(t, err)
+	told("an UPDATE")
+	runs, _ = claimNow(ctx, t, c, 10)
+	require.Len(t, runs, 2, "a limit raised by hand: 3 running")
+
+	_, err = pool.Exec(ctx, "DELETE FROM "+limits+" WHERE queue = $1", c.cfg.Queue)
+	require.NoError(t, err)
+	told("a DELETE")
+	runs, _ = claimNow(ctx, t, c, 1)
+	require.Len(t, runs, 1)
+	require.False(t, c.flow.limited, "the queue's last limit deleted by hand: no longer limited")
+
+	_, err = pool.Exec(ctx, "INSERT INTO "+limits+" (queue, key, concurrency) VALUES ($1, 'a', 1)", c.cfg.Queue)
+	require.NoError(t, err)
+	told("an INSERT")
+	runs, _ = claimNow(ctx, t, c, 10)
+	require.Empty(t, runs, "key a has 4 running, over its limit")
+	require.True(t, c.flow.limited)
+	_, err = pool.Exec(ctx, "TRUNCATE "+limits)
+	require.NoError(t, err)
+	told("a TRUNCATE")
+	runs, _ = claimNow(ctx, t, c, 10)
+	require.Len(t, runs, 2, "the limits truncated: the rest run")
+	require.False(t, c.flow.limited)
+}

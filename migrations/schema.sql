@@ -1240,6 +1240,42 @@ AS $function$
       AND NOT pg_catalog.pg_try_advisory_xact_lock_shared(1922186763, pg_catalog.hashtext(q.name))
 $function$;
 
+CREATE OR REPLACE FUNCTION pgdispatch.flow_limits_changed()
+ RETURNS trigger
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+DECLARE
+    names text[];
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        SELECT array_agg(DISTINCT n.queue ORDER BY n.queue) INTO names FROM new_rows n;
+    ELSIF TG_OP = 'UPDATE' THEN
+        SELECT array_agg(DISTINCT x.queue ORDER BY x.queue) INTO names
+        FROM (SELECT n.queue FROM new_rows n UNION SELECT o.queue FROM old_rows o) x;
+    ELSIF TG_OP = 'DELETE' THEN
+        SELECT array_agg(DISTINCT o.queue ORDER BY o.queue) INTO names FROM old_rows o;
+    ELSE
+        SELECT array_agg(q.name ORDER BY q.name) INTO names FROM pgdispatch.queues q WHERE q.limited;
+    END IF;
+    IF names IS NULL THEN
+        RETURN NULL;
+    END IF;
+
+    INSERT INTO pgdispatch.queues AS q (name)
+    SELECT n.name FROM pg_catalog.unnest(names) n(name) ORDER BY n.name
+    ON CONFLICT (name) DO NOTHING;
+    PERFORM FROM pgdispatch.queues q WHERE q.name = ANY(names) ORDER BY q.name FOR UPDATE;
+    UPDATE pgdispatch.queues q SET limited = l.has, updated_at = now()
+    FROM (SELECT n.name, EXISTS (SELECT FROM pgdispatch.flow_limits f WHERE f.queue = n.name) AS has
+          FROM pg_catalog.unnest(names) n(name)) l
+    WHERE q.name = l.name AND q.limited IS DISTINCT FROM l.has;
+    PERFORM pg_catalog.pg_notify(E'pgdispatch', n.name) FROM pg_catalog.unnest(names) n(name);
+    RETURN NULL;
+END
+$function$;
+
 CREATE OR REPLACE FUNCTION pgdispatch.insert_scheduled_jobs(ids bigint[], slots timestamp with time zone[])
  RETURNS bigint
  LANGUAGE sql
@@ -1619,6 +1655,14 @@ CREATE OR REPLACE FUNCTION pgdispatch.wake(queue text DEFAULT 'default'::text)
 AS $function$ SELECT pg_catalog.pg_notify(E'pgdispatch', queue) $function$;
 
 -- Triggers
+
+CREATE TRIGGER flow_limits_deleted AFTER DELETE ON pgdispatch.flow_limits REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION pgdispatch.flow_limits_changed();
+
+CREATE TRIGGER flow_limits_inserted AFTER INSERT ON pgdispatch.flow_limits REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION pgdispatch.flow_limits_changed();
+
+CREATE TRIGGER flow_limits_truncated AFTER TRUNCATE ON pgdispatch.flow_limits FOR EACH STATEMENT EXECUTE FUNCTION pgdispatch.flow_limits_changed();
+
+CREATE TRIGGER flow_limits_updated AFTER UPDATE ON pgdispatch.flow_limits REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION pgdispatch.flow_limits_changed();
 
 CREATE TRIGGER jobs_notify_insert BEFORE INSERT ON pgdispatch.jobs FOR EACH ROW WHEN (NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(new.queue))) EXECUTE FUNCTION pgdispatch.notify_sleeper();
 
