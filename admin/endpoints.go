@@ -48,7 +48,7 @@ type Endpoint struct {
 }
 
 const endpointColumns = `endpoint, state, attempts, failures, window_started_at, opened_at, open_until,
-       coalesce(extract(epoch FROM cool_down), 0)::float8, probe_until, coalesce(reason, ''),
+       coalesce(extract(epoch FROM CASE WHEN state <> 'closed' THEN cool_down END), 0)::float8, probe_until, coalesce(reason, ''),
        disabled_at, coalesce(disabled_by, ''), coalesce(note, ''), updated_at`
 
 func scanEndpoint(row pgx.CollectableRow) (Endpoint, error) {

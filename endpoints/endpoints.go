@@ -113,7 +113,9 @@ type Config struct {
 	MinAttempts  int
 	FailureRatio float64
 	// CoolDown is how long an endpoint stays open when it opens; each
-	// failed probe doubles it, up to MaxCoolDown.
+	// failed probe doubles it, up to MaxCoolDown. One that opens again
+	// within MaxCoolDown of a probe closing it opens for twice its last
+	// cool-down, up to MaxCoolDown.
 	CoolDown, MaxCoolDown time.Duration
 	// FlushInterval is how often the outcomes counted are written, and
 	// RefreshInterval how often the endpoints that are not closed are read
@@ -432,7 +434,7 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, probe Admissio
 			b.eventPayload(), probe.probeUntil).Scan(&left, &hold, &disabled)
 	} else {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.eventKind(), b.eventQueue(), b.eventPayload(),
-			probe.probeUntil).Scan(&left, &hold)
+			probe.probeUntil, b.cfg.MaxCoolDown.Seconds()).Scan(&left, &hold)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil

@@ -177,11 +177,12 @@ ON CONFLICT (endpoint) DO UPDATE SET state = 'open', open_until = now(), cool_do
 	a := breakers[1].Admit(ctx, down, time.Minute)
 	require.True(t, a.Probe)
 
-	// It succeeds: closed, and the cool-down starts again from the setting.
+	// It succeeds: closed, the cool-down kept, doubled up to MaxCoolDown,
+	// for an opening soon after (TestFlappingEndpointOpensForLonger).
 	require.NoError(t, breakers[1].ProbeDone(ctx, down, a, false, ""))
 	state, _, _, coolDown = b.state(t, down)
 	require.Equal(t, "closed", state)
-	require.Nil(t, coolDown)
+	require.Equal(t, 3*time.Hour, *coolDown)
 	require.Equal(t, "closed", breakers[1].State(down))
 	require.Equal(t, endpoints.Admission{}, breakers[1].Admit(ctx, down, time.Minute))
 	// The first prober's late report changes nothing.
@@ -192,6 +193,63 @@ ON CONFLICT (endpoint) DO UPDATE SET state = 'open', open_until = now(), cool_do
 	require.Equal(t, "open", stale.State(down))
 	require.Equal(t, endpoints.Admission{}, stale.Admit(ctx, down, time.Minute))
 	require.Equal(t, "closed", stale.State(down))
+}
+
+// An endpoint that fails again soon after its probe closed it opens for
+// twice its last cool-down, up to MaxCoolDown, rather than the setting's:
+// a receiver that answers its probes but fails under its backlog opens
+// and closes less often each time. Once MaxCoolDown has passed since the
+// close, it opens for the setting's again.
+func TestFlappingEndpointOpensForLonger(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const down = "http://flap:80"
+	table := pgx.Identifier{b.schema, "endpoints"}.Sanitize()
+	br, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	fail := func() {
+		t.Helper()
+		for range b.cfg.MinAttempts {
+			br.Record(down, true, "HTTP 503 Service Unavailable")
+		}
+		require.NoError(t, br.Flush(ctx))
+		require.Equal(t, "open", br.State(down))
+	}
+	heal := func() {
+		t.Helper()
+		_, err := pgtest.Pool(t).Exec(ctx, "UPDATE "+table+" SET open_until = now() WHERE endpoint = $1", down)
+		require.NoError(t, err)
+		require.NoError(t, br.Load(ctx))
+		a := br.Admit(ctx, down, time.Minute)
+		require.True(t, a.Probe)
+		require.NoError(t, br.ProbeDone(ctx, down, a, false, ""))
+		require.Equal(t, "closed", br.State(down))
+	}
+	openFor := func() time.Duration {
+		t.Helper()
+		var open time.Duration
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT open_until - opened_at FROM "+table+" WHERE endpoint = $1", down).Scan(&open))
+		return open
+	}
+
+	fail()
+	require.Equal(t, time.Hour, openFor(), "the first opening: the setting's cool-down")
+	heal()
+	fail()
+	require.Equal(t, 2*time.Hour, openFor(), "open again soon after the close: twice as long")
+	a := br.Admit(ctx, down, time.Minute)
+	require.False(t, a.Probe)
+	require.Greater(t, a.Wait, 119*time.Minute, "the breaker's jobs wait the longer cool-down")
+	heal()
+	fail()
+	require.Equal(t, 3*time.Hour, openFor(), "up to MaxCoolDown")
+
+	heal()
+	_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+table+" SET cool_down_kept_until = now() WHERE endpoint = $1", down)
+	require.NoError(t, err)
+	fail()
+	require.Equal(t, time.Hour, openFor(), "MaxCoolDown after the close: the setting's again")
 }
 
 // countingDB counts the breaker's reads of the endpoints that are not

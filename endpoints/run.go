@@ -54,10 +54,15 @@ SELECT EXISTS (SELECT FROM p), e.state,
        coalesce((SELECT hold FROM p), CASE WHEN e.state <> 'closed' THEN ` + fmt.Sprintf(holdSQL, "e.", "$3") + ` END)
 FROM ` + t + ` e WHERE e.endpoint = $1`,
 		// close closes $1 and records the event, its job of kind $2 in
-		// queue $3 with payload $4 (endpoint_event tells the workers).
+		// queue $3 with payload $4 (endpoint_event tells the workers). It
+		// keeps the cool-down, doubled up to $6 seconds, for $6 seconds:
+		// an endpoint that opens again by then opens for it (migration
+		// 022), so that one that keeps failing soon after its probes
+		// succeed opens for longer each time.
 		close: `WITH u AS (
     UPDATE ` + t + ` SET state = 'closed', attempts = 0, failures = 0, window_started_at = now(), opened_at = NULL,
-        open_until = NULL, cool_down = NULL, probe_until = NULL, updated_at = now()
+        open_until = NULL, probe_until = NULL, updated_at = now(),
+        cool_down = least(cool_down * 2, make_interval(secs => $6)), cool_down_kept_until = now() + make_interval(secs => $6)
     WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL AND probe_until = $5
     RETURNING endpoint)
 SELECT NULL::float8, NULL::timestamptz FROM u, LATERAL ` + event + `(u.endpoint, 'closed', 'breaker', NULL, NULL, $2, $3, $4::jsonb) AS ev`,

@@ -44,6 +44,7 @@ CREATE TABLE endpoints (
     disabled_at timestamp with time zone,
     disabled_by text,
     note text,
+    cool_down_kept_until timestamp with time zone,
     CONSTRAINT endpoints_attempts_check CHECK ((attempts >= 0)),
     CONSTRAINT endpoints_disabled_by_check CHECK ((disabled_by = ANY (ARRAY['breaker'::text, 'operator'::text]))),
     CONSTRAINT endpoints_endpoint_check CHECK (((char_length(endpoint) >= 1) AND (char_length(endpoint) <= 300))),
@@ -1385,8 +1386,11 @@ BEGIN
            AND e.attempts >= min_attempts AND e.failures >= fail_ratio * e.attempts THEN
             e.state := 'open';
             e.opened_at := now();
-            e.cool_down := record_endpoint_outcomes.cool_down;
-            e.open_until := now() + record_endpoint_outcomes.cool_down;
+            IF NOT (e.cool_down_kept_until > now() AND e.cool_down IS NOT NULL) THEN
+                e.cool_down := record_endpoint_outcomes.cool_down;
+            END IF;
+            e.cool_down_kept_until := NULL;
+            e.open_until := now() + e.cool_down;
             e.attempts := 0;
             e.failures := 0;
             e.window_started_at := now();
@@ -1396,7 +1400,8 @@ BEGIN
         END IF;
         UPDATE pgdispatch.endpoints x
         SET state = e.state, attempts = e.attempts, failures = e.failures, window_started_at = e.window_started_at,
-            opened_at = e.opened_at, open_until = e.open_until, cool_down = e.cool_down, reason = e.reason,
+            opened_at = e.opened_at, open_until = e.open_until, cool_down = e.cool_down,
+            cool_down_kept_until = e.cool_down_kept_until, reason = e.reason,
             updated_at = now()
         WHERE x.endpoint = e.endpoint;
     END LOOP;
