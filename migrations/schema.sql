@@ -940,16 +940,13 @@ AS $function$
 DECLARE
     removed boolean;
 BEGIN
-    PERFORM FROM pgdispatch.queues q WHERE q.name = clear_flow_limit.queue FOR UPDATE;
     DELETE FROM pgdispatch.flow_limits l
     WHERE l.queue = clear_flow_limit.queue AND coalesce(l.key, '') = coalesce(clear_flow_limit.key, '');
     removed := FOUND;
+    PERFORM FROM pgdispatch.queues q WHERE q.name = clear_flow_limit.queue FOR UPDATE;
     IF NOT EXISTS (SELECT FROM pgdispatch.flow_limits l WHERE l.queue = clear_flow_limit.queue) THEN
         UPDATE pgdispatch.queues q SET limited = false, updated_at = now()
         WHERE q.name = clear_flow_limit.queue AND q.limited;
-    END IF;
-    IF removed THEN
-        PERFORM pg_catalog.pg_notify(E'pgdispatch', clear_flow_limit.queue);
     END IF;
     RETURN removed;
 END
@@ -1268,10 +1265,11 @@ BEGIN
     SELECT n.name FROM pg_catalog.unnest(names) n(name) ORDER BY n.name
     ON CONFLICT (name) DO NOTHING;
     PERFORM FROM pgdispatch.queues q WHERE q.name = ANY(names) ORDER BY q.name FOR UPDATE;
-    UPDATE pgdispatch.queues q SET limited = l.has, updated_at = now()
+    UPDATE pgdispatch.queues q
+    SET limited = l.has, updated_at = CASE WHEN q.limited IS DISTINCT FROM l.has THEN now() ELSE q.updated_at END
     FROM (SELECT n.name, EXISTS (SELECT FROM pgdispatch.flow_limits f WHERE f.queue = n.name) AS has
           FROM pg_catalog.unnest(names) n(name)) l
-    WHERE q.name = l.name AND q.limited IS DISTINCT FROM l.has;
+    WHERE q.name = l.name;
     PERFORM pg_catalog.pg_notify(E'pgdispatch', n.name) FROM pg_catalog.unnest(names) n(name);
     RETURN NULL;
 END
@@ -1614,15 +1612,12 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
 
-    INSERT INTO pgdispatch.queues AS q (name, limited) VALUES (set_flow_limit.queue, true)
-    ON CONFLICT (name) DO UPDATE SET limited = true, updated_at = now();
     INSERT INTO pgdispatch.flow_limits AS l (queue, key, concurrency, strict, rate, per)
     VALUES (set_flow_limit.queue, set_flow_limit.key, set_flow_limit.concurrency,
             coalesce(set_flow_limit.strict, false), set_flow_limit.rate, set_flow_limit.per)
     ON CONFLICT (queue, coalesce(key, ''))
     DO UPDATE SET concurrency = EXCLUDED.concurrency, strict = EXCLUDED.strict, rate = EXCLUDED.rate,
                   per = EXCLUDED.per, updated_at = now();
-    PERFORM pg_catalog.pg_notify(E'pgdispatch', set_flow_limit.queue);
 END
 $function$;
 
