@@ -81,6 +81,7 @@ GRANT EXECUTE ON FUNCTION
     :"schema".flow_ended(text[]),
     :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval),
     :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval, text, text, jsonb),
+    :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval, text, text, jsonb, interval),
     :"schema".endpoint_event(text, text, text, text, text, text, text, jsonb)
     TO :"worker";
 

@@ -434,7 +434,7 @@ func (b *Breaker) ProbeDone(ctx context.Context, endpoint string, probe Admissio
 			b.eventPayload(), probe.probeUntil).Scan(&left, &hold, &disabled)
 	} else {
 		err = b.cfg.DB.QueryRow(ctx, b.sql.close, endpoint, b.eventKind(), b.eventQueue(), b.eventPayload(),
-			probe.probeUntil, b.cfg.MaxCoolDown.Seconds()).Scan(&left, &hold)
+			probe.probeUntil, b.cfg.MaxCoolDown.Seconds(), b.cfg.CoolDown.Seconds()).Scan(&left, &hold)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil

@@ -388,3 +388,74 @@ func TestDisabledErrorCommandsRunAsWritten(t *testing.T) {
 		require.True(t, since.Equal(m.At(time.Now())))
 	}
 }
+
+// A cool-down kept by a worker of other settings opens the endpoint for
+// the opener's bounds: at least its CoolDown, at most its MaxCoolDown. A
+// worker whose cool-down is an hour does not open for the two minutes a
+// worker of one minute kept, nor one whose longest is five minutes for
+// the two hours a worker of an hour kept.
+func TestKeptCoolDownWithinTheOpenersSettings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	table := pgx.Identifier{b.schema, "endpoints"}.Sanitize()
+	for _, c := range []struct {
+		endpoint       string
+		closer, opener time.Duration // CoolDown; MaxCoolDown is twice it for the closer, thrice for the opener
+		want           time.Duration
+	}{
+		{"http://short-kept:80", time.Minute, time.Hour, time.Hour},
+		{"http://long-kept:80", time.Hour, time.Minute, 3 * time.Minute},
+	} {
+		closerCfg, openerCfg := b.cfg, b.cfg
+		closerCfg.CoolDown, closerCfg.MaxCoolDown = c.closer, 2*c.closer
+		openerCfg.CoolDown, openerCfg.MaxCoolDown = c.opener, 3*c.opener
+		closer, err := endpoints.New(closerCfg)
+		require.NoError(t, err)
+		opener, err := endpoints.New(openerCfg)
+		require.NoError(t, err)
+		fail := func(br *endpoints.Breaker) {
+			t.Helper()
+			for range b.cfg.MinAttempts {
+				br.Record(c.endpoint, true, "HTTP 503 Service Unavailable")
+			}
+			require.NoError(t, br.Flush(ctx))
+			require.Equal(t, "open", br.State(c.endpoint))
+		}
+		fail(closer)
+		_, err = pgtest.Pool(t).Exec(ctx, "UPDATE "+table+" SET open_until = now() WHERE endpoint = $1", c.endpoint)
+		require.NoError(t, err)
+		require.NoError(t, closer.Load(ctx))
+		a := closer.Admit(ctx, c.endpoint, time.Minute)
+		require.True(t, a.Probe)
+		require.NoError(t, closer.ProbeDone(ctx, c.endpoint, a, false, ""))
+
+		fail(opener)
+		var open time.Duration
+		require.NoError(t, pgtest.Pool(t).QueryRow(ctx, "SELECT open_until - opened_at FROM "+table+" WHERE endpoint = $1", c.endpoint).Scan(&open))
+		require.Equal(t, c.want, open, "%s: kept %s by a worker of %s, opened by one of %s to %s", c.endpoint, 2*c.closer, c.closer, c.opener, 3*c.opener)
+	}
+}
+
+// A probe that closes an endpoint whose cool-down is NULL (opened by
+// hand, as an operator may) keeps twice the setting's, as a failed probe
+// doubles it, not MaxCoolDown.
+func TestCloseKeepsTwiceTheSettingWhenNoCoolDown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	const down = "http://by-hand:80"
+	table := pgx.Identifier{b.schema, "endpoints"}.Sanitize()
+	_, err := pgtest.Pool(t).Exec(ctx, "INSERT INTO "+table+" (endpoint, state, opened_at, open_until) VALUES ($1, 'open', now(), now())", down)
+	require.NoError(t, err)
+	br, err := endpoints.New(b.cfg)
+	require.NoError(t, err)
+	require.NoError(t, br.Load(ctx))
+	a := br.Admit(ctx, down, time.Minute)
+	require.True(t, a.Probe)
+	require.NoError(t, br.ProbeDone(ctx, down, a, false, ""))
+	state, _, _, coolDown := b.state(t, down)
+	require.Equal(t, "closed", state)
+	require.NotNil(t, coolDown)
+	require.Equal(t, 2*b.cfg.CoolDown, *coolDown)
+}

@@ -55,14 +55,15 @@ SELECT EXISTS (SELECT FROM p), e.state,
 FROM ` + t + ` e WHERE e.endpoint = $1`,
 		// close closes $1 and records the event, its job of kind $2 in
 		// queue $3 with payload $4 (endpoint_event tells the workers). It
-		// keeps the cool-down, doubled up to $6 seconds, for $6 seconds:
-		// an endpoint that opens again by then opens for it (migration
-		// 022), so that one that keeps failing soon after its probes
+		// keeps the cool-down ($7 seconds when none), doubled up to $6
+		// seconds, for $6 seconds: an endpoint that opens again by then
+		// opens for it, within the opener's settings (migrations 022 and
+		// 024), so that one that keeps failing soon after its probes
 		// succeed opens for longer each time.
 		close: `WITH u AS (
     UPDATE ` + t + ` SET state = 'closed', attempts = 0, failures = 0, window_started_at = now(), opened_at = NULL,
         open_until = NULL, probe_until = NULL, updated_at = now(),
-        cool_down = least(cool_down * 2, make_interval(secs => $6)), cool_down_kept_until = now() + make_interval(secs => $6)
+        cool_down = least(coalesce(cool_down, make_interval(secs => $7)) * 2, make_interval(secs => $6)), cool_down_kept_until = now() + make_interval(secs => $6)
     WHERE endpoint = $1 AND state = 'half_open' AND disabled_at IS NULL AND probe_until = $5
     RETURNING endpoint)
 SELECT NULL::float8, NULL::timestamptz FROM u, LATERAL ` + event + `(u.endpoint, 'closed', 'breaker', NULL, NULL, $2, $3, $4::jsonb) AS ev`,
@@ -100,7 +101,7 @@ SELECT NULL::float8` + fmt.Sprintf(notifyFrom, 2),
        disabled_at IS NOT NULL, ` + fmt.Sprintf(holdSQL, "", "$1") + `
 FROM ` + t + ` WHERE state <> 'closed' OR disabled_at IS NOT NULL ORDER BY endpoint`,
 		flush: `SELECT e FROM ` + pgx.Identifier{schema, "record_endpoint_outcomes"}.Sanitize() + `($1, $2, $3, $4,
-    make_interval(secs => $5), $6, $7, make_interval(secs => $8), $9, $10, $11::jsonb) AS e`,
+    make_interval(secs => $5), $6, $7, make_interval(secs => $8), $9, $10, $11::jsonb, make_interval(secs => $12)) AS e`,
 		// report takes the events no worker has reported, oldest first,
 		// up to $1 of them, those another worker takes skipped.
 		report: `WITH r AS (
@@ -191,7 +192,7 @@ func (b *Breaker) Flush(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.StatementTimeout)
 	defer cancel()
 	rows, _ := b.cfg.DB.Query(ctx, b.sql.flush, keys, attempts, failures, reasons, b.cfg.Window.Seconds(),
-		b.cfg.MinAttempts, b.cfg.FailureRatio, b.cfg.CoolDown.Seconds(), b.eventKind(), b.eventQueue(), b.eventPayload())
+		b.cfg.MinAttempts, b.cfg.FailureRatio, b.cfg.CoolDown.Seconds(), b.eventKind(), b.eventQueue(), b.eventPayload(), b.cfg.MaxCoolDown.Seconds())
 	opened, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		b.mu.Lock()

@@ -1358,6 +1358,15 @@ $function$;
 
 CREATE OR REPLACE FUNCTION pgdispatch.record_endpoint_outcomes(endpoints text[], attempts integer[], failures integer[], reasons text[], win interval, min_attempts integer, fail_ratio double precision, cool_down interval, event_kind text, event_queue text, event_payload jsonb)
  RETURNS SETOF text
+ LANGUAGE sql
+ SET search_path TO 'pg_catalog', 'pg_temp'
+AS $function$
+    SELECT pgdispatch.record_endpoint_outcomes(endpoints, attempts, failures, reasons, win, min_attempts, fail_ratio,
+                                                cool_down, event_kind, event_queue, event_payload, NULL)
+$function$;
+
+CREATE OR REPLACE FUNCTION pgdispatch.record_endpoint_outcomes(endpoints text[], attempts integer[], failures integer[], reasons text[], win interval, min_attempts integer, fail_ratio double precision, cool_down interval, event_kind text, event_queue text, event_payload jsonb, max_cool_down interval)
+ RETURNS SETOF text
  LANGUAGE plpgsql
  SET search_path TO 'pg_catalog', 'pg_temp'
 AS $function$
@@ -1384,7 +1393,10 @@ BEGIN
            AND e.attempts >= min_attempts AND e.failures >= fail_ratio * e.attempts THEN
             e.state := 'open';
             e.opened_at := now();
-            IF NOT (e.cool_down_kept_until > now() AND e.cool_down IS NOT NULL) THEN
+            IF e.cool_down_kept_until > now() AND e.cool_down IS NOT NULL THEN
+                e.cool_down := least(greatest(e.cool_down, record_endpoint_outcomes.cool_down),
+                                     coalesce(greatest(max_cool_down, record_endpoint_outcomes.cool_down), e.cool_down));
+            ELSE
                 e.cool_down := record_endpoint_outcomes.cool_down;
             END IF;
             e.cool_down_kept_until := NULL;
