@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // An operator disables a receiver's endpoint. A writer's URL that names
@@ -25,7 +26,7 @@ func TestDisabledEndpointHasNoAliases(t *testing.T) {
 	schema := pgtest.Schema(t)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	rc := newReceiver(t, false)
-	_, _ = breakerWorker(t, schema, "aliases", newOutcomes(), time.Hour)
+	br, _ := breakerWorker(t, schema, "aliases", newOutcomes(), time.Hour)
 	u, err := url.Parse(rc.URL)
 	require.NoError(t, err)
 	port := u.Port()
@@ -46,6 +47,11 @@ func TestDisabledEndpointHasNoAliases(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, disabled)
 	}
+	// The worker hears of it on its notification: until then a job of the
+	// endpoint goes, as to a closed one.
+	wait.For(t, time.Minute, "the worker knows both disabled", func() bool {
+		return br.State(ep) == "disabled" && br.State(localhost) == "disabled"
+	})
 
 	aliases := map[string]string{
 		"http://127.0.0.1:0" + port + "/hook":                      ep,
