@@ -47,18 +47,30 @@ import (
 // finds its rows by the ctids c locked rather than by joining c, whose
 // generic plan, blind to LIMIT $2, was a hash join over the whole table.
 const claimSQL = `
-WITH p AS (
+WITH RECURSIVE p AS (
     SELECT coalesce(bool_or(paused_at IS NOT NULL), false) AS paused, coalesce(bool_or(limited), false) AS limited
     FROM {queues} WHERE name = $1
+), pr(priority, run_at, id) AS (
+    (SELECT priority, run_at, id FROM {jobs}
+     WHERE status = 'pending' AND queue = $1 AND NOT (SELECT paused OR limited FROM p)
+     ORDER BY priority, run_at, id LIMIT 1)
+  UNION ALL
+    SELECT n.priority, n.run_at, n.id FROM pr CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at, j.id FROM {jobs} j
+        WHERE j.status = 'pending' AND j.queue = $1 AND j.priority > pr.priority
+        ORDER BY j.priority, j.run_at, j.id LIMIT 1) n
 ), c AS (
-    SELECT ctid, priority, run_at, id,
-           CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
-                ELSE pg_column_size(payload || '{}'::jsonb) END AS size
-    FROM {jobs}
-    WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused OR limited FROM p)
-    ORDER BY priority, run_at, id
+    SELECT d.ctid, d.priority, d.run_at, d.id, d.size
+    FROM pr CROSS JOIN LATERAL (
+        SELECT ctid, priority, run_at, id,
+               CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
+                    ELSE pg_column_size(payload || '{}'::jsonb) END AS size
+        FROM {jobs}
+        WHERE status = 'pending' AND queue = $1 AND priority = pr.priority AND (run_at, id) >= (pr.run_at, pr.id) AND run_at <= now()
+        ORDER BY run_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED) d
     LIMIT $2
-    FOR UPDATE SKIP LOCKED
 ), u AS (
     UPDATE {jobs} j
     SET status = 'running',
@@ -81,9 +93,11 @@ WITH p AS (
                 WHERE status = 'pending' AND queue = $1 AND run_at > now())
            END AS next_in,
            CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
-               EXISTS (SELECT FROM {jobs}
-                       WHERE status = 'pending' AND queue = $1 AND run_at <= now()
-                       )
+               EXISTS (SELECT FROM pr CROSS JOIN LATERAL (
+                           SELECT FROM {jobs}
+                           WHERE status = 'pending' AND queue = $1 AND priority = pr.priority AND (run_at, id) >= (pr.run_at, pr.id) AND run_at <= now()
+                           ORDER BY run_at, id
+                           LIMIT 1) d)
            END AS stranded,
            p.paused AND NOT p.limited AS paused, p.limited
     FROM k, p

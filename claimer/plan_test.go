@@ -3,6 +3,8 @@ package claimer
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -108,13 +110,12 @@ func checkPlans(t *testing.T, setup []string) {
 			require.NotContains(t, plan, bad, "%s plan:\n%s", name, plan)
 		}
 		switch name {
-		case "claim":
-			require.Contains(t, plan, "Tid Scan on jobs", "claim plan:\n%s", plan)
-		case "claim_cursor":
-			// The scan starts at the cursor, in the claim index.
-			require.Contains(t, plan, "Tid Scan on jobs", "claim_cursor plan:\n%s", plan)
-			require.Regexp(t, `Index Scan using jobs_claim_idx on jobs [^\n]*\n\s+Index Cond: \(\(queue = \$1\) AND \(ROW\(priority, run_at, id\) > ROW\(\$7, \$8, \$9\)\)`,
-				plan, "claim_cursor plan:\n%s", plan)
+		case "claim", "claim_cursor":
+			require.Contains(t, plan, "Tid Scan on jobs", "%s plan:\n%s", name, plan)
+			// Each priority's due jobs, from its first pending job (or, from
+			// the cursor, the first after it) to its first job not due.
+			require.Regexp(t, `Index Scan using jobs_claim_idx on jobs[^\n]*\n\s+Index Cond: \(\(queue = \$1\) AND \(priority = pr\S*\.priority\) `+
+				`AND \(ROW\(run_at, id\) >= ROW\(pr\S*\.run_at, pr\S*\.id\)\) AND \(run_at <= now\(\)\)\)`, plan, "%s plan:\n%s", name, plan)
 		case "look":
 			// The claim's scan, in the claim index: the first due row is
 			// the first the index gives, with no sort.
@@ -145,5 +146,87 @@ func checkPlans(t *testing.T, setup []string) {
 	for name := range statements {
 		check(name, explain(name))
 		exec("DEALLOCATE plan_" + name)
+	}
+}
+
+// A claim and a look read the due jobs of each priority and stop at the
+// first that is not due: the jobs waiting for a later run_at (scheduled
+// ahead, retrying, held by an open endpoint's breaker) are not read,
+// however many. A scan of the claim index from the front in (priority,
+// run_at, id) order read each of them, at every claim that came up short
+// and every look that found nothing due: 100,000 jobs scheduled ahead made
+// each such claim read their 900 index pages.
+func TestClaimsDoNotReadJobsScheduledAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.FreshSchema(t) // a table never analyzed, as after a migration
+	conn, err := pgtest.Pool(t).Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	exec := func(sql string) {
+		t.Helper()
+		_, err := conn.Exec(ctx, pinned.WithSchema(sql, schema))
+		require.NoError(t, err, sql)
+	}
+	statements := []struct{ name, sql, types, args string }{
+		{"claim", claimSQL, "text, int, text, float8, int, bigint", "'default', 100, 'w', 30, 5, 16000000"},
+		{"claim_none_due", claimSQL, "text, int, text, float8, int, bigint", "'later', 100, 'w', 30, 5, 16000000"},
+		{
+			"claim_cursor", cursor.SQL(claimSQL), "text, int, text, float8, int, bigint, smallint, timestamptz, bigint",
+			"'default', 100, 'w', 30, 5, 16000000, 2, now() - interval '30 minutes', 0",
+		},
+		{
+			"claim_cursor_none_due", cursor.SQL(claimSQL), "text, int, text, float8, int, bigint, smallint, timestamptz, bigint",
+			"'default', 100, 'w', 30, 5, 16000000, 2, now(), 0",
+		},
+		{"look", cursor.LookSQL, "text", "'default'"},
+		{"look_none_due", cursor.LookSQL, "text", "'later'"},
+	}
+	buffers := regexp.MustCompile(`Buffers: shared hit=(\d+)(?: read=(\d+))?`)
+	explain := func(name, args, options string) string {
+		t.Helper()
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer tx.Rollback(ctx) //nolint:errcheck
+		_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN "+options+" EXECUTE ahead_"+name+"("+args+")")
+		require.NoError(t, err, name)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err, name)
+		return strings.Join(lines, "\n")
+	}
+	// Each plan is made on the empty table, as a worker that starts on a
+	// new queue makes it, and kept.
+	for _, st := range statements {
+		exec("PREPARE ahead_" + st.name + "(" + st.types + ") AS " + st.sql)
+		explain(st.name, st.args, "")
+	}
+	defer func() {
+		for _, st := range statements {
+			exec("DEALLOCATE ahead_" + st.name)
+		}
+	}()
+	// Ahead at three priorities, in two queues; in one, two due jobs at the
+	// last priority.
+	exec(`INSERT INTO {jobs} (kind, queue, priority, run_at)
+SELECT 'noop', CASE WHEN g % 4 = 0 THEN 'later' ELSE 'default' END, (g % 3)::smallint, now() + interval '1 day' + g * interval '1 second'
+FROM generate_series(1, 100000) g`)
+	exec("INSERT INTO {jobs} (kind, priority, run_at) VALUES ('noop', 2, now() - interval '1 hour'), ('noop', 2, now() - interval '1 minute')")
+
+	for _, st := range statements {
+		plan := explain(st.name, st.args, "(ANALYZE, BUFFERS, COSTS OFF)")
+		m := buffers.FindStringSubmatch(plan) // the top node's: the whole statement's
+		require.NotNil(t, m, "%s plan:\n%s", st.name, plan)
+		pages := 0
+		for _, n := range m[1:] {
+			if n != "" {
+				k, err := strconv.Atoi(n)
+				require.NoError(t, err)
+				pages += k
+			}
+		}
+		t.Logf("%s: %d pages", st.name, pages)
+		require.Less(t, pages, 200, "%s read the jobs scheduled ahead:\n%s", st.name, plan)
 	}
 }

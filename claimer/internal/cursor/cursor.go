@@ -44,26 +44,22 @@ const BusyClaim = time.Millisecond
 // jobs run under a hold take it 2 ms.
 const SlowFront = 2 * time.Millisecond
 
-// cursorCond bounds a claim to the rows after the cursor ($7, $8, $9) in
-// (priority, run_at, id) order: a row comparison that starts the scan of
-// jobs_claim_idx (queue, priority, run_at, id) there.
-const cursorCond = ` AND (priority, run_at, id) > ($7::smallint, $8::timestamptz, $9::bigint)`
-
-// SQL is the claim statement sql from the cursor: it adds cursorCond to
-// the claim's scan and to its count of skipped due rows, so both start
-// after the last job of the claimer's last claim. It panics if sql no
+// SQL is the claim statement sql from the cursor ($7, $8, $9: the last job
+// of the claimer's last claim, in (priority, run_at, id) order): its walk
+// over the queue's priorities starts at the cursor rather than at the
+// queue's first pending job, so the claim's scan of the cursor's priority,
+// and its count of skipped due rows, start after the cursor: at ($8, $9 +
+// 1) in (run_at, id) order, which no id falls between. It panics if sql no
 // longer reads as it expects.
 func SQL(sql string) string {
-	for _, where := range []string{
-		"WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND NOT (SELECT paused OR limited FROM p)\n",
-		"WHERE status = 'pending' AND queue = $1 AND run_at <= now()\n",
-	} {
-		if strings.Count(sql, where) != 1 {
-			panic("claimer: the claim statement's scan is not where cursor.SQL looks for it: " + where)
-		}
-		sql = strings.Replace(sql, where, strings.TrimSuffix(where, "\n")+cursorCond+"\n", 1)
+	const first = "(SELECT priority, run_at, id FROM {jobs}\n" +
+		"     WHERE status = 'pending' AND queue = $1 AND NOT (SELECT paused OR limited FROM p)\n" +
+		"     ORDER BY priority, run_at, id LIMIT 1)\n"
+	if strings.Count(sql, first) != 1 {
+		panic("claimer: the claim statement's first job is not where cursor.SQL looks for it: " + first)
 	}
-	return sql
+	return strings.Replace(sql, first,
+		"SELECT $7::smallint, $8::timestamptz, $9::bigint + 1 WHERE NOT (SELECT paused OR limited FROM p)\n", 1)
 }
 
 // Cursor is where the claimer's next claim starts in its queue's

@@ -26,17 +26,29 @@ const LookEvery = time.Second
 const LookShare = 4
 
 // LookSQL is the first due job of queue $1 in (priority, run_at, id) order,
-// locked or not: the scan a claim from the front makes, without its locks;
-// a row of NULLs when there is none. Its last column is the seconds the
-// server took, read after the scan: the look is timed on the server, so
-// that neither the network's round trip nor a loaded client makes the
-// front look slow.
+// locked or not: the scans a claim from the front makes (claimSQL), without
+// its locks; a row of NULLs when there is none. Its last
+// column is the seconds the server took, read after the scan: the look is
+// timed on the server, so that neither the network's round trip nor a
+// loaded client makes the front look slow.
 const LookSQL = `
+WITH RECURSIVE pr(priority, run_at, id) AS (
+    (SELECT priority, run_at, id FROM {jobs}
+     WHERE status = 'pending' AND queue = $1
+     ORDER BY priority, run_at, id LIMIT 1)
+  UNION ALL
+    SELECT n.priority, n.run_at, n.id FROM pr CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at, j.id FROM {jobs} j
+        WHERE j.status = 'pending' AND j.queue = $1 AND j.priority > pr.priority
+        ORDER BY j.priority, j.run_at, j.id LIMIT 1) n
+)
 SELECT j.priority, j.run_at, j.id, extract(epoch FROM clock_timestamp() - statement_timestamp())::float8
 FROM (SELECT 1) one LEFT JOIN LATERAL (
-    SELECT priority, run_at, id FROM {jobs}
-    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
-    ORDER BY priority, run_at, id
+    SELECT d.priority, d.run_at, d.id FROM pr CROSS JOIN LATERAL (
+        SELECT priority, run_at, id FROM {jobs}
+        WHERE status = 'pending' AND queue = $1 AND priority = pr.priority AND (run_at, id) >= (pr.run_at, pr.id) AND run_at <= now()
+        ORDER BY run_at, id
+        LIMIT 1) d
     LIMIT 1) j ON true`
 
 // Look is what a look from the front found: the first due job of the

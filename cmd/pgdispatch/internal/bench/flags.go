@@ -30,6 +30,7 @@ func AddFlags(fs *flag.FlagSet) *Flags {
 		" (soak, xmin, flow and outage are not in the default set)")
 	fs.IntVar(&o.Jobs, "jobs", o.Jobs, "latency and http: jobs inserted one per transaction")
 	fs.DurationVar(&o.Gap, "gap", o.Gap, "latency and http: pause between those inserts")
+	fs.IntVar(&o.Ahead, "ahead", o.Ahead, "latency: jobs scheduled a day ahead in the queue before the lone jobs")
 	fs.IntVar(&o.DrainJobs, "drain-jobs", o.DrainJobs, "drain: jobs inserted before the worker starts")
 	fs.StringVar(&f.writers, "writers", joinInts(o.Writers), "sustained and writers: writer connection counts, comma-separated")
 	fs.DurationVar(&o.Duration, "duration", o.Duration, "sustained: length of each run; writers: the time each side gets, in four turns")

@@ -23,6 +23,15 @@ func (b *bench) latency(ctx context.Context) ([]*Result, error) {
 	}
 	defer cleanup()
 	insert := "INSERT INTO " + pgx.Identifier{schema, "jobs"}.Sanitize() + " (kind) VALUES ('noop') RETURNING id"
+	ahead := ""
+	if b.opts.Ahead > 0 {
+		// Once the worker listens: a worker that runs meets them.
+		if _, err := b.pool.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema, "jobs"}.Sanitize()+
+			" (kind, run_at) SELECT 'noop', now() + interval '1 day' + g * interval '1 millisecond' FROM generate_series(1, $1) g", b.opts.Ahead); err != nil {
+			return nil, err
+		}
+		ahead = fmt.Sprintf(", %d jobs scheduled a day ahead in the queue", b.opts.Ahead)
+	}
 	sentAt, committed, err := b.lone(ctx, insert)
 	if err != nil {
 		return nil, err
@@ -42,8 +51,8 @@ func (b *bench) latency(ctx context.Context) ([]*Result, error) {
 	if err := b.recordLatencies("latency", 1, p, committed, jobs); err != nil {
 		return nil, err
 	}
-	r := &Result{Scenario: "latency", Conditions: fmt.Sprintf("%d jobs, one per transaction, %s apart, idle worker, CONCURRENCY=%d, worker's synchronous_commit=%s",
-		b.opts.Jobs, b.opts.Gap, b.base.Concurrency, b.pool.Config().ConnConfig.RuntimeParams["synchronous_commit"])}
+	r := &Result{Scenario: "latency", Conditions: fmt.Sprintf("%d jobs, one per transaction, %s apart, idle worker, CONCURRENCY=%d, worker's synchronous_commit=%s%s",
+		b.opts.Jobs, b.opts.Gap, b.base.Concurrency, b.pool.Config().ConnConfig.RuntimeParams["synchronous_commit"], ahead)}
 	addPercentiles(r, "latency_ms", lat)
 	addBreakdown(r, slices.Collect(maps.Values(jobs)))
 	return []*Result{r}, nil
