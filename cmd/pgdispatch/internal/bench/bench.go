@@ -177,8 +177,11 @@ func (o Options) validate(worker pgdispatch.Config) error {
 	if o.OutageLength <= 0 || o.OutageRate <= 0 || o.OutageRate > 10000 || o.OutageRounds <= 0 || o.OutageCoolDown <= 0 || o.OutageTimeout <= 0 {
 		errs = append(errs, errors.New("the options' Outage sizes must be above 0, OutageRate at most 10000"))
 	}
-	if o.Gap < 0 || o.Ahead < 0 {
-		errs = append(errs, errors.New("the options' Gap and Ahead must not be negative"))
+	if o.Gap < 0 {
+		errs = append(errs, errors.New("the options' Gap must not be negative"))
+	}
+	if o.Ahead < 0 {
+		errs = append(errs, errors.New("the options' Ahead must not be negative"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("bench: %w", err)

@@ -238,6 +238,18 @@ func TestLatency(t *testing.T) {
 	requireMarksInOrder(t, rows["latency"], false)
 }
 
+// With jobs scheduled ahead, the lone jobs still start, and the conditions
+// say how many waited.
+func TestLatencyWithJobsAhead(t *testing.T) {
+	t.Parallel()
+	o := tiny("latency")
+	o.Ahead = 1000
+	results, _ := run(t, o)
+	require.Len(t, results, 1)
+	requirePercentiles(t, results[0], "latency")
+	require.True(t, strings.HasSuffix(results[0].Conditions, ", 1000 jobs scheduled a day ahead in the queue"), results[0].Conditions)
+}
+
 func TestDrainAndFloor(t *testing.T) {
 	t.Parallel()
 	results, _ := run(t, tiny("drain", "floor"))
@@ -356,6 +368,7 @@ func TestRunRefusesBadOptions(t *testing.T) {
 		"no jobs":          {func(_ *pgdispatch.Config, o *Options) { o.Jobs = 0 }, "must be above 0"},
 		"no idle duration": {func(_ *pgdispatch.Config, o *Options) { o.IdleDuration = 0 }, "must be above 0"},
 		"negative gap":     {func(_ *pgdispatch.Config, o *Options) { o.Gap = -time.Millisecond }, "Gap must not be negative"},
+		"negative ahead":   {func(_ *pgdispatch.Config, o *Options) { o.Ahead = -1 }, "Ahead must not be negative"},
 	} {
 		w, o := worker, tiny("latency")
 		c.change(&w, &o)
