@@ -67,6 +67,47 @@ func TestSnoozedJobRunsAgainWithoutSpendingAnAttempt(t *testing.T) {
 	require.GreaterOrEqual(t, pending, 0, "the row went back to pending with attempts 0: %+v", b.watch.History(id))
 }
 
+// A job that its worker snoozes, or retries after a backoff, notifies no
+// sleeping claimer (migration 025): the worker wakes its own claimer when
+// the job is due. Here the outcome is written while the claimer sleeps,
+// with the fallback tick an hour away, as the watcher's trigger, which
+// notifies on every change, is not there to wake it.
+func TestSnoozeWrittenWhileAsleepRunsWhenDue(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	const delay = 200 * time.Millisecond
+	asleep := make(chan struct{})
+	var (
+		mu     sync.Mutex
+		starts []time.Time
+	)
+	b.registry.Register("sleepy", executors.Func(func(ctx context.Context, _ *executors.Job) error {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		first := len(starts) == 1
+		mu.Unlock()
+		if !first {
+			return nil
+		}
+		select {
+		case <-asleep:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return executors.Snooze(delay)
+	}))
+	w, _, _ := start(t, b.config(t, "w-later"))
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('sleepy') RETURNING id")
+	wait.For(t, waitFor, "the first run", func() bool { mu.Lock(); defer mu.Unlock(); return len(starts) == 1 })
+	b.waitAsleep(t, w)
+	close(asleep)
+	pgtest.WaitSQL(t, waitFor, "the snoozed job done", "SELECT status = 'done' FROM "+b.jobs+" WHERE id = $1", id)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, starts, 2)
+	require.GreaterOrEqual(t, starts[1].Sub(starts[0]), delay)
+}
+
 // snooze() in SQL moves a pending job's run_at, and refuses a negative delay.
 func TestSnoozeFromSQL(t *testing.T) {
 	t.Parallel()

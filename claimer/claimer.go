@@ -181,6 +181,7 @@ type Claimer struct {
 	heartbeat *lease.Heartbeat
 	sleep     *sleepkey.Lock
 	trace     *jobtrace.Tracer // nil when tracing is off
+	later     *laterWake       // wakes the claim loop when a job its outcomes put back is due
 
 	notified chan struct{} // notifications, and Wake; capacity 1
 
@@ -210,7 +211,8 @@ func New(cfg Config) (*Claimer, error) {
 		obs = verdictObserver{cfg.Observer}
 	}
 	limited := new(atomic.Bool)
-	return &Claimer{
+	later := &laterWake{}
+	c := &Claimer{
 		limited: limited,
 		cfg:     cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
 		claimCursorSQL: pinned.WithSchema(cursor.SQL(claimSQL), cfg.Schema),
@@ -224,7 +226,7 @@ func New(cfg Config) (*Claimer, error) {
 		completer: completer.New(completer.Config{
 			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,
 			DeleteDone: cfg.DeleteDone, StatementTimeout: cfg.StatementTimeout, Logger: logger,
-			Written: written(tracer), Queue: cfg.Queue, Limited: limited.Load,
+			Written: written(tracer, later), Queue: cfg.Queue, Limited: limited.Load,
 		}),
 		heartbeat: lease.New(lease.Config{
 			Pool: cfg.Pool, PoolSize: poolSize, Schema: cfg.Schema, Runs: runs, WorkerID: cfg.WorkerID,
@@ -238,7 +240,10 @@ func New(cfg Config) (*Claimer, error) {
 		looker:   cursor.NewLooker(cfg.Pool, cfg.Schema, cfg.Queue, cfg.StatementTimeout, logger),
 		notified: make(chan struct{}, 1),
 		trace:    tracer,
-	}, nil
+		later:    later,
+	}
+	later.wake = c.Wake
+	return c, nil
 }
 
 // Queue is the queue this claimer serves.
@@ -299,6 +304,7 @@ func (c *Claimer) Run(ctx context.Context) error {
 	jobs.Close(c.shutdown(cancelWork, jobs))
 	stopBackground() // the completer flushes what it holds before it returns
 	bg.Wait()
+	c.later.stop()
 	c.logger.Info("claimer stopped", zap.Int64("claims", c.claims.Load()),
 		zap.Int64("claimed", c.claimed.Load()), zap.Int64("completed", c.completer.Completed()))
 	return nil
@@ -335,12 +341,14 @@ func (c *Claimer) shutdown(cancelWork context.CancelFunc, jobs *runners.Runners)
 	return false
 }
 
-// written is the completer's hook for tr, nil when tracing is off.
-func written(tr *jobtrace.Tracer) func([]runstate.Outcome, time.Time, time.Time) {
-	if tr == nil {
-		return nil
+// written is the completer's hook: later's, and tr's when tracing is on.
+func written(tr *jobtrace.Tracer, later *laterWake) func([]runstate.Outcome, time.Time, time.Time) {
+	return func(batch []runstate.Outcome, start, end time.Time) {
+		if tr != nil {
+			tr.Written(batch, start, end)
+		}
+		later.written(batch, start)
 	}
-	return tr.Written
 }
 
 // heartbeatHook is the test hook of ctx for heartbeats, if any.

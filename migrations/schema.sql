@@ -1678,7 +1678,7 @@ CREATE TRIGGER flow_limits_updated AFTER UPDATE ON pgdispatch.flow_limits REFERE
 
 CREATE TRIGGER jobs_notify_insert BEFORE INSERT ON pgdispatch.jobs FOR EACH ROW WHEN (NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(new.queue))) EXECUTE FUNCTION pgdispatch.notify_sleeper();
 
-CREATE TRIGGER jobs_notify_update BEFORE UPDATE OF status, run_at, queue ON pgdispatch.jobs FOR EACH ROW WHEN (new.status = 'pending'::text AND (old.status IS DISTINCT FROM 'pending'::text OR old.run_at IS DISTINCT FROM new.run_at OR old.queue IS DISTINCT FROM new.queue) AND NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(new.queue))) EXECUTE FUNCTION pgdispatch.notify_sleeper();
+CREATE TRIGGER jobs_notify_update BEFORE UPDATE OF status, run_at, queue ON pgdispatch.jobs FOR EACH ROW WHEN (new.status = 'pending'::text AND (old.status IS DISTINCT FROM 'pending'::text OR old.run_at IS DISTINCT FROM new.run_at OR old.queue IS DISTINCT FROM new.queue) AND (new.run_at <= now() OR current_setting('pgdispatch.outcome'::text, true) IS DISTINCT FROM 'on'::text) AND NOT pg_try_advisory_xact_lock_shared(1922186763, hashtext(new.queue))) EXECUTE FUNCTION pgdispatch.notify_sleeper();
 
 CREATE TRIGGER jobs_payload_size BEFORE INSERT OR UPDATE OF payload ON pgdispatch.jobs FOR EACH ROW WHEN (pg_column_size(new.payload) > 4096) EXECUTE FUNCTION pgdispatch.check_payload_size();
 

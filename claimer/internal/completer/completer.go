@@ -192,7 +192,7 @@ func (c *Completer) write(ctx context.Context, batch []runstate.Outcome) error {
 		written += n
 	}
 	if len(rest.ids) > 0 {
-		n, err := c.exec(ctx, c.completeSQL, rest.ids, rest.claims, rest.statuses, rest.delays, rest.errs, rest.releases,
+		n, err := c.execWith(ctx, pinned.OutcomePlanSQL, c.completeSQL, rest.ids, rest.claims, rest.statuses, rest.delays, rest.errs, rest.releases,
 			rest.entries, rest.results, rest.untils, c.cfg.WorkerID)
 		if err != nil {
 			return err
@@ -214,9 +214,14 @@ func (c *Completer) write(ctx context.Context, batch []runstate.Outcome) error {
 }
 
 func (c *Completer) exec(ctx context.Context, sql string, args ...any) (int64, error) {
+	return c.execWith(ctx, pinned.PlanSQL, sql, args...)
+}
+
+// execWith is exec after settings.
+func (c *Completer) execWith(ctx context.Context, settings, sql string, args ...any) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StatementTimeout)
 	defer cancel()
-	tag, err := pinned.Exec(ctx, c.cfg.Pool, sql, args...)
+	tag, err := pinned.ExecWith(ctx, c.cfg.Pool, settings, sql, args...)
 	if err != nil {
 		return 0, fmt.Errorf("record outcomes: %w", err)
 	}

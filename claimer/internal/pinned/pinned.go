@@ -29,6 +29,13 @@ const PlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true
 const ClaimPlanSQL = PlanSQL + `,
        set_config('synchronous_commit', 'off', true)`
 
+// OutcomePlanSQL is PlanSQL for the worker's outcomes, which also says
+// they are (pgdispatch.outcome): a job they put back to pending for later
+// notifies no sleeping claimer (migration 025); the worker wakes its own
+// when the job is due.
+const OutcomePlanSQL = PlanSQL + `,
+       set_config('pgdispatch.outcome', 'on', true)`
+
 // Sender sends a batch: a pool, or one of its connections.
 type Sender interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
@@ -46,7 +53,12 @@ func Send(ctx context.Context, to Sender, settings, sql string, args ...any) pgx
 // Exec runs sql after PlanSQL, as Send, and returns its tag once the
 // transaction has committed.
 func Exec(ctx context.Context, pool *pgxpool.Pool, sql string, args ...any) (pgconn.CommandTag, error) {
-	results := Send(ctx, pool, PlanSQL, sql, args...)
+	return ExecWith(ctx, pool, PlanSQL, sql, args...)
+}
+
+// ExecWith is Exec after settings (PlanSQL or OutcomePlanSQL).
+func ExecWith(ctx context.Context, pool *pgxpool.Pool, settings, sql string, args ...any) (pgconn.CommandTag, error) {
+	results := Send(ctx, pool, settings, sql, args...)
 	_, err := results.Exec()
 	var tag pgconn.CommandTag
 	if err == nil {

@@ -1,0 +1,56 @@
+package claimer
+
+import (
+	"sync"
+	"time"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/runstate"
+)
+
+// laterWake wakes the claimer when the earliest job that its own outcomes
+// put back to pending for later (a retry after its backoff, a snooze) is
+// due. Those outcomes notify no sleeping claimer (migration 025): the
+// claimer may have gone to sleep before they were written, with no timer
+// that covers them. A claim that a wake makes too early finds the job's
+// run_at as the queue's next, and sets the loop's timer to it.
+type laterWake struct {
+	wake func()
+
+	mu    sync.Mutex
+	timer *time.Timer
+	at    time.Time // when timer fires
+}
+
+// written is the completer's hook: it sets the wake for the batch's
+// earliest job put back for later, whose write began at start.
+func (l *laterWake) written(batch []runstate.Outcome, start time.Time) {
+	var at time.Time
+	for _, o := range batch {
+		if (o.Verdict == runstate.Retry || o.Verdict == runstate.Snoozed) && o.Delay > 0 {
+			if t := start.Add(o.Delay); at.IsZero() || t.Before(at) {
+				at = t
+			}
+		}
+	}
+	if at.IsZero() {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.timer != nil && time.Now().Before(l.at) && !at.Before(l.at) {
+		return // an earlier wake is set
+	}
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.at, l.timer = at, time.AfterFunc(time.Until(at), l.wake)
+}
+
+// stop stops the wake, if one is set.
+func (l *laterWake) stop() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+}
