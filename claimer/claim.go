@@ -26,6 +26,13 @@ import (
 // table accepts makes the claim fail. Its updated_at, now(), marks the claim:
 // the outcome is written only while the row still carries it.
 //
+// It walks the queue priority by priority (pr: the first pending job of
+// each priority, read only as far as the claim needs), and takes each
+// priority's due jobs by the priority's equality, from that first job to
+// the first not due: a scan in (priority, run_at, id) order without the
+// equality could not end there, and read every job scheduled for later at
+// each claim that came up short.
+//
 // It claims nothing while the queue is paused (a row in the queues table
 // with paused_at set), or limited (limited set: the queue has flow limits,
 // and claim_flow claims it, migrations/sql/017_claim_flow.sql), and says
