@@ -108,6 +108,42 @@ func TestSnoozeWrittenWhileAsleepRunsWhenDue(t *testing.T) {
 	require.GreaterOrEqual(t, starts[1].Sub(starts[0]), delay)
 }
 
+// A job snoozed until an instant (executors.SnoozeUntil), its wait from
+// now unknown to the worker (0: the wait is only for its log), runs at
+// that instant too: the outcome notified no one (migration 025), and the
+// worker's wake reads the instant.
+func TestSnoozeUntilWrittenWhileAsleepRunsWhenDue(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	const delay = 200 * time.Millisecond
+	asleep := make(chan struct{})
+	var (
+		mu     sync.Mutex
+		starts int
+	)
+	b.registry.Register("sleepy_until", executors.Func(func(ctx context.Context, _ *executors.Job) error {
+		mu.Lock()
+		starts++
+		first := starts == 1
+		mu.Unlock()
+		if !first {
+			return nil
+		}
+		select {
+		case <-asleep:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return executors.SnoozeUntil(time.Now().Add(delay), 0)
+	}))
+	w, _, _ := start(t, b.config(t, "w-later-until"))
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('sleepy_until') RETURNING id")
+	wait.For(t, waitFor, "the first run", func() bool { mu.Lock(); defer mu.Unlock(); return starts == 1 })
+	b.waitAsleep(t, w)
+	close(asleep)
+	pgtest.WaitSQL(t, waitFor, "the snoozed job done", "SELECT status = 'done' FROM "+b.jobs+" WHERE id = $1", id)
+}
+
 // snooze() in SQL moves a pending job's run_at, and refuses a negative delay.
 func TestSnoozeFromSQL(t *testing.T) {
 	t.Parallel()
