@@ -74,8 +74,22 @@ func TestSnoozedJobRunsAgainWithoutSpendingAnAttempt(t *testing.T) {
 // notifies on every change, is not there to wake it.
 func TestSnoozeWrittenWhileAsleepRunsWhenDue(t *testing.T) {
 	t.Parallel()
-	b := setupUnwatched(t)
 	const delay = 200 * time.Millisecond
+	for name, snooze := range map[string]func() error{
+		"snooze": func() error { return executors.Snooze(delay) },
+		// Snoozed until an instant, the wait unknown to the worker (0:
+		// the wait is only for its log): the wake reads the instant.
+		"until": func() error { return executors.SnoozeUntil(time.Now().Add(delay), 0) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			snoozeWrittenWhileAsleep(t, delay, snooze)
+		})
+	}
+}
+
+func snoozeWrittenWhileAsleep(t *testing.T, delay time.Duration, snooze func() error) {
+	b := setupUnwatched(t)
 	asleep := make(chan struct{})
 	var (
 		mu     sync.Mutex
@@ -94,7 +108,7 @@ func TestSnoozeWrittenWhileAsleepRunsWhenDue(t *testing.T) {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		return executors.Snooze(delay)
+		return snooze()
 	}))
 	w, _, _ := start(t, b.config(t, "w-later"))
 	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('sleepy') RETURNING id")
@@ -106,42 +120,6 @@ func TestSnoozeWrittenWhileAsleepRunsWhenDue(t *testing.T) {
 	defer mu.Unlock()
 	require.Len(t, starts, 2)
 	require.GreaterOrEqual(t, starts[1].Sub(starts[0]), delay)
-}
-
-// A job snoozed until an instant (executors.SnoozeUntil), its wait from
-// now unknown to the worker (0: the wait is only for its log), runs at
-// that instant too: the outcome notified no one (migration 025), and the
-// worker's wake reads the instant.
-func TestSnoozeUntilWrittenWhileAsleepRunsWhenDue(t *testing.T) {
-	t.Parallel()
-	b := setupUnwatched(t)
-	const delay = 200 * time.Millisecond
-	asleep := make(chan struct{})
-	var (
-		mu     sync.Mutex
-		starts int
-	)
-	b.registry.Register("sleepy_until", executors.Func(func(ctx context.Context, _ *executors.Job) error {
-		mu.Lock()
-		starts++
-		first := starts == 1
-		mu.Unlock()
-		if !first {
-			return nil
-		}
-		select {
-		case <-asleep:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		return executors.SnoozeUntil(time.Now().Add(delay), 0)
-	}))
-	w, _, _ := start(t, b.config(t, "w-later-until"))
-	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('sleepy_until') RETURNING id")
-	wait.For(t, waitFor, "the first run", func() bool { mu.Lock(); defer mu.Unlock(); return starts == 1 })
-	b.waitAsleep(t, w)
-	close(asleep)
-	pgtest.WaitSQL(t, waitFor, "the snoozed job done", "SELECT status = 'done' FROM "+b.jobs+" WHERE id = $1", id)
 }
 
 // snooze() in SQL moves a pending job's run_at, and refuses a negative delay.
