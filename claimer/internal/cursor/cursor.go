@@ -51,7 +51,7 @@ const SlowFront = 2 * time.Millisecond
 // a run_at has microseconds: $9 + 1 would be out of range.
 const cursorFirst = "SELECT $7::smallint,\n" +
 	"            CASE WHEN $9::bigint = 9223372036854775807 THEN $8::timestamptz + interval '1 microsecond' ELSE $8::timestamptz END,\n" +
-	"            CASE WHEN $9::bigint = 9223372036854775807 THEN -9223372036854775808 ELSE $9::bigint + 1 END\n" +
+	"            CASE WHEN $9::bigint = 9223372036854775807 THEN -9223372036854775808 ELSE $9::bigint + 1 END, 1\n" +
 	"     WHERE NOT (SELECT paused OR limited FROM p)\n"
 
 // SQL is the claim statement sql from the cursor ($7, $8, $9: the last job
@@ -62,7 +62,7 @@ const cursorFirst = "SELECT $7::smallint,\n" +
 // 1) in (run_at, id) order, which no id falls between (cursorFirst). It panics if sql no
 // longer reads as it expects.
 func SQL(sql string) string {
-	const first = "(SELECT priority, run_at, id FROM {jobs}\n" +
+	const first = "(SELECT priority, run_at, id, 1 FROM {jobs}\n" +
 		"     WHERE status = 'pending' AND queue = $1 AND NOT (SELECT paused OR limited FROM p)\n" +
 		"     ORDER BY priority, run_at, id LIMIT 1)\n"
 	if strings.Count(sql, first) != 1 {
