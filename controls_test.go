@@ -74,8 +74,22 @@ func TestSnoozedJobRunsAgainWithoutSpendingAnAttempt(t *testing.T) {
 // notifies on every change, is not there to wake it.
 func TestSnoozeWrittenWhileAsleepRunsWhenDue(t *testing.T) {
 	t.Parallel()
-	b := setupUnwatched(t)
 	const delay = 200 * time.Millisecond
+	for name, snooze := range map[string]func() error{
+		"snooze": func() error { return executors.Snooze(delay) },
+		// Snoozed until an instant, the wait unknown to the worker (0:
+		// the wait is only for its log): the wake reads the instant.
+		"until": func() error { return executors.SnoozeUntil(time.Now().Add(delay), 0) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			snoozeWrittenWhileAsleep(t, delay, snooze)
+		})
+	}
+}
+
+func snoozeWrittenWhileAsleep(t *testing.T, delay time.Duration, snooze func() error) {
+	b := setupUnwatched(t)
 	asleep := make(chan struct{})
 	var (
 		mu     sync.Mutex
@@ -94,7 +108,7 @@ func TestSnoozeWrittenWhileAsleepRunsWhenDue(t *testing.T) {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
-		return executors.Snooze(delay)
+		return snooze()
 	}))
 	w, _, _ := start(t, b.config(t, "w-later"))
 	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('sleepy') RETURNING id")

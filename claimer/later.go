@@ -22,14 +22,26 @@ type laterWake struct {
 }
 
 // written is the completer's hook: it sets the wake for the batch's
-// earliest job put back for later, whose write began at start.
+// earliest job put back for later, whose write began at start. A job
+// snoozed until an instant (Until, on the database's clock) is due then,
+// whatever its Delay, which is the worker's reckoning for its log and may
+// be 0 or longer (executors.SnoozeUntil): it wakes at the earlier of the
+// two, as a wake that comes too early costs only a claim.
 func (l *laterWake) written(batch []runstate.Outcome, start time.Time) {
 	var at time.Time
 	for _, o := range batch {
-		if (o.Verdict == runstate.Retry || o.Verdict == runstate.Snoozed) && o.Delay > 0 {
-			if t := start.Add(o.Delay); at.IsZero() || t.Before(at) {
-				at = t
-			}
+		if o.Verdict != runstate.Retry && o.Verdict != runstate.Snoozed {
+			continue
+		}
+		var t time.Time
+		if o.Delay > 0 {
+			t = start.Add(o.Delay)
+		}
+		if !o.Until.IsZero() && (t.IsZero() || o.Until.Before(t)) {
+			t = o.Until
+		}
+		if !t.IsZero() && (at.IsZero() || t.Before(at)) {
+			at = t
 		}
 	}
 	if at.IsZero() {

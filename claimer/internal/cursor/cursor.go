@@ -5,6 +5,7 @@ package cursor
 
 import (
 	"cmp"
+	"math"
 	"strings"
 	"time"
 
@@ -44,22 +45,30 @@ const BusyClaim = time.Millisecond
 // jobs run under a hold take it 2 ms.
 const SlowFront = 2 * time.Millisecond
 
+// cursorFirst is where the walk of a claim from the cursor starts: just
+// after the cursor, at ($8, $9 + 1) in (run_at, id) order, or, after the
+// largest id, at ($8 + 1 µs, the smallest id), which is the same place, as
+// a run_at has microseconds: $9 + 1 would be out of range.
+const cursorFirst = "SELECT $7::smallint,\n" +
+	"            CASE WHEN $9::bigint = 9223372036854775807 THEN $8::timestamptz + interval '1 microsecond' ELSE $8::timestamptz END,\n" +
+	"            CASE WHEN $9::bigint = 9223372036854775807 THEN -9223372036854775808 ELSE $9::bigint + 1 END, 1\n" +
+	"     WHERE NOT (SELECT paused OR limited FROM p)\n"
+
 // SQL is the claim statement sql from the cursor ($7, $8, $9: the last job
 // of the claimer's last claim, in (priority, run_at, id) order): its walk
 // over the queue's priorities starts at the cursor rather than at the
 // queue's first pending job, so the claim's scan of the cursor's priority,
 // and its count of skipped due rows, start after the cursor: at ($8, $9 +
-// 1) in (run_at, id) order, which no id falls between. It panics if sql no
+// 1) in (run_at, id) order, which no id falls between (cursorFirst). It panics if sql no
 // longer reads as it expects.
 func SQL(sql string) string {
-	const first = "(SELECT priority, run_at, id FROM {jobs}\n" +
+	const first = "(SELECT priority, run_at, id, 1 FROM {jobs}\n" +
 		"     WHERE status = 'pending' AND queue = $1 AND NOT (SELECT paused OR limited FROM p)\n" +
 		"     ORDER BY priority, run_at, id LIMIT 1)\n"
 	if strings.Count(sql, first) != 1 {
 		panic("claimer: the claim statement's first job is not where cursor.SQL looks for it: " + first)
 	}
-	return strings.Replace(sql, first,
-		"SELECT $7::smallint, $8::timestamptz, $9::bigint + 1 WHERE NOT (SELECT paused OR limited FROM p)\n", 1)
+	return strings.Replace(sql, first, cursorFirst, 1)
 }
 
 // Cursor is where the claimer's next claim starts in its queue's
@@ -155,6 +164,9 @@ func (k *Cursor) Looked(l Look) {
 	k.Busy = k.Busy && k.Held
 	if l.Found && k.Set && after(k.Priority, k.RunAt, k.ID, l.Priority, l.RunAt, l.ID) {
 		k.Priority, k.RunAt, k.ID = l.Priority, l.RunAt, l.ID-1
+		if l.ID == math.MinInt64 { // just before it is at the largest id of the microsecond before
+			k.RunAt, k.ID = l.RunAt.Add(-time.Microsecond), math.MaxInt64
+		}
 	}
 }
 
