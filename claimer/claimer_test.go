@@ -30,7 +30,12 @@ import (
 // claimer, its pool and the quoted jobs table.
 func newTestClaimer(ctx context.Context, t *testing.T, cfg Config) (*Claimer, *pgxpool.Pool, string) {
 	t.Helper()
-	schema := pgtest.Schema(t)
+	return newTestClaimerIn(ctx, t, cfg, pgtest.Schema(t))
+}
+
+// newTestClaimerIn is newTestClaimer in schema.
+func newTestClaimerIn(ctx context.Context, t *testing.T, cfg Config, schema string) (*Claimer, *pgxpool.Pool, string) {
+	t.Helper()
 	pool := newSizedPool(ctx, t, 10)
 	cfg.Pool, cfg.Schema, cfg.SleepConnConfig = pool, schema, pool.Config().ConnConfig
 	cfg.Queue, cfg.WorkerID = "default", "w"
