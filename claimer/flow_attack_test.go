@@ -273,7 +273,9 @@ func TestFlowPlansFindJobsByKey(t *testing.T) {
 				// run at any moment, is another test's premise.
 				_, err = pool.Exec(ctx, "ALTER TABLE "+jobs+" SET (autovacuum_enabled = false)")
 				require.NoError(t, err)
-				t.Cleanup(func() { _, _ = pgtest.Pool(t).Exec(context.Background(), "ALTER TABLE "+jobs+" RESET (autovacuum_enabled)") })
+				t.Cleanup(func() {
+					_, _ = pgtest.Pool(t).Exec(context.Background(), "ALTER TABLE "+jobs+" RESET (autovacuum_enabled)")
+				})
 				_, err = pool.Exec(ctx, "ANALYZE "+jobs)
 				require.NoError(t, err)
 			}
