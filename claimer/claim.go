@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"go.uber.org/zap"
 
+	"github.com/pgdispatch/pgdispatch/claimer/internal/cursor"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/giveback"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
@@ -49,31 +50,22 @@ import (
 // (internal/machine: lingering), and that look reports them. A lone job's
 // claim, which takes it, is spared the two reads.
 //
-// It walks the queue priority by priority (pr: each priority's first
-// pending job) through the first 16 priorities only: past the 16th, one
-// scan in (priority, run_at, id) order (r), so that a queue with jobs
-// ahead at thousands of priorities costs a claim 16 walks' index descents
-// and that scan, not two descents a priority.
+// It walks the queue priority by priority (pr, cursor.Walk: each
+// priority's first pending job) through the first 16 priorities only: past
+// the 16th, one scan in (priority, run_at, id) order (r), so that a queue
+// with jobs ahead at thousands of priorities costs a claim 16 walks' index
+// descents and that scan, not two descents a priority. The look from the
+// front (cursor.LookSQL) walks the same way.
 //
 // It commits without waiting for its WAL flush (pinned.ClaimPlanSQL): a claim lost
 // in a server crash leaves its jobs pending, and they run again. The UPDATE
 // finds its rows by the ctids c locked rather than by joining c, whose
 // generic plan, blind to LIMIT $2, was a hash join over the whole table.
-const claimSQL = `
+var claimSQL = `
 WITH RECURSIVE p AS (
     SELECT coalesce(bool_or(paused_at IS NOT NULL), false) AS paused, coalesce(bool_or(limited), false) AS limited
     FROM {queues} WHERE name = $1
-), pr(priority, run_at, id, depth) AS (
-    (SELECT priority, run_at, id, 1 FROM {jobs}
-     WHERE status = 'pending' AND queue = $1 AND NOT (SELECT paused OR limited FROM p)
-     ORDER BY priority, run_at, id LIMIT 1)
-  UNION ALL
-    SELECT n.priority, n.run_at, n.id, pr.depth + 1 FROM pr CROSS JOIN LATERAL (
-        SELECT j.priority, j.run_at, j.id FROM {jobs} j
-        WHERE j.status = 'pending' AND j.queue = $1 AND j.priority > pr.priority
-        ORDER BY j.priority, j.run_at, j.id LIMIT 1) n
-    WHERE pr.depth < 16
-), c AS (
+), ` + cursor.Walk(cursor.Unpaused) + `, c AS (
     SELECT d.ctid, d.priority, d.run_at, d.id, d.size
     FROM (
         SELECT w.* FROM pr CROSS JOIN LATERAL (
@@ -81,7 +73,7 @@ WITH RECURSIVE p AS (
                    CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
                         ELSE pg_column_size(payload || '{}'::jsonb) END AS size
             FROM {jobs}
-            WHERE status = 'pending' AND queue = $1 AND priority = pr.priority AND (run_at, id) >= (pr.run_at, pr.id) AND run_at <= now()
+            WHERE status = 'pending' AND queue = $1 AND ` + cursor.OnePriority + `
             ORDER BY run_at, id
             LIMIT $2
             FOR UPDATE SKIP LOCKED) w
@@ -91,7 +83,7 @@ WITH RECURSIVE p AS (
                    CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
                         ELSE pg_column_size(payload || '{}'::jsonb) END AS size
             FROM {jobs}
-            WHERE status = 'pending' AND queue = $1 AND priority > (SELECT priority FROM pr WHERE depth = 16) AND run_at <= now()
+            WHERE status = 'pending' AND queue = $1 AND ` + cursor.PastWalked + ` AND run_at <= now()
             ORDER BY priority, run_at, id
             LIMIT $2
             FOR UPDATE SKIP LOCKED) r
@@ -121,12 +113,12 @@ WITH RECURSIVE p AS (
            CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
                EXISTS (SELECT FROM pr CROSS JOIN LATERAL (
                            SELECT FROM {jobs}
-                           WHERE status = 'pending' AND queue = $1 AND priority = pr.priority AND (run_at, id) >= (pr.run_at, pr.id) AND run_at <= now()
+                           WHERE status = 'pending' AND queue = $1 AND ` + cursor.OnePriority + `
                            ORDER BY run_at, id
                            LIMIT 1) d)
                OR EXISTS (SELECT FROM (
                               SELECT FROM {jobs}
-                              WHERE status = 'pending' AND queue = $1 AND priority > (SELECT priority FROM pr WHERE depth = 16) AND run_at <= now()
+                              WHERE status = 'pending' AND queue = $1 AND ` + cursor.PastWalked + ` AND run_at <= now()
                               ORDER BY priority, run_at, id
                               LIMIT 1) r)
            END AS stranded,

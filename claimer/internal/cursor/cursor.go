@@ -62,9 +62,7 @@ const cursorFirst = "SELECT $7::smallint,\n" +
 // 1) in (run_at, id) order, which no id falls between (cursorFirst). It panics if sql no
 // longer reads as it expects.
 func SQL(sql string) string {
-	const first = "(SELECT priority, run_at, id, 1 FROM {jobs}\n" +
-		"     WHERE status = 'pending' AND queue = $1 AND NOT (SELECT paused OR limited FROM p)\n" +
-		"     ORDER BY priority, run_at, id LIMIT 1)\n"
+	first := strings.Replace(walkFirst, "{first}", Unpaused, 1)
 	if strings.Count(sql, first) != 1 {
 		panic("claimer: the claim statement's first job is not where cursor.SQL looks for it: " + first)
 	}

@@ -31,30 +31,20 @@ const LookShare = 4
 // column is the seconds the server took, read after the scan: the look is
 // timed on the server, so that neither the network's round trip nor a
 // loaded client makes the front look slow.
-const LookSQL = `
-WITH RECURSIVE pr(priority, run_at, id, depth) AS (
-    (SELECT priority, run_at, id, 1 FROM {jobs}
-     WHERE status = 'pending' AND queue = $1
-     ORDER BY priority, run_at, id LIMIT 1)
-  UNION ALL
-    SELECT n.priority, n.run_at, n.id, pr.depth + 1 FROM pr CROSS JOIN LATERAL (
-        SELECT j.priority, j.run_at, j.id FROM {jobs} j
-        WHERE j.status = 'pending' AND j.queue = $1 AND j.priority > pr.priority
-        ORDER BY j.priority, j.run_at, j.id LIMIT 1) n
-    WHERE pr.depth < 16
-)
+var LookSQL = `
+WITH RECURSIVE ` + Walk("") + `
 SELECT j.priority, j.run_at, j.id, extract(epoch FROM clock_timestamp() - statement_timestamp())::float8
 FROM (SELECT 1) one LEFT JOIN LATERAL (
     SELECT d.priority, d.run_at, d.id FROM (
         SELECT w.* FROM pr CROSS JOIN LATERAL (
             SELECT priority, run_at, id FROM {jobs}
-            WHERE status = 'pending' AND queue = $1 AND priority = pr.priority AND (run_at, id) >= (pr.run_at, pr.id) AND run_at <= now()
+            WHERE status = 'pending' AND queue = $1 AND ` + OnePriority + `
             ORDER BY run_at, id
             LIMIT 1) w
       UNION ALL
         SELECT r.* FROM (
             SELECT priority, run_at, id FROM {jobs}
-            WHERE status = 'pending' AND queue = $1 AND priority > (SELECT priority FROM pr WHERE depth = 16) AND run_at <= now()
+            WHERE status = 'pending' AND queue = $1 AND ` + PastWalked + ` AND run_at <= now()
             ORDER BY priority, run_at, id
             LIMIT 1) r
     ) d

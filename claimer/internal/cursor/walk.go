@@ -1,0 +1,41 @@
+package cursor
+
+import "strings"
+
+// walked is how many of a queue's priorities a claim and a look walk one by
+// one, each by its first pending job; past them, one scan in (priority,
+// run_at, id) order (PastWalked), so that jobs ahead at thousands of
+// priorities cost a claim that many index descents at most.
+const walked = "16"
+
+// walkFirst is the walk's first job: queue $1's first pending job in
+// (priority, run_at, id) order; {first} stands for what else it must meet.
+const walkFirst = "(SELECT priority, run_at, id, 1 FROM {jobs}\n" +
+	"     WHERE status = 'pending' AND queue = $1{first}\n" +
+	"     ORDER BY priority, run_at, id LIMIT 1)\n"
+
+// Walk is the CTE pr(priority, run_at, id, depth) of a WITH RECURSIVE: the
+// first pending job of queue $1's first priority, whose WHERE also has
+// first, then the first of each next priority, through the first walked,
+// read only as far as the statement asks.
+func Walk(first string) string {
+	return "pr(priority, run_at, id, depth) AS (\n    " + strings.Replace(walkFirst, "{first}", first, 1) + `  UNION ALL
+    SELECT n.priority, n.run_at, n.id, pr.depth + 1 FROM pr CROSS JOIN LATERAL (
+        SELECT j.priority, j.run_at, j.id FROM {jobs} j
+        WHERE j.status = 'pending' AND j.queue = $1 AND j.priority > pr.priority
+        ORDER BY j.priority, j.run_at, j.id LIMIT 1) n
+    WHERE pr.depth < ` + walked + "\n)"
+}
+
+// OnePriority is a scan's condition for the due jobs of the walk's
+// priority pr, from its first pending job (read in run_at, id order, it
+// ends at the first not due).
+const OnePriority = "priority = pr.priority AND (run_at, id) >= (pr.run_at, pr.id) AND run_at <= now()"
+
+// PastWalked is a scan's condition for the priorities past the walked ones:
+// none when the walk ended before.
+const PastWalked = "priority > (SELECT priority FROM pr WHERE depth = " + walked + ")"
+
+// Unpaused is the claim's condition on the walk's first job: its queue
+// neither paused nor limited (the claim's CTE p).
+const Unpaused = " AND NOT (SELECT paused OR limited FROM p)"
