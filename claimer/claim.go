@@ -50,12 +50,12 @@ import (
 // (internal/machine: lingering), and that look reports them. A lone job's
 // claim, which takes it, is spared the two reads.
 //
-// It walks the queue priority by priority (pr, cursor.Walk: each
-// priority's first pending job) through the first 16 priorities only: past
-// the 16th, one scan in (priority, run_at, id) order (r), so that a queue
-// with jobs ahead at thousands of priorities costs a claim 16 walks' index
-// descents and that scan, not two descents a priority. The look from the
-// front (cursor.LookSQL) walks the same way.
+// The walk (pr, cursor.Walk) goes one by one through the first 16
+// priorities that have pending jobs; past them, each step is the first due
+// job of a later priority, so that a queue with jobs ahead at thousands of
+// priorities costs a claim 16 index descents and one scan over the rest,
+// not two descents a priority. The look from the front (cursor.LookSQL)
+// walks the same way.
 //
 // It commits without waiting for its WAL flush (pinned.ClaimPlanSQL): a claim lost
 // in a server crash leaves its jobs pending, and they run again. The UPDATE
@@ -66,28 +66,15 @@ WITH RECURSIVE p AS (
     SELECT coalesce(bool_or(paused_at IS NOT NULL), false) AS paused, coalesce(bool_or(limited), false) AS limited
     FROM {queues} WHERE name = $1
 ), ` + cursor.Walk(cursor.Unpaused) + `, c AS (
-    SELECT d.ctid, d.priority, d.run_at, d.id, d.size
-    FROM (
-        SELECT w.* FROM pr CROSS JOIN LATERAL (
-            SELECT ctid, priority, run_at, id,
-                   CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
-                        ELSE pg_column_size(payload || '{}'::jsonb) END AS size
-            FROM {jobs}
-            WHERE status = 'pending' AND queue = $1 AND ` + cursor.OnePriority + `
-            ORDER BY run_at, id
-            LIMIT $2
-            FOR UPDATE SKIP LOCKED) w
-      UNION ALL
-        SELECT r.* FROM (
-            SELECT ctid, priority, run_at, id,
-                   CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
-                        ELSE pg_column_size(payload || '{}'::jsonb) END AS size
-            FROM {jobs}
-            WHERE status = 'pending' AND queue = $1 AND ` + cursor.PastWalked + ` AND run_at <= now()
-            ORDER BY priority, run_at, id
-            LIMIT $2
-            FOR UPDATE SKIP LOCKED) r
-    ) d
+    SELECT w.* FROM pr CROSS JOIN LATERAL (
+        SELECT ctid, priority, run_at, id,
+               CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
+                    ELSE pg_column_size(payload || '{}'::jsonb) END AS size
+        FROM {jobs}
+        WHERE status = 'pending' AND queue = $1 AND ` + cursor.OnePriority + `
+        ORDER BY run_at, id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED) w
     LIMIT $2
 ), u AS (
     UPDATE {jobs} j
@@ -116,11 +103,6 @@ WITH RECURSIVE p AS (
                            WHERE status = 'pending' AND queue = $1 AND ` + cursor.OnePriority + `
                            ORDER BY run_at, id
                            LIMIT 1) d)
-               OR EXISTS (SELECT FROM (
-                              SELECT FROM {jobs}
-                              WHERE status = 'pending' AND queue = $1 AND ` + cursor.PastWalked + ` AND run_at <= now()
-                              ORDER BY priority, run_at, id
-                              LIMIT 1) r)
            END AS stranded,
            p.paused AND NOT p.limited AS paused, p.limited
     FROM k, p

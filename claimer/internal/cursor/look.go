@@ -35,19 +35,11 @@ var LookSQL = `
 WITH RECURSIVE ` + Walk("") + `
 SELECT j.priority, j.run_at, j.id, extract(epoch FROM clock_timestamp() - statement_timestamp())::float8
 FROM (SELECT 1) one LEFT JOIN LATERAL (
-    SELECT d.priority, d.run_at, d.id FROM (
-        SELECT w.* FROM pr CROSS JOIN LATERAL (
-            SELECT priority, run_at, id FROM {jobs}
-            WHERE status = 'pending' AND queue = $1 AND ` + OnePriority + `
-            ORDER BY run_at, id
-            LIMIT 1) w
-      UNION ALL
-        SELECT r.* FROM (
-            SELECT priority, run_at, id FROM {jobs}
-            WHERE status = 'pending' AND queue = $1 AND ` + PastWalked + ` AND run_at <= now()
-            ORDER BY priority, run_at, id
-            LIMIT 1) r
-    ) d
+    SELECT w.* FROM pr CROSS JOIN LATERAL (
+        SELECT priority, run_at, id FROM {jobs}
+        WHERE status = 'pending' AND queue = $1 AND ` + OnePriority + `
+        ORDER BY run_at, id
+        LIMIT 1) w
     LIMIT 1) j ON true`
 
 // Look is what a look from the front found: the first due job of the
