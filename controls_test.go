@@ -122,6 +122,63 @@ func snoozeWrittenWhileAsleep(t *testing.T, delay time.Duration, snooze func() e
 	require.GreaterOrEqual(t, starts[1].Sub(starts[0]), delay)
 }
 
+// A job snoozed by a worker that stops before it is due runs on another
+// worker of the queue, asleep since before the snooze was written, its
+// tick an hour away: the stopping worker tells the others. (Were the
+// stopping worker the one asleep, its sleep key would pass to the other,
+// whose look as it takes it finds the job.)
+func TestSnoozedJobOfAStoppedWorkerRunsOnItsPeer(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	release := make(chan struct{})
+	var (
+		mu   sync.Mutex
+		runs []string // the worker of each run
+	)
+	config := func(worker string) pgdispatch.Config {
+		reg := executors.NewRegistry()
+		reg.Register("sleepy", executors.Func(func(ctx context.Context, _ *executors.Job) error {
+			mu.Lock()
+			runs = append(runs, worker)
+			first := len(runs) == 1
+			mu.Unlock()
+			if !first {
+				return nil
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			// Due well after the worker has stopped: it must not run it itself.
+			return executors.Snooze(3 * time.Second)
+		}))
+		cfg := b.config(t, worker)
+		cfg.Registry = reg
+		return cfg
+	}
+	workers := map[string]*pgdispatch.Worker{}
+	stops := map[string]func(){}
+	for _, name := range []string{"w-a", "w-b"} {
+		workers[name], stops[name], _ = start(t, config(name))
+	}
+	id := b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ('sleepy') RETURNING id")
+	wait.For(t, waitFor, "the first run", func() bool { mu.Lock(); defer mu.Unlock(); return len(runs) == 1 })
+	mu.Lock()
+	first, other := runs[0], map[string]string{"w-a": "w-b", "w-b": "w-a"}[runs[0]]
+	mu.Unlock()
+	// The claim that took the job gave its worker's sleep key back, if it
+	// held it: the other worker takes it, looks, and sleeps.
+	b.waitAsleep(t, workers[other])
+	close(release)
+	pgtest.WaitSQL(t, waitFor, "the snooze written", "SELECT status = 'pending' AND run_at > now() FROM "+b.jobs+" WHERE id = $1", id)
+	stops[first]()
+	pgtest.WaitSQL(t, waitFor, "the snoozed job done", "SELECT status = 'done' FROM "+b.jobs+" WHERE id = $1", id)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{first, other}, runs)
+}
+
 // snooze() in SQL moves a pending job's run_at, and refuses a negative delay.
 func TestSnoozeFromSQL(t *testing.T) {
 	t.Parallel()

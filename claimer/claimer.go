@@ -242,8 +242,19 @@ func New(cfg Config) (*Claimer, error) {
 		trace:    tracer,
 		later:    later,
 	}
-	later.wake = c.Wake
+	later.wake, later.free, later.announce = c.Wake, runs.Free, c.announce
 	return c, nil
+}
+
+// announce notifies every sleeping claimer of the queue, on every worker
+// (wake, migration 009), for a job this claimer put back for later and
+// cannot take itself (laterWake).
+func (c *Claimer) announce() {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StatementTimeout)
+	defer cancel()
+	if _, err := c.cfg.Pool.Exec(ctx, pinned.WithSchema("SELECT {wake}($1)", c.cfg.Schema), c.cfg.Queue); err != nil {
+		c.logger.Warn("could not tell the other workers of a job put back for later: they claim it at their next claim", zap.Error(err))
+	}
 }
 
 // Queue is the queue this claimer serves.

@@ -13,12 +13,22 @@ import (
 // claimer may have gone to sleep before they were written, with no timer
 // that covers them. A claim that a wake makes too early finds the job's
 // run_at as the queue's next, and sets the loop's timer to it.
+//
+// The other workers of the queue do not know of such a job either, so the
+// wake tells them (announce: a notification on the queue) when this
+// claimer cannot take it itself: when it is due while every slot of the
+// claimer is taken, and when the claimer stops before it is due. A claim
+// the notification makes finds the job due, or its run_at as the queue's
+// next.
 type laterWake struct {
-	wake func()
+	wake     func()
+	free     func() int // the claimer's free slots
+	announce func()     // notifies every sleeping claimer of the queue; blocks for a round trip
 
-	mu    sync.Mutex
-	timer *time.Timer
-	at    time.Time // when timer fires
+	mu      sync.Mutex
+	timer   *time.Timer
+	at      time.Time // when timer fires
+	stopped bool
 }
 
 // written is the completer's hook: it sets the wake for the batch's
@@ -49,20 +59,34 @@ func (l *laterWake) written(batch []runstate.Outcome, start time.Time) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.stopped {
+		return
+	}
 	if l.timer != nil && time.Now().Before(l.at) && !at.Before(l.at) {
 		return // an earlier wake is set
 	}
 	if l.timer != nil {
 		l.timer.Stop()
 	}
-	l.at, l.timer = at, time.AfterFunc(time.Until(at), l.wake)
+	l.at, l.timer = at, time.AfterFunc(time.Until(at), l.fire)
 }
 
-// stop stops the wake, if one is set.
+// fire wakes the claimer, and the others too while its slots are all taken.
+func (l *laterWake) fire() {
+	l.wake()
+	if l.free() == 0 {
+		l.announce()
+	}
+}
+
+// stop stops the wake, if one is set; a wake not yet due is announced to
+// the other claimers instead, before stop returns.
 func (l *laterWake) stop() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.timer != nil {
-		l.timer.Stop()
+	pending := l.timer != nil && l.timer.Stop()
+	l.stopped = true
+	l.mu.Unlock()
+	if pending {
+		l.announce()
 	}
 }

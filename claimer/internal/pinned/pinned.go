@@ -70,10 +70,11 @@ func ExecWith(ctx context.Context, pool *pgxpool.Pool, settings, sql string, arg
 	return tag, err
 }
 
-// WithSchema names schema's tables and functions in sql: {jobs}, {queues}
-// and {claim_flow}.
+// WithSchema names schema's tables and functions in sql: {jobs}, {queues},
+// {claim_flow} and {wake}.
 func WithSchema(sql, schema string) string {
 	return strings.NewReplacer("{jobs}", pgx.Identifier{schema, "jobs"}.Sanitize(),
 		"{queues}", pgx.Identifier{schema, "queues"}.Sanitize(),
-		"{claim_flow}", pgx.Identifier{schema, "claim_flow"}.Sanitize()).Replace(sql)
+		"{claim_flow}", pgx.Identifier{schema, "claim_flow"}.Sanitize(),
+		"{wake}", pgx.Identifier{schema, "wake"}.Sanitize()).Replace(sql)
 }
