@@ -108,6 +108,20 @@ func (s *Server) jobsAction(w http.ResponseWriter, r *http.Request) {
 		s.redirect(w, r, to, err.Error())
 		return
 	}
+	if name == "delete" && !confirmed(r) {
+		fields := []field{{"action", name}, {"back", to}}
+		for _, id := range ids {
+			fields = append(fields, field{"id", strconv.FormatInt(id, 10)})
+		}
+		s.confirm(w, r, "jobs", confirmView{
+			Question: fmt.Sprintf("Delete %d %s?", len(ids), plural(len(ids), "job")),
+			What: "Each one's row goes, with its errors and its result, and cannot be brought back. " +
+				"A job that is running is left as it is.",
+			List: "Jobs " + idList(ids) + ".",
+			Form: "/actions/jobs", Fields: fields, Yes: map[bool]string{true: "Yes, delete it", false: "Yes, delete them"}[len(ids) == 1], Back: to,
+		})
+		return
+	}
 	// An action runs to its end when the browser leaves; each statement
 	// has its timeout.
 	ctx := context.WithoutCancel(r.Context())
@@ -127,7 +141,45 @@ func (s *Server) jobsAction(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		msg = s.dbError(name+" jobs", err)
 	}
+	if name == "delete" && changed > 0 && strings.HasPrefix(to, "/jobs/") {
+		to = "/jobs" // the job's own page is gone
+	}
 	s.redirect(w, r, to, msg)
+}
+
+// confirmView asks to confirm an action that cannot be undone: the form
+// posts it again, with confirmed set.
+type confirmView struct {
+	Question, What, List string
+	Form                 string // where the form posts
+	Fields               []field
+	Yes, Back            string
+}
+
+type field struct{ Name, Value string }
+
+// confirmed reports whether the form is a confirmation's (confirmView).
+func confirmed(r *http.Request) bool { return r.PostFormValue("confirmed") == "yes" }
+
+// confirm shows v: the question of an action not taken yet.
+func (s *Server) confirm(w http.ResponseWriter, r *http.Request, nav string, v confirmView) {
+	s.render(w, r, "confirm", "layout.html", page{Title: "Confirm", Nav: nav, Data: v})
+}
+
+// idList writes ids for a confirmation, the first 20 of them.
+func idList(ids []int64) string {
+	const most = 20
+	var b strings.Builder
+	for i, id := range ids[:min(len(ids), most)] {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	if len(ids) > most {
+		fmt.Fprintf(&b, " and %d more", len(ids)-most)
+	}
+	return b.String()
 }
 
 func summary(act jobAction, changed, left int) string {
@@ -315,6 +367,17 @@ func (s *Server) endpointAction(w http.ResponseWriter, r *http.Request) {
 	endpoint, action, note := r.PostFormValue("endpoint"), r.PostFormValue("action"), r.PostFormValue("note")
 	if endpoint == "" {
 		http.Error(w, "want an endpoint", http.StatusBadRequest)
+		return
+	}
+	if action == "disable" && !confirmed(r) {
+		s.confirm(w, r, "endpoints", confirmView{
+			Question: "Disable the endpoint " + visible(endpoint) + "?",
+			What: "No request goes to it, not even a probe, and each of its jobs is dead, unsent, when next claimed, " +
+				"until an operator enables it again.",
+			Form:   "/actions/endpoints",
+			Fields: []field{{"action", action}, {"endpoint", endpoint}, {"note", note}, {"back", to}},
+			Yes:    "Yes, disable it", Back: to,
+		})
 		return
 	}
 	ctx := context.WithoutCancel(r.Context()) // as in jobsAction

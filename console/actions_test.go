@@ -48,6 +48,14 @@ func (b *bundle) postLocation(t *testing.T, path string, form url.Values) (int, 
 	return resp.StatusCode, loc
 }
 
+// postPage sends an operator's form as post does, and returns the status
+// and the page that comes back.
+func (b *bundle) postPage(t *testing.T, path string, form url.Values) (int, string) {
+	t.Helper()
+	form.Set("csrf", b.srv.csrfToken(user{Name: "ann", role: operator}))
+	return b.request(t, "POST", path, "ann", operatorToken, form, nil)
+}
+
 // The actions on one job, on a selection and on everything a filter
 // selects, and on queues and schedules, change the rows as the commands
 // do, and are logged with who did them.
@@ -83,10 +91,19 @@ func TestActions(t *testing.T) {
 	_, msg = b.post(t, "/actions/jobs", url.Values{"action": {"snooze"}, "id": {"1"}, "for": {"2h"}})
 	require.Equal(t, "snoozed 1 job", msg)
 	require.EqualValues(t, 1, b.queryInt(t, `SELECT count(*) FROM {jobs} WHERE id = 1 AND run_at > now() + interval '1 hour'`))
-	_, msg = b.post(t, "/actions/jobs", url.Values{"action": {"delete"}, "id": {"6"}, "back": {"/jobs/6"}})
-	require.Equal(t, "deleted 1 job", msg)
+	// A delete is asked again first, on a page whose form posts it
+	// confirmed.
+	code, page := b.postPage(t, "/actions/jobs", url.Values{"action": {"delete"}, "id": {"6"}, "back": {"/jobs/6"}})
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, page, `id="question">Delete 1 job?<`)
+	require.Contains(t, page, `id="list">Jobs 6.<`)
+	require.Equal(t, "dead", status(6), "not deleted before it is confirmed")
+	code, to := b.postLocation(t, "/actions/jobs", confirmForm(t, page))
+	require.Equal(t, http.StatusSeeOther, code)
+	require.Equal(t, "/jobs", to.Path, "the job's page is gone")
+	require.Equal(t, "deleted 1 job", to.Query().Get("msg"))
 	require.Equal(t, "gone", status(6))
-	_, msg = b.post(t, "/actions/jobs", url.Values{"action": {"delete"}, "id": {"4"}})
+	_, msg = b.post(t, "/actions/jobs", url.Values{"action": {"delete"}, "id": {"4"}, "confirmed": {"yes"}})
 	require.Contains(t, msg, "deleted 0 jobs; 1 left")
 	require.Equal(t, "running", status(4))
 
@@ -200,7 +217,7 @@ func confirmForm(t *testing.T, page string) url.Values {
 	form := url.Values{}
 	for _, m := range regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`).FindAllStringSubmatch(page, -1) {
 		if m[1] != "csrf" {
-			form.Set(m[1], html.UnescapeString(m[2]))
+			form.Add(m[1], html.UnescapeString(m[2]))
 		}
 	}
 	require.NotEmpty(t, form.Get("action"), "the page has a confirmation form")
@@ -340,4 +357,16 @@ func TestErrorFilterForOperators(t *testing.T) {
 	require.NotContains(t, body, `name="error"`, "a viewer is not offered the filter")
 	_, body = b.request(t, "GET", "/jobs?error=unknown+key+k", "ann", operatorToken, nil, nil)
 	require.Contains(t, body, `<tr data-id="1"`, "an operator, who may reveal the secret, may search it")
+}
+
+// A confirmation names the first 20 jobs it would change, and counts the
+// rest.
+func TestConfirmationListsTheFirstJobs(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "7", idList([]int64{7}))
+	ids := make([]int64, 25)
+	for i := range ids {
+		ids[i] = int64(i + 1)
+	}
+	require.Equal(t, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 and 5 more", idList(ids))
 }

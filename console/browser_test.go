@@ -364,6 +364,31 @@ func TestBrowserQueueNamedLikeAProperty(t *testing.T) {
 	br.noIncidents(t)
 }
 
+// An operator's delete on a job's page asks again, on a page that names
+// the job, and deletes it only on "Yes"; "No" goes back with the job kept.
+func TestBrowserDeleteAsksFirst(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	id := b.queryInt(t, `INSERT INTO {jobs} (queue, kind, status, finished_at) VALUES ('mail', 'email', 'dead', now()) RETURNING id`)
+	kept := func() string {
+		return b.queryString(t, `SELECT count(*)::text FROM {jobs} WHERE id = $1`, id)
+	}
+	br := newBrowser(t, "ann", operatorToken)
+	page := fmt.Sprintf("%sjobs/%d", b.url, id)
+	br.do(t, "open the job, delete", chromedp.Navigate(page), chromedp.WaitVisible("#payload"),
+		chromedp.Click(`button[value="delete"]`), chromedp.WaitVisible("#confirm"))
+	require.Equal(t, "Delete 1 job?", br.eval(t, `document.querySelector('#question').textContent`))
+	require.Equal(t, fmt.Sprintf("Jobs %d.", id), br.eval(t, `document.querySelector('#list').textContent`))
+	require.Equal(t, "1", kept(), "asked, not deleted")
+	br.do(t, "no", chromedp.Click("#back"), chromedp.WaitVisible("#payload"))
+	require.Equal(t, "1", kept())
+	br.do(t, "delete, yes", chromedp.Click(`button[value="delete"]`), chromedp.WaitVisible("#confirm"),
+		chromedp.Click("#confirm"), chromedp.WaitVisible(".flash"))
+	require.Equal(t, "deleted 1 job", br.eval(t, `document.querySelector('.flash').textContent`))
+	require.Equal(t, "0", kept())
+	br.noIncidents(t)
+}
+
 // A job held back by its key's limit says why on its page, as `jobs show`
 // does: in a queue whose keys run one at a time, the pending job of a key
 // with a running job shows its key and the limit it waits on; a job

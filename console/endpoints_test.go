@@ -468,12 +468,17 @@ func TestEndpointActions(t *testing.T) {
 		return b.queryString(t, `SELECT state || ' ' || coalesce(disabled_by, '-') || ' ' || coalesce(note, '-') FROM {schema}.endpoints WHERE endpoint = $1`, epDown)
 	}
 
-	code, msg := b.post(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {epDown}, "note": {"ask payments"}})
+	// Disable is asked again first; the confirmation posts it with the note.
+	code, page := b.postPage(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {epDown}, "note": {"ask payments"}})
+	require.Equal(t, http.StatusOK, code)
+	require.Contains(t, page, `id="question">Disable the endpoint `+epDown+`?<`)
+	require.Equal(t, "open - -", endpoint(), "not disabled before it is confirmed")
+	code, msg := b.post(t, "/actions/endpoints", confirmForm(t, page))
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, "endpoint "+epDown+": disabled; its jobs are dead, unsent, when next claimed, until it is enabled", msg)
 	require.Equal(t, "open operator ask payments", endpoint())
 	require.Equal(t, []string{"note", "enable"}, buttons(epDown))
-	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {epDown}})
+	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {epDown}, "confirmed": {"yes"}})
 	require.Equal(t, "endpoint "+epDown+" was disabled already", msg)
 
 	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"note"}, "endpoint": {epDown}, "note": {"ask payments, then ops"}})
@@ -497,7 +502,7 @@ func TestEndpointActions(t *testing.T) {
 			FROM {schema}.endpoint_events e JOIN {jobs} j ON j.id = e.job_id WHERE e.actor = 'operator'`))
 
 	// What is not an endpoint, or no action.
-	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {"https://down.example.com/hook"}})
+	_, msg = b.post(t, "/actions/endpoints", url.Values{"action": {"disable"}, "endpoint": {"https://down.example.com/hook"}, "confirmed": {"yes"}})
 	require.Contains(t, msg, "could not disable endpoint")
 	require.Contains(t, msg, "not an endpoint")
 	code, _ = b.postLocation(t, "/actions/endpoints", url.Values{"action": {"drop"}, "endpoint": {epDown}})
@@ -649,7 +654,9 @@ func TestBrowserEndpointActions(t *testing.T) {
 	br.do(t, "disable epDown with a note",
 		chromedp.SetValue(down+` input[name="note"]`, "ask payments"),
 		chromedp.Click(down+` button[value="disable"]`),
-		chromedp.WaitVisible(".flash"))
+		chromedp.WaitVisible("#confirm"))
+	require.Equal(t, "Disable the endpoint "+epDown+"?", br.eval(t, `document.querySelector('#question').textContent`))
+	br.do(t, "confirm", chromedp.Click("#confirm"), chromedp.WaitVisible(".flash"))
 	require.Equal(t, "endpoint "+epDown+": disabled; its jobs are dead, unsent, when next claimed, until it is enabled",
 		br.eval(t, `document.querySelector('.flash').textContent`))
 	require.Equal(t, epDown, br.eval(t, `document.querySelector('#endpoints tbody tr').dataset.endpoint`), "the disabled first")

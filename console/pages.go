@@ -135,7 +135,7 @@ func pretty(raw json.RawMessage) string {
 
 func parsePages() (map[string]*template.Template, error) {
 	pages := map[string]*template.Template{}
-	for _, name := range []string{"overview", "jobs", "job", "schedules", "bulk", "endpoints"} {
+	for _, name := range []string{"overview", "jobs", "job", "schedules", "bulk", "endpoints", "confirm"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: templates: %w", err)
