@@ -569,6 +569,12 @@ DECLARE
     v_next_in   float8;
     t_rec       timestamptz;
     found_unkeyed boolean;
+    look_ids    bigint[];
+    -- 'pending', as a variable: a job looked up by id is found by the
+    -- primary key. With the literal, a generic plan made on an empty table
+    -- took a partial index of pending jobs (its predicate proven by the
+    -- literal) and read every pending job to find one by its id.
+    pending     text := 'pending';
     -- the most keys a claim walks, so that it holds a bounded number of
     -- advisory locks (the server's lock table is shared by the cluster)
     max_walk    integer := least(2 * claim_limit + 64, 512);
@@ -620,19 +626,40 @@ BEGIN
             part := 3; from_key := '';
             CONTINUE;
         ELSIF part = 2 THEN
-            -- the jobs without a key, among the queue's first due jobs
+            -- the jobs without a key, among the queue's first due jobs,
+            -- found priority by priority as the claimer's statement finds
+            -- them (claimer/claim.go): each priority's due jobs from its
+            -- first pending job, so that the jobs waiting for later are
+            -- not read; past the 16th priority, the first due job of each
+            -- next priority that has one
             found_unkeyed := false;
             unkeyed_n := 0;
+            look_ids := ARRAY(
+                WITH RECURSIVE pr(priority, run_at, id, depth) AS (
+                    (SELECT p.priority, p.run_at, p.id, 1 FROM pgdispatch.jobs p
+                     WHERE p.status = 'pending' AND p.queue = claim_queue
+                     ORDER BY p.priority, p.run_at, p.id LIMIT 1)
+                  UNION ALL
+                    SELECT n.priority, n.run_at, n.id, pr.depth + 1 FROM pr CROSS JOIN LATERAL (
+                        SELECT p.priority, p.run_at, p.id FROM pgdispatch.jobs p
+                        WHERE p.status = 'pending' AND p.queue = claim_queue AND p.priority > pr.priority
+                          AND p.run_at <= CASE WHEN pr.depth < 16 THEN 'infinity'::timestamptz ELSE t0 END
+                        ORDER BY p.priority, p.run_at, p.id LIMIT 1) n
+                )
+                SELECT f.id FROM (
+                    SELECT d.id, d.flow_key FROM pr CROSS JOIN LATERAL (
+                        SELECT p.id, p.flow_key FROM pgdispatch.jobs p
+                        WHERE p.status = 'pending' AND p.queue = claim_queue AND p.priority = pr.priority
+                          AND (p.run_at, p.id) >= (pr.run_at, pr.id) AND p.run_at <= t0
+                        ORDER BY p.run_at, p.id LIMIT least(4 * want, 1000)) d
+                    LIMIT least(4 * want, 1000)) f
+                WHERE f.flow_key IS NULL);
             FOR r IN
                 SELECT j.id, j.ctid, CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
                                   ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
                 FROM pgdispatch.jobs j
-                WHERE j.id = ANY(ARRAY(
-                          SELECT f.id FROM (SELECT f.id, f.flow_key FROM pgdispatch.jobs f
-                                            WHERE f.queue = claim_queue AND f.status = 'pending' AND f.run_at <= t0
-                                            ORDER BY f.queue, f.priority, f.run_at, f.id LIMIT least(4 * want, 1000)) f
-                          WHERE f.flow_key IS NULL))
-                  AND j.status = 'pending'
+                WHERE j.id = ANY(look_ids)
+                  AND j.status = pending
                 ORDER BY j.priority, j.run_at, j.id
                 LIMIT want
                 FOR UPDATE SKIP LOCKED
@@ -643,11 +670,8 @@ BEGIN
                 new_cursor := NULL; found_unkeyed := true;
             END LOOP;
             IF unkeyed_n < want AND NOT is_stranded THEN
-                is_stranded := EXISTS (
-                    SELECT FROM (SELECT f.id, f.flow_key FROM pgdispatch.jobs f
-                                 WHERE f.queue = claim_queue AND f.status = 'pending' AND f.run_at <= t0
-                                 ORDER BY f.queue, f.priority, f.run_at, f.id LIMIT least(4 * want, 1000)) f
-                    WHERE f.flow_key IS NULL AND f.id <> ALL(ids));
+                -- one it found and did not take: another transaction held it
+                is_stranded := EXISTS (SELECT FROM unnest(look_ids) x WHERE x <> ALL(ids));
             END IF;
             part := 3; from_key := '';
             CONTINUE;
@@ -670,11 +694,11 @@ BEGIN
         END IF;
         WITH RECURSIVE a(key) AS (
             SELECT (SELECT j.flow_key FROM pgdispatch.jobs j
-                    WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > from_key
+                    WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > from_key AND j.run_at <= t0
                     ORDER BY j.queue, j.flow_key LIMIT 1)
           UNION ALL
             SELECT (SELECT j.flow_key FROM pgdispatch.jobs j
-                    WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > a.key
+                    WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > a.key AND j.run_at <= t0
                     ORDER BY j.queue, j.flow_key LIMIT 1)
             FROM a WHERE a.key IS NOT NULL AND (part = 1 OR a.key <= after_key)
         ), w AS (
@@ -801,7 +825,7 @@ BEGIN
                         CASE WHEN pg_column_compression(j.payload) IS NULL THEN pg_column_size(j.payload)
                              ELSE pg_column_size(j.payload || '{}'::jsonb) END AS size
                  FROM pgdispatch.jobs j
-                 WHERE c.strict AND j.id = c.first_id AND j.status = 'pending'
+                 WHERE c.strict AND j.id = c.first_id AND j.status = pending
                  FOR UPDATE SKIP LOCKED) h
             ) j ON true
         LOOP
