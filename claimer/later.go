@@ -36,6 +36,10 @@ type laterWake struct {
 	due     dueTimes  // when each job put back for later is due, not yet fired
 	stopped bool
 	ended   bool // the claim loop has ended: the claimer takes no job
+	// telling: an announcement is under way (one at a time: a pool short of
+	// connections, or a server that does not answer, would otherwise pile
+	// up a goroutine a wake); again: another was asked for meanwhile.
+	telling, again bool
 }
 
 // laterSlack is how far ahead of its due time a job is taken into a wake
@@ -131,7 +135,31 @@ func (l *laterWake) fire() {
 	}
 	l.wake()
 	if ended || l.free() < n {
+		l.tell()
+	}
+}
+
+// tell announces, unless an announcement is under way: then that one
+// announces once more when it is done, for all that asked meanwhile.
+func (l *laterWake) tell() {
+	l.mu.Lock()
+	if l.telling {
+		l.again = true
+		l.mu.Unlock()
+		return
+	}
+	l.telling = true
+	l.mu.Unlock()
+	for {
 		l.announce()
+		l.mu.Lock()
+		if !l.again {
+			l.telling = false
+			l.mu.Unlock()
+			return
+		}
+		l.again = false
+		l.mu.Unlock()
 	}
 }
 

@@ -1,6 +1,7 @@
 package claimer
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -102,4 +103,44 @@ func TestLaterWakeAnnouncesEachDueJobWhileSaturated(t *testing.T) {
 		}
 	}
 	l.stop()
+}
+
+// While an announcement waits (a pool short of connections, a server that
+// does not answer, for up to the statement timeout), the wakes that fire
+// meanwhile make one more when it is done, not one each at once.
+func TestLaterWakeAnnouncesOneAtATime(t *testing.T) {
+	var mu sync.Mutex
+	started, release := make(chan struct{}, 100), make(chan struct{})
+	inFlight, most, total := 0, 0, 0
+	l := &laterWake{wake: func() {}, free: func() int { return 0 }, announce: func() {
+		mu.Lock()
+		inFlight++
+		most, total = max(most, inFlight), total+1
+		mu.Unlock()
+		started <- struct{}{}
+		<-release
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+	}}
+	push := func() {
+		l.mu.Lock()
+		l.due = append(l.due, time.Now())
+		l.mu.Unlock()
+	}
+	var first, ten sync.WaitGroup
+	push()
+	first.Go(l.fire)
+	<-started
+	for range 10 {
+		push()
+		ten.Go(l.fire)
+	}
+	ten.Wait() // each found an announcement under way, and returned
+	close(release)
+	first.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 1, most, "one announcement at a time")
+	require.Equal(t, 2, total, "the first, and one for the ten that fired meanwhile")
 }
