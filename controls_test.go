@@ -155,6 +155,10 @@ func TestSnoozedJobOfAStoppedWorkerRunsOnItsPeer(t *testing.T) {
 		}))
 		cfg := b.config(t, worker)
 		cfg.Registry = reg
+		// One slot: the worker that takes the job is saturated and does not
+		// ask for the sleep key again, so the other sleeps (with more, the
+		// two raced for it, and the other could wait for it until the end).
+		cfg.Concurrency = 1
 		return cfg
 	}
 	workers := map[string]*pgdispatch.Worker{}
@@ -177,6 +181,78 @@ func TestSnoozedJobOfAStoppedWorkerRunsOnItsPeer(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []string{first, other}, runs)
+}
+
+// A job snoozed by a worker that has stopped claiming, and is due while
+// that worker still waits for another of its jobs to finish, runs on its
+// peer, asleep since before the snooze was written, its tick an hour
+// away: the stopping worker's wake fires when it no longer claims, and it
+// tells the others then. (Its wake is no longer pending when the worker
+// stops: a wake told only at the stop, or only while every slot is taken,
+// tells no one.)
+func TestSnoozeDueWhileItsWorkerDrainsRunsOnItsPeer(t *testing.T) {
+	t.Parallel()
+	b := setupUnwatched(t)
+	release := map[string]chan struct{}{"blocker": make(chan struct{}), "snoozer": make(chan struct{})}
+	var (
+		mu   sync.Mutex
+		runs = map[string][]string{} // kind: the worker of each run
+	)
+	config := func(worker string) pgdispatch.Config {
+		reg := executors.NewRegistry()
+		for kind := range release {
+			reg.Register(kind, executors.Func(func(ctx context.Context, _ *executors.Job) error {
+				mu.Lock()
+				runs[kind] = append(runs[kind], worker)
+				first := len(runs[kind]) == 1
+				mu.Unlock()
+				if !first {
+					return nil
+				}
+				select {
+				case <-release[kind]:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				if kind == "snoozer" {
+					return executors.Snooze(300 * time.Millisecond)
+				}
+				return nil
+			}))
+		}
+		cfg := b.config(t, worker)
+		cfg.Registry = reg
+		return cfg
+	}
+	workerA, stopA, _ := start(t, config("w-a"))
+	var ids []int64
+	for _, kind := range []string{"blocker", "snoozer"} {
+		ids = append(ids, b.insert(t, "INSERT INTO "+b.jobs+" (kind) VALUES ($1) RETURNING id", kind))
+	}
+	wait.For(t, waitFor, "both jobs running on w-a", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(runs["blocker"]) == 1 && len(runs["snoozer"]) == 1
+	})
+	workerB, _, _ := start(t, config("w-b"))
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); stopA() }()
+	statesOf(workerA).wait(t, pgdispatch.DefaultQueue, "stopping")
+	// w-a gives its sleep key back as it stops claiming: w-b takes it,
+	// finds nothing pending, and sleeps.
+	b.waitAsleep(t, workerB)
+	close(release["snoozer"])
+	snoozer := ids[1]
+	pgtest.WaitSQL(t, waitFor, "the snooze written", "SELECT status = 'pending' AND run_at > now() FROM "+b.jobs+" WHERE id = $1", snoozer)
+	// Due (on the database's clock, which the worker's wake is not behind)
+	// while w-a still waits for the blocker.
+	pgtest.WaitSQL(t, waitFor, "the snooze due", "SELECT run_at <= now() FROM "+b.jobs+" WHERE id = $1", snoozer)
+	close(release["blocker"])
+	<-stopped
+	pgtest.WaitSQL(t, waitFor, "the snoozed job done", "SELECT status = 'done' FROM "+b.jobs+" WHERE id = $1", snoozer)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"w-a", "w-b"}, runs["snoozer"])
 }
 
 // snooze() in SQL moves a pending job's run_at, and refuses a negative delay.

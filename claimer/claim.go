@@ -50,12 +50,16 @@ import (
 // (internal/machine: lingering), and that look reports them. A lone job's
 // claim, which takes it, is spared the two reads.
 //
-// The walk (pr, cursor.Walk) goes one by one through the first 16
-// priorities that have pending jobs; past them, each step is the first due
-// job of a later priority, so that a queue with jobs ahead at thousands of
-// priorities costs a claim 16 index descents and one scan over the rest,
-// not two descents a priority. The look from the front (cursor.LookSQL)
-// walks the same way.
+// The claim walks (pr, cursor.Walk) one by one through the first 16
+// priorities that have pending jobs only (cursor.Walked), and takes the due
+// jobs past them in one scan in (priority, run_at, id) order
+// (cursor.PastWalked), so that a queue with jobs ahead at thousands of
+// priorities costs a claim 16 index descents and that scan, not two
+// descents a priority; and so that due jobs another transaction holds
+// locked at thousands of priorities cost it an index entry and a heap page
+// each, not the two descents of a walk's step to each (the look from the
+// front, cursor.LookSQL, which takes no lock, walks on past the 16th to
+// each next priority with a due job).
 //
 // It commits without waiting for its WAL flush (pinned.ClaimPlanSQL): a claim lost
 // in a server crash leaves its jobs pending, and they run again. The UPDATE
@@ -66,15 +70,28 @@ WITH RECURSIVE p AS (
     SELECT coalesce(bool_or(paused_at IS NOT NULL), false) AS paused, coalesce(bool_or(limited), false) AS limited
     FROM {queues} WHERE name = $1
 ), ` + cursor.Walk(cursor.Unpaused) + `, c AS (
-    SELECT w.* FROM pr CROSS JOIN LATERAL (
-        SELECT ctid, priority, run_at, id,
-               CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
-                    ELSE pg_column_size(payload || '{}'::jsonb) END AS size
-        FROM {jobs}
-        WHERE status = 'pending' AND queue = $1 AND ` + cursor.OnePriority + `
-        ORDER BY run_at, id
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED) w
+    SELECT d.ctid, d.priority, d.run_at, d.id, d.size
+    FROM (
+        SELECT w.* FROM ` + cursor.Walked + ` CROSS JOIN LATERAL (
+            SELECT ctid, priority, run_at, id,
+                   CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
+                        ELSE pg_column_size(payload || '{}'::jsonb) END AS size
+            FROM {jobs}
+            WHERE status = 'pending' AND queue = $1 AND ` + cursor.OnePriority + `
+            ORDER BY run_at, id
+            LIMIT $2
+            FOR UPDATE SKIP LOCKED) w
+      UNION ALL
+        SELECT r.* FROM (
+            SELECT ctid, priority, run_at, id,
+                   CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
+                        ELSE pg_column_size(payload || '{}'::jsonb) END AS size
+            FROM {jobs}
+            WHERE status = 'pending' AND queue = $1 AND ` + cursor.PastWalked + ` AND run_at <= now()
+            ORDER BY priority, run_at, id
+            LIMIT $2
+            FOR UPDATE SKIP LOCKED) r
+    ) d
     LIMIT $2
 ), u AS (
     UPDATE {jobs} j
@@ -98,11 +115,16 @@ WITH RECURSIVE p AS (
                 WHERE status = 'pending' AND queue = $1 AND run_at > now())
            END AS next_in,
            CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
-               EXISTS (SELECT FROM pr CROSS JOIN LATERAL (
+               EXISTS (SELECT FROM ` + cursor.Walked + ` CROSS JOIN LATERAL (
                            SELECT FROM {jobs}
                            WHERE status = 'pending' AND queue = $1 AND ` + cursor.OnePriority + `
                            ORDER BY run_at, id
                            LIMIT 1) d)
+               OR EXISTS (SELECT FROM (
+                              SELECT FROM {jobs}
+                              WHERE status = 'pending' AND queue = $1 AND ` + cursor.PastWalked + ` AND run_at <= now()
+                              ORDER BY priority, run_at, id
+                              LIMIT 1) r)
            END AS stranded,
            p.paused AND NOT p.limited AS paused, p.limited
     FROM k, p

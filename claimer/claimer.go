@@ -306,6 +306,7 @@ func (c *Claimer) Run(ctx context.Context) error {
 
 	jobs := runners.New(func(r *runstate.Run) { c.attempts.Run(workCtx, r) })
 	c.claimLoop(ctx, jobs)
+	c.later.claimsEnded() // a job put back for later is now the others' to take
 	if c.lost.Pending() { // a last try, as the loop would have made before its next claim
 		c.giveBack(context.WithoutCancel(ctx))
 	}

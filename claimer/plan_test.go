@@ -178,6 +178,45 @@ SELECT 'noop', q, p::smallint, now() + interval '1 day' + p * interval '1 second
 FROM generate_series(-32768, 32767) p, (VALUES ('default'), ('later')) v(q)`, 1000)
 }
 
+// A transaction that holds due jobs locked at every one of the 65,536
+// priorities (an operator's bulk UPDATE of a queue's pending jobs, left
+// open) does not make each claim walk to them one by one: the claim takes
+// the jobs past the 16 walked priorities in one scan, which passes over
+// each locked row at its index entry and heap page, about 2.6 pages a
+// job. A walk whose steps past the 16th went to each next priority with a
+// due job made two index descents at each locked one: 642,000 pages and
+// half a second a claim, where the one scan read 169,000 in 57 ms.
+func TestClaimsPassLockedJobsInOneScan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	schema := pgtest.FreshSchema(t)
+	pool := pgtest.Pool(t)
+	sql := func(s string) string { return pinned.WithSchema(s, schema) }
+	_, err := pool.Exec(ctx, sql(`INSERT INTO {jobs} (kind, priority, run_at)
+SELECT 'noop', p::smallint, now() - interval '1 hour' FROM generate_series(-32768, 32767) p`))
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, sql("VACUUM ANALYZE {jobs}"))
+	require.NoError(t, err)
+	other, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer other.Rollback(ctx) //nolint:errcheck
+	_, err = other.Exec(ctx, sql("SELECT FROM {jobs} WHERE status = 'pending' FOR UPDATE"))
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
+	require.NoError(t, err)
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) "+sql(claimSQL), "default", 100, "w", 30.0, 5, int64(16000000))
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	plan := strings.Join(lines, "\n")
+	pages := planPages(t, plan)
+	t.Logf("claim: %d pages", pages)
+	require.Less(t, pages, 4*65536, "the claim walked to each locked job:\n%s", plan)
+}
+
 // claimPages prepares the claims and looks on an empty table, fills it
 // with fill and two due jobs at priority 2 of the default queue, and
 // requires each to read fewer than bound pages.
@@ -207,7 +246,6 @@ func claimPages(t *testing.T, fill string, bound int) {
 		{"look", cursor.LookSQL, "text", "'default'"},
 		{"look_none_due", cursor.LookSQL, "text", "'later'"},
 	}
-	buffers := regexp.MustCompile(`Buffers: shared hit=(\d+)(?: read=(\d+))?`)
 	explain := func(name, args, options string) string {
 		t.Helper()
 		tx, err := conn.Begin(ctx)
@@ -237,17 +275,25 @@ func claimPages(t *testing.T, fill string, bound int) {
 
 	for _, st := range statements {
 		plan := explain(st.name, st.args, "(ANALYZE, BUFFERS, COSTS OFF)")
-		m := buffers.FindStringSubmatch(plan) // the top node's: the whole statement's
-		require.NotNil(t, m, "%s plan:\n%s", st.name, plan)
-		pages := 0
-		for _, n := range m[1:] {
-			if n != "" {
-				k, err := strconv.Atoi(n)
-				require.NoError(t, err)
-				pages += k
-			}
-		}
+		pages := planPages(t, plan)
 		t.Logf("%s: %d pages", st.name, pages)
 		require.Less(t, pages, bound, "%s read the jobs scheduled ahead:\n%s", st.name, plan)
 	}
+}
+
+// planPages is the pages an EXPLAIN (ANALYZE, BUFFERS) read: its top
+// node's, the whole statement's.
+func planPages(t *testing.T, plan string) int {
+	t.Helper()
+	m := regexp.MustCompile(`Buffers: shared hit=(\d+)(?: read=(\d+))?`).FindStringSubmatch(plan)
+	require.NotNil(t, m, "plan:\n%s", plan)
+	pages := 0
+	for _, n := range m[1:] {
+		if n != "" {
+			k, err := strconv.Atoi(n)
+			require.NoError(t, err)
+			pages += k
+		}
+	}
+	return pages
 }

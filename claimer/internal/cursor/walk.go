@@ -38,6 +38,17 @@ func Walk(first string) string {
 // ends at the first not due).
 const OnePriority = "priority = pr.priority AND (run_at, id) >= (pr.run_at, pr.id) AND run_at <= now()"
 
+// Walked is the walk's first walked priorities, for a claim's scans by
+// priority: the claim takes the due jobs past them in one scan
+// (PastWalked), which passes over rows another transaction holds locked
+// at an index entry each, where a walk's step to each such priority costs
+// two index descents.
+const Walked = "(SELECT * FROM pr LIMIT " + walked + ") pr"
+
+// PastWalked is a scan's condition for the priorities past the walked
+// ones: none when the walk ended before. Its LIMIT stops the walk there.
+const PastWalked = "priority > (SELECT priority FROM pr WHERE depth = " + walked + " LIMIT 1)"
+
 // Unpaused is the claim's condition on the walk's first job: its queue
 // neither paused nor limited (the claim's CTE p).
 const Unpaused = " AND NOT (SELECT paused OR limited FROM p)"
