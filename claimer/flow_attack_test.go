@@ -2,8 +2,6 @@ package claimer
 
 import (
 	"context"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -378,16 +376,7 @@ func flowClaimPages(t *testing.T, strict bool, fill string, held bool) {
 		want = "x y zz0000" // the keys first, then the jobs without a key
 	}
 	plan := claim("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ", want)
-	m := regexp.MustCompile(`Buffers: shared hit=(\d+)(?: read=(\d+))?`).FindStringSubmatch(plan)
-	require.NotNil(t, m, plan)
-	pages := 0
-	for _, n := range m[1:] {
-		if n != "" {
-			v, err := strconv.Atoi(n)
-			require.NoError(t, err)
-			pages += v
-		}
-	}
+	pages := planPages(t, plan)
 	// About 300 pages: the walk passes over the 20,000 entries of the keys
 	// ahead, about 170 pages of jobs_flow_pending_idx. The bound leaves room
 	// for the catalog reads that other tests' schemas cause; a look for the

@@ -82,7 +82,8 @@ GRANT EXECUTE ON FUNCTION
     :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval),
     :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval, text, text, jsonb),
     :"schema".record_endpoint_outcomes(text[], integer[], integer[], text[], interval, integer, float8, interval, text, text, jsonb, interval),
-    :"schema".endpoint_event(text, text, text, text, text, text, text, jsonb)
+    :"schema".endpoint_event(text, text, text, text, text, text, text, jsonb),
+    :"schema".wake(text)
     TO :"worker";
 
 -- operator
