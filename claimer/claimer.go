@@ -174,6 +174,7 @@ type Claimer struct {
 	limited  *atomic.Bool   // flow.limited, for the completer, which runs beside the claim loop
 	looker   *cursor.Looker // looks from the front beside claims from the cursor
 	poolSize int            // the pool's MaxConns, read once: Pool.Config copies the whole config
+	wakeSQL  string         // notifies the queue's sleeping claimers (announce)
 
 	runs      *runstate.Tracker
 	attempts  *attempt.Attempts
@@ -217,6 +218,7 @@ func New(cfg Config) (*Claimer, error) {
 		cfg:     cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
 		claimCursorSQL: pinned.WithSchema(cursor.SQL(claimSQL), cfg.Schema),
 		flowSQL:        pinned.WithSchema(flowSQL, cfg.Schema),
+		wakeSQL:        pinned.WithSchema("SELECT {wake}($1)", cfg.Schema),
 		poolSize:       poolSize, runs: runs,
 		attempts: attempt.New(attempt.Config{
 			Runs: runs, Registry: cfg.Registry, MaxJobTimeout: cfg.MaxJobTimeout, WorkerID: cfg.WorkerID,
@@ -252,7 +254,7 @@ func New(cfg Config) (*Claimer, error) {
 func (c *Claimer) announce() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StatementTimeout)
 	defer cancel()
-	if _, err := c.cfg.Pool.Exec(ctx, pinned.WithSchema("SELECT {wake}($1)", c.cfg.Schema), c.cfg.Queue); err != nil {
+	if _, err := c.cfg.Pool.Exec(ctx, c.wakeSQL, c.cfg.Queue); err != nil {
 		c.logger.Warn("could not tell the other workers of a job put back for later: they claim it at their next claim", zap.Error(err))
 	}
 }

@@ -3,11 +3,12 @@ package cursor
 import "strings"
 
 // walked is how many of a queue's priorities a claim and a look walk one by
-// one, each by its first pending job, due or not; past them, each step is
-// the first due job of a later priority, found by a scan in (priority,
-// run_at, id) order that passes over the jobs not due: jobs ahead at
-// thousands of priorities cost a claim that many index descents and one
-// scan at most, not two descents each.
+// one, each by its first pending job, due or not, so that jobs ahead at
+// thousands of priorities cost them that many index descents, not two
+// descents each. Past them, the walk's step is the first due job of a
+// later priority, found by a scan in (priority, run_at, id) order that
+// passes over the jobs not due (the look's way on); the claim takes the
+// due jobs past them in one scan (Walked, PastWalked).
 const walked = "16"
 
 // walkFirst is the walk's first job: queue $1's first pending job in
