@@ -386,3 +386,50 @@ func flowClaimPages(t *testing.T, strict bool, fill string, held bool) {
 	t.Logf("the claim read %d pages", pages)
 	require.Less(t, pages, bound, "the claim read %d pages:\n%s", pages, plan)
 }
+
+// A claim of a limited queue with no job due, whose keyed jobs all wait
+// for later (a claim woken by a job scheduled ahead, a timer, the tick),
+// reads about as much with 200,000 of them as with 50,000: the walk's
+// steps, which pass over the entries of the jobs not due, are not taken.
+func TestFlowIdleClaimCostDoesNotGrowWithKeyedJobsAhead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, pool, jobs := newTestClaimerIn(ctx, t, Config{}, pgtest.FreshSchema(t))
+	setLimit(ctx, t, c, pool, "", 1, false, 0, 0)
+	conn, err := pool.Acquire(ctx) // one connection: the plans are its own
+	require.NoError(t, err)
+	defer conn.Release()
+	pages := func() (int, float64) {
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
+		require.NoError(t, err)
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT count(id) FROM "+
+			pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+"($1, 10, 'w', 30, 5, 1048576, NULL, true)", c.cfg.Queue)
+		require.NoError(t, err)
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		var nextIn float64
+		require.NoError(t, tx.QueryRow(ctx, "SELECT next_in FROM "+pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+
+			"($1, 10, 'w', 30, 5, 1048576, NULL, true)", c.cfg.Queue).Scan(&nextIn))
+		return planPages(t, strings.Join(lines, "\n")), nextIn
+	}
+	fill := func(from, to int) {
+		t.Helper()
+		_, err := pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, flow_key, run_at)
+			SELECT 'noop', 'k' || lpad((g % 20000)::text, 5, '0'), now() + interval '1 day' + g * interval '1 ms'
+			FROM generate_series($1::int, $2::int) g`, from, to)
+		require.NoError(t, err)
+	}
+	fill(1, 1)
+	pages() // the plans, made on a nearly empty table
+	fill(2, 50000)
+	small, _ := pages()
+	fill(50001, 200000)
+	large, nextIn := pages()
+	t.Logf("an idle claim read %d pages with 50,000 keyed jobs ahead, %d with 200,000", small, large)
+	require.Less(t, large, 2*small+100, "the claim's cost grows with the keyed jobs scheduled ahead")
+	require.InDelta(t, 86400, nextIn, 60, "it says when the first job is due")
+}

@@ -618,6 +618,18 @@ BEGIN
     INTO d_conc, d_strict, d_rate, d_per, l_keys, l_conc, l_strict, l_rate, l_per
     FROM pgdispatch.flow_limits f WHERE f.queue = claim_queue;
 
+    -- Nothing due in the queue (a claim woken by a job scheduled ahead, a
+    -- timer early, the fallback tick): no walk, whose steps pass over the
+    -- entries of every job ahead. The queue's first due job, by
+    -- jobs_schedule_idx, in one descent (a scalar subquery keeps its ORDER
+    -- BY, which an EXISTS drops, and with it the index that ends at the
+    -- first job not due).
+    IF (SELECT j.run_at FROM pgdispatch.jobs j
+        WHERE j.queue = claim_queue AND j.status = 'pending' AND j.run_at <= t0
+        ORDER BY j.queue, j.run_at LIMIT 1) IS NULL THEN
+        part := 4;
+    END IF;
+
     LOOP
         want := claim_limit - taken;
         EXIT WHEN want < 1 OR bytes >= max_bytes OR part > 3;

@@ -12,7 +12,9 @@
 -- end at the first job not due, and read every job waiting for later. The
 -- walk's step reads a key's pending jobs in (priority, run_at, id) order
 -- up to its first due one: it passes over the jobs waiting for later in
--- the index alone.
+-- the index alone; a claim that finds no job of the queue due walks
+-- nothing. A claim that finds some still passes over the entries of the
+-- keys ahead between its place and the due keys.
 --
 -- The takes of jobs by id (the jobs without a key, a strict key's head),
 -- planned generic on an empty table as a worker that starts on a new
@@ -128,6 +130,18 @@ BEGIN
            array_agg(f.per) FILTER (WHERE f.key IS NOT NULL)
     INTO d_conc, d_strict, d_rate, d_per, l_keys, l_conc, l_strict, l_rate, l_per
     FROM {{.schema}}.flow_limits f WHERE f.queue = claim_queue;
+
+    -- Nothing due in the queue (a claim woken by a job scheduled ahead, a
+    -- timer early, the fallback tick): no walk, whose steps pass over the
+    -- entries of every job ahead. The queue's first due job, by
+    -- jobs_schedule_idx, in one descent (a scalar subquery keeps its ORDER
+    -- BY, which an EXISTS drops, and with it the index that ends at the
+    -- first job not due).
+    IF (SELECT j.run_at FROM {{.schema}}.jobs j
+        WHERE j.queue = claim_queue AND j.status = 'pending' AND j.run_at <= t0
+        ORDER BY j.queue, j.run_at LIMIT 1) IS NULL THEN
+        part := 4;
+    END IF;
 
     LOOP
         want := claim_limit - taken;
