@@ -570,6 +570,7 @@ DECLARE
     t_rec       timestamptz;
     found_unkeyed boolean;
     look_ids    bigint[];
+    due_keys    text[];     -- the keys of the due jobs, in key order, when few are due; NULL: walk
     -- 'pending', as a variable: a job looked up by id is found by the
     -- primary key. With the literal, a generic plan made on an empty table
     -- took a partial index of pending jobs (its predicate proven by the
@@ -628,6 +629,19 @@ BEGIN
         WHERE j.queue = claim_queue AND j.status = 'pending' AND j.run_at <= t0
         ORDER BY j.queue, j.run_at LIMIT 1) IS NULL THEN
         part := 4;
+    ELSE
+        -- With few jobs due (16 at most), their keys, read by
+        -- jobs_schedule_idx (a heap fetch each), are the keys the walk
+        -- takes, in key order: its steps would pass over the entries of
+        -- every keyed job ahead between them.
+        due_keys := ARRAY(SELECT j.flow_key FROM pgdispatch.jobs j
+                          WHERE j.queue = claim_queue AND j.status = 'pending' AND j.run_at <= t0
+                          ORDER BY j.queue, j.run_at LIMIT 17);
+        IF cardinality(due_keys) <= 16 THEN
+            due_keys := ARRAY(SELECT DISTINCT k FROM unnest(due_keys) k WHERE k IS NOT NULL ORDER BY k);
+        ELSE
+            due_keys := NULL;
+        END IF;
     END IF;
 
     LOOP
@@ -708,14 +722,19 @@ BEGIN
             SELECT (SELECT j.flow_key FROM pgdispatch.jobs j
                     WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > from_key AND j.run_at <= t0
                     ORDER BY j.queue, j.flow_key LIMIT 1)
+            WHERE due_keys IS NULL
           UNION ALL
             SELECT (SELECT j.flow_key FROM pgdispatch.jobs j
                     WHERE j.queue = claim_queue AND j.status = 'pending' AND j.flow_key > a.key AND j.run_at <= t0
                     ORDER BY j.queue, j.flow_key LIMIT 1)
             FROM a WHERE a.key IS NOT NULL AND (part = 1 OR a.key <= after_key)
+        ), ak AS (
+            SELECT a.key FROM a WHERE due_keys IS NULL
+          UNION ALL
+            (SELECT d.key FROM unnest(due_keys) WITH ORDINALITY d(key, n) WHERE d.key > from_key ORDER BY d.n)
         ), w AS (
-            SELECT a.key, array_position(l_keys, a.key) AS li FROM a
-            WHERE a.key IS NOT NULL AND (part = 1 OR a.key <= after_key)
+            SELECT ak.key, array_position(l_keys, ak.key) AS li FROM ak
+            WHERE ak.key IS NOT NULL AND (part = 1 OR ak.key <= after_key)
             LIMIT walk_n
         ), l AS (
             SELECT w.key,
