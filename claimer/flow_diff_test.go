@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
 )
 
@@ -83,30 +82,12 @@ func sameOut(a, b flowOut, ignoreUnkeyedNull bool) bool {
 	return eqB(a.unkeyed, b.unkeyed)
 }
 
-// TestFlowClaimDifferential compares claim_flow with migration 017's over
-// random small scenarios (FLOW_DIFF: the seed; FLOW_DIFF_N scenarios;
-// FLOW_DIFF_BIAS: 10 to 21 jobs, mostly due and keyed, claims of 1 or 2;
-// FLOW_DIFF_PREV: the file of another version to compare with, such as
-// `git show 7487149:migrations/sql/026_claim_flow_due_keys.sql`).
-func TestFlowClaimDifferential(t *testing.T) {
-	if os.Getenv("FLOW_DIFF") == "" {
-		t.Skip("FLOW_DIFF unset")
-	}
-	seed, _ := strconv.ParseInt(os.Getenv("FLOW_DIFF"), 10, 64)
-	n, _ := strconv.Atoi(os.Getenv("FLOW_DIFF_N"))
-	if n == 0 {
-		n = 300
-	}
-	diffs := flowDiff(t, seed, n, os.Getenv("FLOW_DIFF_BIAS") != "", false, os.Getenv("FLOW_DIFF_PREV"))
-	t.Logf("differences: %v", diffs)
-}
-
 // With every pending job due, claim_flow walks the keys migration 017's
 // walked: a claim takes the same jobs, and says the same (but unkeyed:
 // NULL when it found nothing due, where 017 said it looked).
 func TestFlowClaimMatches017WhenAllDue(t *testing.T) {
 	t.Parallel()
-	diffs := flowDiff(t, 1, 150, true, true, "")
+	diffs := flowDiff(t, 1, 150, true, true)
 	for kind, n := range diffs {
 		require.False(t, strings.HasPrefix(kind, "017 vs HEAD"), "%d scenarios: %s", n, kind)
 	}
@@ -114,21 +95,14 @@ func TestFlowClaimMatches017WhenAllDue(t *testing.T) {
 	require.Positive(t, diffs["cov: walk"])
 }
 
-func flowDiff(t *testing.T, seed int64, n int, bias, allDue bool, prev string) map[string]int {
+func flowDiff(t *testing.T, seed int64, n int, bias, allDue bool) map[string]int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	schema := pgtest.FreshSchema(t)
 	pool := newSizedPool(ctx, t, 4)
-	fns := map[string]string{"claim_flow_017": "../migrations/sql/017_claim_flow.sql"}
 	names := []string{"claim_flow_017", "claim_flow"}
-	if prev != "" {
-		fns["claim_flow_026a"] = prev
-		names = append(names, "claim_flow_026a")
-	}
-	for name, path := range fns {
-		_, err := pool.Exec(ctx, flowFn(t, path, name, schema))
-		require.NoError(t, err)
-	}
+	_, err := pool.Exec(ctx, flowFn(t, "../migrations/sql/017_claim_flow.sql", "claim_flow_017", schema))
+	require.NoError(t, err)
 	jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
 	fn := func(n string) string { return pgx.Identifier{schema, n}.Sanitize() }
 	keys := []string{"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p", "q", "r", "s", "t", "aa", "a b", "B", "é", "Z9", "9", "10", "a-b", "ab", "b\u00a0"}
@@ -279,13 +253,6 @@ func flowDiff(t *testing.T, seed int64, n int, bias, allDue bool, prev string) m
 				t.Logf("%s: scenario %d limit=%d after=%v look=%v\n%s\n  %s: %s\n  %s: %s\n  jobs: %s", kind, sc, limit, after, look, strings.Join(log, "\n"), a, outs[a], b, outs[b], state)
 			}
 		}
-		if prev != "" && !sameOut(outs["claim_flow_026a"], outs["claim_flow"], false) {
-			kind := "026a vs HEAD"
-			if sameOut(outs["claim_flow_026a"], outs["claim_flow"], true) {
-				kind = "026a vs HEAD (unkeyed NULL only)"
-			}
-			report(kind, "claim_flow_026a", "claim_flow")
-		}
 		if !sameOut(outs["claim_flow_017"], outs["claim_flow"], true) {
 			kind := "017 vs HEAD (some not due)"
 			if allDue {
@@ -295,78 +262,4 @@ func flowDiff(t *testing.T, seed int64, n int, bias, allDue bool, prev string) m
 		}
 	}
 	return diffs
-}
-
-// TestFlowClaimPagesByVersion logs the pages a claim reads, by version
-// (FLOW_DIFF_PREV as in TestFlowClaimDifferential): after a drain, before
-// a vacuum; and with more than 16 jobs due.
-func TestFlowClaimPagesByVersion(t *testing.T) {
-	if os.Getenv("FLOW_DIFF_PREV") == "" {
-		t.Skip("FLOW_DIFF_PREV unset")
-	}
-	for _, tc := range []struct {
-		name  string
-		claim string // limit and look_unkeyed
-		steps []string
-	}{
-		{name: "drain", claim: "10, 'w', 30, 5, 1048576, NULL, true", steps: []string{
-			"ALTER TABLE {jobs} SET (autovacuum_enabled = false)",
-			"INSERT INTO {jobs} (kind, flow_key, run_at) SELECT 'noop', 'k' || lpad((g % 1000)::text, 4, '0'), now() - interval '1 hour' FROM generate_series(1, 100000) g",
-			"INSERT INTO {jobs} (kind, flow_key, run_at) VALUES ('noop', 'zz', now() + interval '1 hour')",
-			"-- all due",
-			"UPDATE {jobs} SET status = 'done', finished_at = now(), attempts = 1 WHERE run_at < now()",
-			"-- drained, unvacuumed",
-			"INSERT INTO {jobs} (kind, flow_key, run_at) VALUES ('noop', 'a', now() - interval '1 minute')",
-			"-- drained, one due",
-		}},
-		{name: "many due", claim: "3, 'w', 30, 5, 1048576, NULL, false", steps: []string{
-			"INSERT INTO {jobs} (kind, flow_key, run_at) SELECT 'noop', 'k' || lpad((g % 20000)::text, 5, '0'), now() - interval '1 hour' FROM generate_series(1, 20000) g",
-			"-- 20,000 due keys",
-			"INSERT INTO {jobs} (kind, flow_key, run_at) SELECT 'noop', NULL, now() - interval '1 hour' FROM generate_series(1, 1000) g",
-			"UPDATE {jobs} SET run_at = now() + interval '1 hour' WHERE flow_key IS NOT NULL",
-			"VACUUM {jobs}",
-			"-- 1,000 due without a key, 20,000 keyed ahead",
-		}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			schema := pgtest.FreshSchema(t)
-			pool := newSizedPool(ctx, t, 4)
-			for name, path := range map[string]string{"claim_flow_017": "../migrations/sql/017_claim_flow.sql", "claim_flow_026a": os.Getenv("FLOW_DIFF_PREV")} {
-				_, err := pool.Exec(ctx, flowFn(t, path, name, schema))
-				require.NoError(t, err)
-			}
-			jobs := pgx.Identifier{schema, "jobs"}.Sanitize()
-			fn := func(n string) string { return pgx.Identifier{schema, n}.Sanitize() }
-			_, err := pool.Exec(ctx, "SELECT "+fn("set_flow_limit")+"('default', NULL, 1, false, NULL, NULL)")
-			require.NoError(t, err)
-			conn, err := pool.Acquire(ctx)
-			require.NoError(t, err)
-			defer conn.Release()
-			for _, step := range tc.steps {
-				if label, ok := strings.CutPrefix(step, "-- "); ok {
-					for _, name := range []string{"claim_flow_017", "claim_flow_026a", "claim_flow"} {
-						for i := 0; i < 2; i++ { // the second, once the first has marked the dead entries
-							tx, err := conn.Begin(ctx)
-							require.NoError(t, err)
-							_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
-							require.NoError(t, err)
-							rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT count(id) FROM "+fn(name)+"('default', "+tc.claim+")")
-							require.NoError(t, err)
-							lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-							require.NoError(t, err)
-							require.NoError(t, tx.Rollback(ctx))
-							if i == 1 {
-								t.Logf("%s %s: %d pages", label, name, planPages(t, strings.Join(lines, "\n")))
-							}
-						}
-					}
-					continue
-				}
-				_, err := pool.Exec(ctx, strings.ReplaceAll(step, "{jobs}", jobs))
-				require.NoError(t, err)
-			}
-		})
-	}
 }
