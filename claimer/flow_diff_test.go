@@ -22,7 +22,7 @@ func flowFn(t *testing.T, path, name, schema string) string {
 	require.NoError(t, err)
 	s := string(b)
 	i := strings.Index(s, "CREATE OR REPLACE FUNCTION {{.schema}}.claim_flow(")
-	require.True(t, i >= 0)
+	require.GreaterOrEqual(t, i, 0, "no claim_flow in %s", path)
 	s = s[i:]
 	j := strings.Index(s, "\n$$;\n")
 	s = s[:j+5]
@@ -179,7 +179,7 @@ func flowDiff(t *testing.T, seed int64, n int, bias, allDue bool) map[string]int
 		// flow_keys: heads and starts
 		for _, k := range kk {
 			if rng.Intn(3) == 0 {
-				var nstarts = rng.Intn(4)
+				nstarts := rng.Intn(4)
 				exec("INSERT INTO "+fn("flow_keys")+" (queue, key, head, starts) VALUES ($1, $2, (SELECT id FROM "+jobs+" WHERE queue = $1 AND flow_key = $2 ORDER BY random() LIMIT 1), "+
 					"ARRAY(SELECT now() - g * interval '7 minutes' FROM generate_series(1, $3) g ORDER BY 1)) ON CONFLICT DO NOTHING", queue, k, nstarts)
 			}
