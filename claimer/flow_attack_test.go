@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
@@ -334,23 +335,14 @@ func flowClaimPages(t *testing.T, strict bool, fill string, held bool) {
 	conn, err := pool.Acquire(ctx) // one connection: the plans are its own
 	require.NoError(t, err)
 	defer conn.Release()
-	claim := func(explain, want string) string {
+	claim := func(want string) int {
 		t.Helper()
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(ctx) }()
-		_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
-		require.NoError(t, err)
-		rows, err := tx.Query(ctx, explain+"SELECT count(id) FROM "+
-			pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+"($1, 3, 'w', 30, 5, 1048576, NULL, true)", c.cfg.Queue)
-		require.NoError(t, err)
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		var claimed string
-		require.NoError(t, tx.QueryRow(ctx, "SELECT string_agg(coalesce(flow_key, '-'), ' ' ORDER BY flow_key NULLS FIRST) FROM "+jobs+
-			" WHERE status = 'running'").Scan(&claimed))
-		require.Equal(t, want, claimed, "the jobs the claim takes, by key")
-		return strings.Join(lines, "\n")
+		return explainFlowClaim(ctx, t, conn, c, 3, func(tx pgx.Tx) {
+			var claimed string
+			require.NoError(t, tx.QueryRow(ctx, "SELECT string_agg(coalesce(flow_key, '-'), ' ' ORDER BY flow_key NULLS FIRST) FROM "+jobs+
+				" WHERE status = 'running'").Scan(&claimed))
+			require.Equal(t, want, claimed, "the jobs the claim takes, by key")
+		})
 	}
 	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, flow_key, run_at) VALUES
 		('noop', 'w', now() - interval '1 minute'), ('noop', 'x', now() - interval '1 minute'),
@@ -368,23 +360,42 @@ func flowClaimPages(t *testing.T, strict bool, fill string, held bool) {
 		_, err = pool.Exec(ctx, "UPDATE "+jobs+" SET run_at = now() + interval '1 hour' WHERE flow_key = 'w'")
 		require.NoError(t, err)
 	}
-	claim("", "- x y") // the plans, made on the empty table and kept
+	claim("- x y") // the plans, made on the empty table and kept
 	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, flow_key, run_at) `+fill)
 	require.NoError(t, err)
 	want := "- x y" // one claim takes the three due jobs
 	if held {
 		want = "x y zz0000" // the keys first, then the jobs without a key
 	}
-	plan := claim("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) ", want)
-	pages := planPages(t, plan)
+	pages := claim(want)
 	// About 300 pages: the walk passes over the 20,000 entries of the keys
 	// ahead, about 170 pages of jobs_flow_pending_idx. The bound leaves room
 	// for the catalog reads that other tests' schemas cause; a look for the
 	// jobs without a key in one scan read 570 pages, and a take by id in
 	// jobs_kind_idx 1,700 and more.
-	bound := 450
+	require.Less(t, pages, 450, "the claim read %d pages", pages)
+}
+
+// explainFlowClaim makes a claim of up to limit jobs with c's claim_flow on
+// conn, in a transaction of the claim's settings, under EXPLAIN (ANALYZE,
+// BUFFERS); runs check in the same transaction; rolls it back, and returns
+// the pages the claim read.
+func explainFlowClaim(ctx context.Context, t *testing.T, conn *pgxpool.Conn, c *Claimer, limit int, check func(pgx.Tx)) int {
+	t.Helper()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
+	require.NoError(t, err)
+	rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT count(id) FROM "+
+		pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+"($1, $2, 'w', 30, 5, 1048576, NULL, true)", c.cfg.Queue, limit)
+	require.NoError(t, err)
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	pages := planPages(t, strings.Join(lines, "\n"))
 	t.Logf("the claim read %d pages", pages)
-	require.Less(t, pages, bound, "the claim read %d pages:\n%s", pages, plan)
+	check(tx)
+	return pages
 }
 
 // A claim of a limited queue whose keyed jobs mostly wait for later reads
@@ -410,27 +421,13 @@ func flowClaimGrowth(t *testing.T, due bool) {
 	conn, err := pool.Acquire(ctx) // one connection: the plans are its own
 	require.NoError(t, err)
 	defer conn.Release()
-	// inTx runs f in a transaction of the claim's settings, rolled back.
-	inTx := func(f func(tx pgx.Tx)) {
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(ctx) }()
-		_, err = tx.Exec(ctx, pinned.ClaimPlanSQL)
-		require.NoError(t, err)
-		f(tx)
-	}
-	claimFlow := pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize() + "($1, 10, 'w', 30, 5, 1048576, NULL, true)"
 	claim := func() (pages int, nextIn *float64, claimed int) {
-		inTx(func(tx pgx.Tx) {
-			rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT count(id) FROM "+claimFlow, c.cfg.Queue)
-			require.NoError(t, err)
-			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			require.NoError(t, err)
-			pages = planPages(t, strings.Join(lines, "\n"))
+		pages = explainFlowClaim(ctx, t, conn, c, 10, func(tx pgx.Tx) {
 			require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM "+jobs+" WHERE status = 'running'").Scan(&claimed))
-		})
-		inTx(func(tx pgx.Tx) {
-			require.NoError(t, tx.QueryRow(ctx, "SELECT min(next_in) FROM "+claimFlow, c.cfg.Queue).Scan(&nextIn))
+			// a claim again, for what it says beside its jobs: with none due,
+			// what the first said
+			require.NoError(t, tx.QueryRow(ctx, "SELECT min(next_in) FROM "+pgx.Identifier{c.cfg.Schema, "claim_flow"}.Sanitize()+
+				"($1, 10, 'w', 30, 5, 1048576, NULL, true)", c.cfg.Queue).Scan(&nextIn))
 		})
 		return pages, nextIn, claimed
 	}
