@@ -219,7 +219,11 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*
 			sql, args = c.claimCursorSQL, append(args, c.cursor.Priority, c.cursor.RunAt, c.cursor.ID)
 		}
 	}
-	results := pinned.Send(ctx, conn, pinned.ClaimPlanSQL, sql, args...)
+	settings := pinned.ClaimPlanSQL
+	if flow {
+		settings = pinned.FlowPlanSQL
+	}
+	results := pinned.Send(ctx, conn, settings, sql, args...)
 	if c.claimSent != nil {
 		c.claimSent(c.cfg.Queue)
 	}

@@ -3,7 +3,12 @@
 // The statements write a batch of rows found by id in the order of their
 // arrays, which the completer sorts by id: under pinned.PlanSQL their one
 // plan is a nested loop over the arrays, by primary key, so they lock their
-// rows in id order, and lock each once, as they write it. A row is written
+// rows in id order, and lock each once, as they write it. The key is
+// matched as id = ANY(ARRAY[v.id]), which the primary key serves for each
+// row of the arrays but which, unlike id = v.id, gives the planner no
+// reason to read the whole primary key in order: with statistics that said
+// the table held no row (analyzed once a burst had drained), it read it for
+// every row of the batch. A row is written
 // only while it is still this worker's attempt: the guard, wrapped in IS
 // TRUE, which no index can serve, so that the planner never drives the
 // batch from a scan for running rows (with stale statistics it did,
@@ -54,14 +59,14 @@ SET status = v.status,
     updated_at = now()
 FROM unnest($1::bigint[], $2::timestamptz[], $3::text[], $4::float8[], $5::text[], $6::bool[], $7::text[], $8::text[], $9::timestamptz[])
     AS v(id, claimed_at, status, delay, err, release, entry, result, until)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $10 AND j.updated_at = v.claimed_at) IS TRUE`
+WHERE j.id = ANY(ARRAY[v.id]) AND (j.status = 'running' AND j.locked_by = $10 AND j.updated_at = v.claimed_at) IS TRUE`
 
 // DeleteDoneSQL deletes done jobs $1 of claims $2, when done jobs are not
 // kept (RETAIN_DONE=0).
 const DeleteDoneSQL = `
 DELETE FROM {jobs} j
 USING unnest($1::bigint[], $2::timestamptz[]) AS v(id, claimed_at)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at) IS TRUE`
+WHERE j.id = ANY(ARRAY[v.id]) AND (j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at) IS TRUE`
 
 const (
 	// MaxBatch is the most outcomes one statement writes.

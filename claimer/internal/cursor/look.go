@@ -202,7 +202,7 @@ func (l *Looker) Look(ctx context.Context) Look {
 		id       pgtype.Int8
 		took     float64
 	)
-	results := pinned.Send(ctx, l.pool, pinned.PlanSQL, l.sql, l.queue)
+	results := pinned.Send(ctx, l.pool, pinned.ScanPlanSQL, l.sql, l.queue)
 	_, err := results.Exec()
 	if err == nil {
 		err = results.QueryRow().Scan(&priority, &runAt, &id, &took)

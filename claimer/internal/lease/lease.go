@@ -26,7 +26,7 @@ import (
 const SQL = `
 UPDATE {jobs} j SET locked_until = now() + make_interval(secs => $4::float8)
 FROM unnest($1::bigint[], $2::timestamptz[]) WITH ORDINALITY AS v(id, claimed_at, n)
-WHERE j.id = v.id AND (j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at) IS TRUE
+WHERE j.id = ANY(ARRAY[v.id]) AND (j.status = 'running' AND j.locked_by = $3 AND j.updated_at = v.claimed_at) IS TRUE
 RETURNING v.n`
 
 // Config configures a Heartbeat. Every field is required.

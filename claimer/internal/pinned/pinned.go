@@ -12,21 +12,40 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// PlanSQL goes before each claim, heartbeat and completion, in the same
-// implicit transaction, and pins their plans: a generic plan, made once per
-// connection (else the claim was planned anew at every call), that finds
-// rows by key only, however the statistics looked when it was made (a plan
-// made on a nearly empty table scanned the whole table ever after). The
+// PlanSQL goes before each heartbeat and completion, in the same implicit
+// transaction, and pins their plans: a generic plan, made once per
+// connection (else each was planned anew at every call), that finds rows
+// by key only, however the statistics looked when it was made (a plan made
+// on a nearly empty table scanned the whole table ever after). The
 // settings are the transaction's own. claimer/plan_test.go checks the plans.
-const PlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+const PlanSQL = planSettings + `,
+       set_config('enable_bitmapscan', 'off', true)`
+
+// planSettings are PlanSQL's settings but the last, which claim_flow's
+// plans were made and measured without.
+const planSettings = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_tidscan', 'on', true),
        set_config('enable_seqscan', 'off', true),
        set_config('enable_hashjoin', 'off', true),
        set_config('enable_mergejoin', 'off', true)`
 
-// ClaimPlanSQL is PlanSQL for the claim, which also commits without
+// ScanPlanSQL is PlanSQL for the claim's scans and the look's, read in the
+// claim index's order, without a sort, so that a plan made while the
+// statistics said the table held no row (analyzed once a burst had
+// drained: its pages and index entries are there, and no row is live)
+// does not read jobs_schedule_idx from the cursor's run_at and sort every
+// due job it finds, at every claim.
+const ScanPlanSQL = PlanSQL + `,
+       set_config('enable_sort', 'off', true),
+       set_config('enable_incremental_sort', 'off', true)`
+
+// ClaimPlanSQL is ScanPlanSQL for the claim, which also commits without
 // waiting for its WAL flush.
-const ClaimPlanSQL = PlanSQL + `,
+const ClaimPlanSQL = ScanPlanSQL + `,
+       set_config('synchronous_commit', 'off', true)`
+
+// FlowPlanSQL goes before claim_flow, which commits as the claim does.
+const FlowPlanSQL = planSettings + `,
        set_config('synchronous_commit', 'off', true)`
 
 // OutcomePlanSQL is PlanSQL for the worker's outcomes, which also says
