@@ -7,8 +7,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgdispatch/pgdispatch/claimer/internal/completer"
@@ -17,6 +19,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/claimer/internal/lease"
 	"github.com/pgdispatch/pgdispatch/claimer/internal/pinned"
 	"github.com/pgdispatch/pgdispatch/internal/testkit/pgtest"
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 func TestMain(m *testing.M) { pgtest.MainNoLeaks(m) }
@@ -315,4 +318,108 @@ func planPages(t *testing.T, plan string) int {
 		}
 	}
 	return pages
+}
+
+// An outcome batch that waits for the lock of a row the heartbeat is
+// renewing writes it once the heartbeat commits: the row is found again
+// by its key (id = ANY(ARRAY[v.id]), an index condition of the batch's
+// plan) and its guard checked on the version the heartbeat wrote, which
+// is still this worker's attempt. One whose row was cancelled meanwhile
+// leaves it. The batch is planned after a drain, as in
+// TestBatchPlansUseTheKey.
+func TestOutcomesWaitingForTheHeartbeatWriteTheirRows(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	schema := pgtest.FreshSchema(t)
+	pool := newSizedPool(ctx, t, 4)
+	sql := func(s string) string { return pinned.WithSchema(s, schema) }
+	for _, s := range []string{
+		"INSERT INTO {jobs} (kind) SELECT 'noop' FROM generate_series(1, 5000)",
+		"VACUUM ANALYZE {jobs}",
+		"DELETE FROM {jobs}",
+		"ANALYZE {jobs}",
+		`INSERT INTO {jobs} (kind, status, attempts, locked_by, locked_until, updated_at)
+		 SELECT 'noop', 'running', 1, 'w', now() + interval '1 minute', '2026-01-01' FROM generate_series(1, 4)`,
+	} {
+		_, err := pool.Exec(ctx, sql(s))
+		require.NoError(t, err, s)
+	}
+	var ids []int64
+	rows, err := pool.Query(ctx, sql("SELECT id FROM {jobs} ORDER BY id"))
+	require.NoError(t, err)
+	ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	claimedAt := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	claims := []time.Time{claimedAt, claimedAt, claimedAt, claimedAt}
+
+	// The heartbeat renews the second row, and another transaction
+	// cancels the third; both hold their locks.
+	heartbeat, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer heartbeat.Rollback(ctx) //nolint:errcheck
+	_, err = heartbeat.Exec(ctx, pinned.PlanSQL)
+	require.NoError(t, err)
+	hb, err := heartbeat.Query(ctx, sql(lease.SQL), ids[1:2], claims[1:2], "w", 30.0)
+	require.NoError(t, err)
+	renewed, err := pgx.CollectRows(hb, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, renewed)
+	canceller, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer canceller.Rollback(ctx) //nolint:errcheck
+	_, err = canceller.Exec(ctx, sql("UPDATE {jobs} SET status = 'cancelled', locked_by = NULL, updated_at = now() WHERE id = $1"), ids[2])
+	require.NoError(t, err)
+
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var pid int32
+	require.NoError(t, conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	type result struct {
+		n   int64
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n := len(ids)
+		fill := func(v any) []any {
+			out := make([]any, n)
+			for i := range out {
+				out[i] = v
+			}
+			return out
+		}
+		results := pinned.Send(ctx, conn, pinned.OutcomePlanSQL, sql(completer.CompleteSQL), ids, claims,
+			fill("done"), fill(0.0), fill(nil), fill(false), fill(nil), fill(nil), fill(nil), "w")
+		_, err := results.Exec()
+		var n2 int64
+		if err == nil {
+			var tag pgconn.CommandTag
+			tag, err = results.Exec()
+			n2 = tag.RowsAffected()
+		}
+		if closeErr := results.Close(); err == nil {
+			err = closeErr
+		}
+		done <- result{n2, err}
+	}()
+	wait.For(t, 20*time.Second, "the outcomes to wait for a row's lock", func() bool {
+		var waiting bool
+		require.NoError(t, pool.QueryRow(ctx, "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock')", pid).Scan(&waiting))
+		return waiting
+	})
+	// The cancelled row is left whether the outcomes wait for its lock or
+	// meet the cancellation committed.
+	require.NoError(t, heartbeat.Commit(ctx))
+	require.NoError(t, canceller.Commit(ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, int64(3), r.n, "the outcomes wrote the rows still this worker's, the renewed one among them")
+	var statuses []string
+	rows, err = pool.Query(ctx, sql("SELECT status FROM {jobs} ORDER BY id"))
+	require.NoError(t, err)
+	statuses, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"done", "done", "cancelled", "done"}, statuses)
 }

@@ -21,8 +21,8 @@ import (
 const PlanSQL = planSettings + `,
        set_config('enable_bitmapscan', 'off', true)`
 
-// planSettings are PlanSQL's settings but the last, which claim_flow's
-// plans were made and measured without.
+// planSettings are PlanSQL's settings but the last: claim_flow turns
+// bitmap scans off itself (and sorts, and jit).
 const planSettings = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
        set_config('enable_tidscan', 'on', true),
        set_config('enable_seqscan', 'off', true),
@@ -48,7 +48,12 @@ const ClaimPlanSQL = ScanPlanSQL + `,
        set_config('synchronous_commit', 'off', true)`
 
 // FlowPlanSQL goes before claim_flow, which commits as the claim does.
+// claim_flow turns sorts off itself, but not incremental sorts: its look
+// for the jobs without a key, planned after a drained table was analyzed,
+// read jobs_schedule_idx from a priority's first job and sorted every due
+// job of the queue by id, at every claim that walked past the last key.
 const FlowPlanSQL = planSettings + `,
+       set_config('enable_incremental_sort', 'off', true),
        set_config('synchronous_commit', 'off', true)`
 
 // OutcomePlanSQL is PlanSQL for the worker's outcomes, which also says
