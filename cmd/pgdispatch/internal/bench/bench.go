@@ -107,6 +107,11 @@ type Options struct {
 	// Log, when set, receives a line as each scenario starts, and what a
 	// scenario has to say while it runs.
 	Log io.Writer
+	// asleepFirst, in tests, has each lone job of the latency and http
+	// scenarios wait until the worker's claimer has gone to sleep since
+	// the one before, so that its writer notifies: on a loaded machine a
+	// claimer could still be awake Gap after the last job.
+	asleepFirst bool
 }
 
 // DefaultOptions are the default scenarios at the sizes of a full run.
@@ -290,6 +295,9 @@ type bench struct {
 	opts      Options
 	log       io.Writer
 	latencies *csv.Writer // Options.Latencies, or nil
+	// lonely is the claimer that takes the lone jobs of the latency and
+	// http scenarios, for Options.asleepFirst.
+	lonely *probe
 }
 
 // latencyHeader is the header of Options.Latencies. The columns after

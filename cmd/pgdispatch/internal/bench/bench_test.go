@@ -72,6 +72,7 @@ func tiny(scenarios ...string) Options {
 	o.Jobs, o.Gap, o.DrainJobs = 10, time.Millisecond, 300
 	o.Writers, o.Duration = []int{2}, 400*time.Millisecond
 	o.IdleDuration = 100 * time.Millisecond
+	o.asleepFirst = true
 	o.SoakDuration, o.SoakWriters = 500*time.Millisecond, 2
 	return o
 }

@@ -72,6 +72,7 @@ func (b *bench) httpWorker(ctx context.Context, h *hops) (string, func(), error)
 	}
 	p := newCounter(0)
 	p.hops = h
+	b.lonely = p
 	stop, err := b.runWorker(ctx, schema, p, func(c *pgdispatch.Config) {
 		c.Registry.Register(httpcallback.Kind, tracedExecutor{exec: exec, hops: h})
 		setDeleteDone(c, false)

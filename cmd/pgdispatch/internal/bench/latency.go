@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -17,6 +18,7 @@ import (
 func (b *bench) latency(ctx context.Context) ([]*Result, error) {
 	p := newProbe(0)
 	p.hops = newHops()
+	b.lonely = p
 	schema, _, cleanup, err := b.workerWith(ctx, p, nil)
 	if err != nil {
 		return nil, err
@@ -68,7 +70,13 @@ func (b *bench) lone(ctx context.Context, insert string, args ...any) (sentAt, c
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	sentAt, committed = make(map[int64]time.Time, b.opts.Jobs), make(map[int64]time.Time, b.opts.Jobs)
+	var slept int64 // the claimer's sleeps before the last job
 	for range b.opts.Jobs {
+		if b.opts.asleepFirst {
+			if slept, err = b.asleepSince(ctx, slept); err != nil {
+				return nil, nil, err
+			}
+		}
 		var id int64
 		sent := time.Now()
 		if err := conn.QueryRow(ctx, insert, args...).Scan(&id); err != nil {
@@ -78,6 +86,26 @@ func (b *bench) lone(ctx context.Context, insert string, args ...any) (sentAt, c
 		time.Sleep(b.opts.Gap) // the scenario's pacing, not synchronisation
 	}
 	return sentAt, committed, nil
+}
+
+// asleepSince waits until the lone jobs' claimer has gone to sleep more
+// than slept times, and returns how many times it has.
+func (b *bench) asleepSince(ctx context.Context, slept int64) (int64, error) {
+	c := b.lonely.worker.Claimer("default")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if n := c.Stats().Sleeps; n > slept {
+			return n, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, errors.New("the lone jobs' claimer did not go to sleep within a minute")
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 // waitLatencies waits until every committed job started and returns the
