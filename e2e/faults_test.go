@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/internal/testkit/wait"
 )
 
 // The scenarios run one after another: some restart the shared cluster.
@@ -186,6 +188,18 @@ func TestTerminateConnections(t *testing.T) {
 	s := st.s
 	var sessions []int
 	terminations := strike(5, streamFor/6, func() {
+		// Each strike waits for the workers to be back, each with its
+		// listener and a pool connection: on a loaded machine the strike
+		// before could still be fresh (a listener reconnects after its
+		// retry delay).
+		var back int
+		wait.For(t, 30*time.Second, "three workers' sessions back before the next termination", func() bool {
+			callCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := s.pool.QueryRow(callCtx, `SELECT count(*) FROM pg_stat_activity
+				WHERE application_name LIKE 'pgdispatch%' AND datname = current_database()`).Scan(&back)
+			return err == nil && back >= 6
+		})
 		s.fault(func() {
 			callCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
