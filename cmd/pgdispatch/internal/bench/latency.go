@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgdispatch/pgdispatch/claimer"
 )
 
 // latency: an idle worker; jobs inserted one per transaction from another
@@ -91,7 +93,12 @@ func (b *bench) lone(ctx context.Context, insert string, args ...any) (sentAt, c
 // asleepSince waits until the lone jobs' claimer has gone to sleep more
 // than slept times, and returns how many times it has.
 func (b *bench) asleepSince(ctx context.Context, slept int64) (int64, error) {
-	c := b.lonely.worker.Claimer("default")
+	return sleptMore(ctx, b.lonely.worker.Claimer("default"), slept)
+}
+
+// sleptMore waits until c has gone to sleep more than slept times, and
+// returns how many times it has.
+func sleptMore(ctx context.Context, c *claimer.Claimer, slept int64) (int64, error) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		if n := c.Stats().Sleeps; n > slept {

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -223,18 +222,8 @@ func (b *bench) xminDrain(ctx context.Context, held, deleteDone bool) (float64, 
 
 // waitAsleep waits until c has gone to sleep once.
 func waitAsleep(ctx context.Context, c *claimer.Claimer) error {
-	deadline := time.Now().Add(time.Minute)
-	for c.Stats().Sleeps == 0 {
-		if time.Now().After(deadline) {
-			return errors.New("the lone jobs' worker did not go to sleep within a minute")
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
+	_, err := sleptMore(ctx, c, 0)
+	return err
 }
 
 // xminCurve holds a transaction open on a fresh table and, at each count
