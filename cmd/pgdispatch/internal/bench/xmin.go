@@ -342,9 +342,9 @@ func (b *bench) tracedBench(ctx context.Context, timer *claimTimer) (*bench, fun
 }
 
 // claimTimer is a pgx tracer that times each claim's round trip: the
-// batch the claimer sends behind its settings (pinned.ClaimPlanSQL, the
-// only ones that turn synchronous_commit off), from its start until its
-// results are closed.
+// batch the claimer sends behind its settings (pinned.ClaimPlanSQL, or
+// FlowPlanSQL for a limited queue: the only ones that turn
+// synchronous_commit off), from its start until its results are closed.
 type claimTimer struct {
 	mu    sync.Mutex
 	times []time.Duration
