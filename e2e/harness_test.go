@@ -194,6 +194,33 @@ func (w *worker) kill9() {
 	<-w.done
 }
 
+// stuckGoroutines ends the process with SIGQUIT, on which the Go runtime
+// prints every goroutine's stack, and returns the stacks of those that were
+// running (a loop that spins) or had been blocked a minute or more (what a
+// hang waits on).
+func (w *worker) stuckGoroutines() string {
+	before := len(w.log.String())
+	_ = w.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-w.done:
+	case <-time.After(10 * time.Second):
+		return ""
+	}
+	var b strings.Builder
+	for _, g := range strings.Split(w.log.String()[before:], "\n\n") {
+		if head, _, _ := strings.Cut(g, "\n"); strings.HasPrefix(head, "goroutine ") && stuck(head) {
+			b.WriteString(g + "\n\n")
+		}
+	}
+	return b.String()
+}
+
+// stuck reports whether a goroutine's header ("goroutine 7 [select, 2
+// minutes]:") says it was running or blocked a minute or more.
+func stuck(head string) bool {
+	return strings.Contains(head, "[running") || strings.Contains(head, "[runnable") || strings.Contains(head, " minutes]")
+}
+
 func (w *worker) alive() bool {
 	select {
 	case <-w.done:
@@ -255,7 +282,13 @@ func (s *scenario) dumpLogsOnFailure() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			for _, w := range s.workers {
-				s.t.Logf("=== worker %s (alive %v, exit %v)\n%s", w.id, w.alive(), w.err, w.log.tail(6000))
+				alive := w.alive()
+				s.t.Logf("=== worker %s (alive %v, exit %v)\n%s", w.id, alive, w.err, w.log.tail(6000))
+				if alive {
+					if stuck := w.stuckGoroutines(); stuck != "" {
+						s.t.Logf("=== worker %s: goroutines running, or blocked a minute or more\n%s", w.id, stuck)
+					}
+				}
 			}
 		}
 	})

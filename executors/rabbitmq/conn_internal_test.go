@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 )
 
@@ -87,4 +88,44 @@ func TestGuardWriteTimeout(t *testing.T) {
 	require.Equal(t, err, err2, "the error is sticky")
 	_, err = peer.Read(make([]byte, 1))
 	require.ErrorIs(t, err, io.EOF, "the socket is closed")
+}
+
+// After the ack, the message's return is found among those the channel
+// holds, also once amqp091-go has closed the channel's returns; a closed
+// channel holding none ends the search. The connection closing between the
+// broker's ack and this search (rabbitmqctl close_all_connections caught
+// it) left a job spinning on the closed channel, holding its slot.
+func TestReturned(t *testing.T) {
+	t.Parallel()
+	search := func(returns chan amqp.Return, id string) (amqp.Return, bool) {
+		type found struct {
+			r  amqp.Return
+			ok bool
+		}
+		done := make(chan found, 1)
+		go func() {
+			r, ok := returned(returns, id)
+			done <- found{r, ok}
+		}()
+		select {
+		case f := <-done:
+			return f.r, f.ok
+		case <-time.After(30 * time.Second):
+			t.Fatalf("returned(%q) has not ended: it spins", id)
+			return amqp.Return{}, false
+		}
+	}
+
+	returns := make(chan amqp.Return, 4)
+	_, ok := search(returns, "7")
+	require.False(t, ok, "an open channel holding no return")
+
+	returns <- amqp.Return{MessageId: "6", ReplyCode: 312}
+	returns <- amqp.Return{MessageId: "7", ReplyCode: 312, ReplyText: "NO_ROUTE"}
+	close(returns)
+	r, ok := search(returns, "7")
+	require.True(t, ok, "the message's return, behind an earlier one, in a closed channel")
+	require.Equal(t, "NO_ROUTE", r.ReplyText)
+	_, ok = search(returns, "8")
+	require.False(t, ok, "a closed channel holding no return")
 }

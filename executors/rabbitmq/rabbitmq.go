@@ -348,20 +348,33 @@ func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
 		record(ctx, answer{Broker: "nack"})
 		return brokerAnswer{fmt.Errorf("rabbitmq: the broker nacked the message to %s", target)}
 	}
-	// A mandatory message that no queue took comes back before its ack, on
-	// the same channel: it is already in returns.
+	if r, ok := returned(ch.returns, m.publishing.MessageId); ok {
+		text := strings.TrimSpace(executors.Excerpt(redact.Reply(r.ReplyText, m.secrets()), maxReplyText))
+		record(ctx, answer{Broker: "return", ReplyCode: r.ReplyCode, ReplyText: text})
+		return brokerAnswer{fmt.Errorf("rabbitmq: unroutable: %s matched no queue (%d %s)", target, r.ReplyCode, text)}
+	}
+	record(ctx, answer{Broker: "ack"})
+	return nil
+}
+
+// returned finds the return of the message id among those the broker sent
+// back on a channel, once the broker has acked it. A mandatory message that
+// no queue took comes back before its ack, on the same channel, so it is
+// already in returns; the returns of earlier messages, whose jobs already
+// failed, are dropped. amqp091-go closes returns when the channel closes,
+// after what it holds.
+func returned(returns <-chan amqp.Return, id string) (amqp.Return, bool) {
 	for {
 		select {
-		case r := <-ch.returns:
-			if r.MessageId != m.publishing.MessageId {
-				continue // an earlier message's, its job already failed
+		case r, open := <-returns:
+			if !open {
+				return amqp.Return{}, false
 			}
-			text := strings.TrimSpace(executors.Excerpt(redact.Reply(r.ReplyText, m.secrets()), maxReplyText))
-			record(ctx, answer{Broker: "return", ReplyCode: r.ReplyCode, ReplyText: text})
-			return brokerAnswer{fmt.Errorf("rabbitmq: unroutable: %s matched no queue (%d %s)", target, r.ReplyCode, text)}
+			if r.MessageId == id {
+				return r, true
+			}
 		default:
-			record(ctx, answer{Broker: "ack"})
-			return nil
+			return amqp.Return{}, false
 		}
 	}
 }
