@@ -158,7 +158,7 @@ func (c *guardedConn) scan(b []byte) error {
 // server_name_indication) done by the dial function, under the guard:
 // amqp091-go would do it over the connection dial returns, and the guard
 // would see only TLS records. Each connection dial makes is kept in *wire
-// (dial runs under e.mu, in dialLocked).
+// (only the opening in progress dials, in dial).
 func (e *Executor) dialer(wire **guardedConn) (string, func(network, addr string) (net.Conn, error), error) {
 	dial := amqp.DefaultDial(e.cfg.DialTimeout)
 	uri, err := amqp.ParseURI(e.cfg.URL)

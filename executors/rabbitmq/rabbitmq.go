@@ -96,10 +96,19 @@ type Executor struct {
 	conn     *amqp.Connection
 	wire     *guardedConn // conn's socket
 	idle     []*channel
+	opening  *opening // the channel being opened, if any
 	failures int
 	nextDial time.Time
 	lastErr  error
 	closed   bool
+}
+
+// opening is a channel being opened into the idle pool, connecting first
+// when needed, for the jobs waiting for one: done closes when it is there,
+// or err says why it is not.
+type opening struct {
+	done chan struct{}
+	err  error
 }
 
 type channel struct {
@@ -265,7 +274,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) error {
 		return fmt.Errorf("rabbitmq: no channel free before the job's deadline: %w", context.Cause(ctx))
 	}
 	defer func() { <-e.slots }()
-	ch, err := e.acquire()
+	ch, err := e.acquire(ctx)
 	if err != nil {
 		return err
 	}
@@ -379,39 +388,94 @@ func returned(returns <-chan amqp.Return, id string) (amqp.Return, bool) {
 	}
 }
 
-// acquire returns an open channel, connecting first when needed.
-func (e *Executor) acquire() (*channel, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return nil, errors.New("rabbitmq: executor closed")
+// acquire returns an open channel: an idle one, else one opened for it,
+// connecting first when needed. The broker may answer neither (a stopped
+// broker; under a memory alarm RabbitMQ reads nothing, and keeps the
+// connection up as long as the alarm lasts), so one opening at a time goes
+// on in the background, for this job or the next, and a job waits for it no
+// longer than ctx.
+func (e *Executor) acquire(ctx context.Context) (*channel, error) {
+	for {
+		e.mu.Lock()
+		if e.closed {
+			e.mu.Unlock()
+			return nil, errors.New("rabbitmq: executor closed")
+		}
+		e.dropBrokenLocked()
+		for len(e.idle) > 0 {
+			ch := e.idle[len(e.idle)-1]
+			e.idle = e.idle[:len(e.idle)-1]
+			if !ch.ch.IsClosed() {
+				e.mu.Unlock()
+				return ch, nil
+			}
+		}
+		o := e.opening
+		if o == nil {
+			o = &opening{done: make(chan struct{})}
+			e.opening = o
+			go e.open(o)
+		}
+		e.mu.Unlock()
+		select {
+		case <-o.done:
+			if o.err != nil {
+				return nil, o.err
+			}
+			// The channel is in the pool, unless a job took it first.
+		case <-ctx.Done():
+			return nil, fmt.Errorf("rabbitmq: no channel opened before the job's deadline: %w", context.Cause(ctx))
+		}
 	}
-	// A write that failed broke the connection; amqp091-go shuts it down
-	// in the background, and may not have yet.
+}
+
+// dropBrokenLocked lets go of a connection that failed a write: amqp091-go
+// shuts it down in the background, and may not have yet.
+func (e *Executor) dropBrokenLocked() {
 	if e.conn != nil && !e.conn.IsClosed() && e.wire.broken() != nil {
 		e.logger.Warn("the broker connection failed a write", zap.Error(e.wire.broken()))
 		go func(c *amqp.Connection) { _ = c.Close() }(e.conn)
 		e.conn, e.idle = nil, nil
 	}
-	for len(e.idle) > 0 {
-		ch := e.idle[len(e.idle)-1]
-		e.idle = e.idle[:len(e.idle)-1]
-		if !ch.ch.IsClosed() {
-			return ch, nil
-		}
+}
+
+// open opens a channel into the idle pool, connecting first when needed,
+// and ends o.
+func (e *Executor) open(o *opening) {
+	ch, err := e.openChannel()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.opening = nil
+	o.err = err
+	close(o.done)
+	if err != nil {
+		return
 	}
-	if e.conn == nil || e.conn.IsClosed() {
-		if err := e.dialLocked(); err != nil {
+	if e.closed {
+		discard(ch)
+		return
+	}
+	e.idle = append(e.idle, ch)
+}
+
+func (e *Executor) openChannel() (*channel, error) {
+	e.mu.Lock()
+	e.dropBrokenLocked()
+	conn := e.conn
+	e.mu.Unlock()
+	if conn == nil || conn.IsClosed() {
+		var err error
+		if conn, err = e.dial(); err != nil {
 			return nil, err
 		}
 	}
-	c, err := e.conn.Channel()
+	c, err := conn.Channel()
 	if err == nil {
 		err = c.Confirm(false)
 	}
 	if err != nil {
 		if c != nil {
-			_ = c.Close()
+			discard(&channel{ch: c})
 		}
 		return nil, fmt.Errorf("rabbitmq: open channel: %w", err)
 	}
@@ -422,9 +486,14 @@ func (e *Executor) acquire() (*channel, error) {
 	}, nil
 }
 
-func (e *Executor) dialLocked() error {
-	if wait := time.Until(e.nextDial); wait > 0 {
-		return fmt.Errorf("rabbitmq: broker unreachable, next connection attempt in %s: %w", wait.Round(time.Millisecond), e.lastErr)
+// dial connects to the broker, unless the last attempt failed less than
+// the backoff ago. Only the opening in progress dials.
+func (e *Executor) dial() (*amqp.Connection, error) {
+	e.mu.Lock()
+	wait, lastErr := time.Until(e.nextDial), e.lastErr
+	e.mu.Unlock()
+	if wait > 0 {
+		return nil, fmt.Errorf("rabbitmq: broker unreachable, next connection attempt in %s: %w", wait.Round(time.Millisecond), lastErr)
 	}
 	var wire *guardedConn
 	url, dial, err := e.dialer(&wire)
@@ -432,6 +501,8 @@ func (e *Executor) dialLocked() error {
 	if err == nil {
 		conn, err = amqp.DialConfig(url, amqp.Config{Dial: dial, Properties: amqp.Table{"connection_name": e.cfg.Name}})
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if err != nil {
 		e.failures++
 		d := e.cfg.ReconnectMin << min(e.failures-1, 20)
@@ -442,13 +513,17 @@ func (e *Executor) dialLocked() error {
 		e.nextDial = time.Now().Add(d)
 		e.lastErr = redactErr(err, e.cfg.URL)
 		e.logger.Warn("connecting to the broker failed", zap.Error(e.lastErr), zap.Int("failures", e.failures), zap.Duration("retry_in", d))
-		return fmt.Errorf("rabbitmq: connect: %w", e.lastErr)
+		return nil, fmt.Errorf("rabbitmq: connect: %w", e.lastErr)
+	}
+	if e.closed {
+		go func() { _ = conn.Close() }()
+		return nil, errors.New("rabbitmq: executor closed")
 	}
 	if e.failures > 0 || e.conn != nil {
 		e.logger.Info("reconnected to the broker", zap.Int("failed_attempts", e.failures))
 	}
 	e.conn, e.wire, e.failures, e.idle = conn, wire, 0, nil
-	return nil
+	return conn, nil
 }
 
 func (e *Executor) release(ch *channel, reusable bool) {
