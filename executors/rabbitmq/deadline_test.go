@@ -129,3 +129,21 @@ func TestStalledBrokerChannelOpen(t *testing.T) {
 	err = returnsSoon(t, executeAsync(ctx, t, e, 3, queue, "new channel"), "the job opening a channel")
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
+
+// A job whose message the broker does not take returns by its deadline,
+// however long the write bound.
+func TestStalledBrokerPublishWrite(t *testing.T) {
+	t.Parallel()
+	e, queue := stalledBroker(t, rabbitmq.Config{WriteTimeout: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// Far more than the socket buffers between the executor and the proxy
+	// take; a number, which holds no secret to look for in the error.
+	payload, err := json.Marshal(map[string]any{"routing_key": queue, "body": json.RawMessage(strings.Repeat("7", 8<<20))})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- e.Execute(ctx, &executors.Job{ID: 2, Attempt: 1, Payload: payload}) }()
+	err = returnsSoon(t, done, "the publish")
+	require.ErrorContains(t, err, "the broker did not take the message before the job's deadline")
+	require.NotErrorAs(t, err, new(*executors.PermanentError), "the attempt retries")
+}

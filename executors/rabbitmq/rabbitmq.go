@@ -22,9 +22,10 @@
 // its reply text is masked (see redact.Reply) of the payload's secrets.
 //
 // The executor keeps one connection and a small pool of confirm-mode
-// channels. When the broker closes the connection, or takes none of a write
-// within Config.WriteTimeout, it reconnects on the next job, backing off
-// while the broker stays unreachable; jobs meanwhile fail and retry.
+// channels. When the broker closes the connection, takes none of a write
+// within Config.WriteTimeout, or not all of a job's message by the job's
+// deadline, it reconnects on the next job, backing off while the broker
+// stays unreachable; jobs meanwhile fail and retry.
 package rabbitmq
 
 import (
@@ -76,7 +77,8 @@ type Config struct {
 	// WriteTimeout bounds each write to the broker's socket. A broker that
 	// stops reading (a memory or disk alarm, a stalled network) fails the
 	// connection after it: the jobs publishing on it fail and retry, and
-	// later jobs publish on a new connection. Default: 30s.
+	// later jobs publish on a new connection. A job's publish is bounded
+	// by the job's deadline as well. Default: 30s.
 	WriteTimeout time.Duration
 	// ReconnectMin and ReconnectMax bound the backoff between failed
 	// connection attempts. Defaults: 200ms and 10s.
@@ -113,6 +115,7 @@ type opening struct {
 
 type channel struct {
 	ch      *amqp.Channel
+	wire    *guardedConn // its connection's socket
 	returns chan amqp.Return
 	closed  chan *amqp.Error // why the channel closed, or its connection
 }
@@ -335,7 +338,18 @@ func record(ctx context.Context, a answer) { _ = executors.RecordResult(ctx, a) 
 
 func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
 	target := fmt.Sprintf("exchange %q routing key %q", m.exchange, m.key)
+	if err := ctx.Err(); err != nil {
+		record(ctx, answer{Broker: "unsent"})
+		return fmt.Errorf("rabbitmq: publish to %s: %w", target, err)
+	}
+	// A message cannot be left halfway through its frames: a publish still
+	// writing at the job's deadline (the broker takes none of it, or too
+	// little) fails the connection, as a write past WriteTimeout does.
+	stop := context.AfterFunc(ctx, func() {
+		ch.wire.fail(fmt.Errorf("the broker did not take the message before the job's deadline: %w", context.Cause(ctx)))
+	})
 	dc, err := ch.ch.PublishWithDeferredConfirmWithContext(ctx, m.exchange, m.key, true, false, m.publishing)
+	stop()
 	if err != nil {
 		record(ctx, answer{Broker: "unsent"})
 		return m.mask(fmt.Errorf("rabbitmq: publish to %s: %w", target, err))
@@ -461,11 +475,11 @@ func (e *Executor) open(o *opening) {
 func (e *Executor) openChannel() (*channel, error) {
 	e.mu.Lock()
 	e.dropBrokenLocked()
-	conn := e.conn
+	conn, wire := e.conn, e.wire
 	e.mu.Unlock()
 	if conn == nil || conn.IsClosed() {
 		var err error
-		if conn, err = e.dial(); err != nil {
+		if conn, wire, err = e.dial(); err != nil {
 			return nil, err
 		}
 	}
@@ -481,6 +495,7 @@ func (e *Executor) openChannel() (*channel, error) {
 	}
 	return &channel{
 		ch:      c,
+		wire:    wire,
 		returns: c.NotifyReturn(make(chan amqp.Return, e.cfg.Channels+1)),
 		closed:  c.NotifyClose(make(chan *amqp.Error, 1)),
 	}, nil
@@ -488,12 +503,12 @@ func (e *Executor) openChannel() (*channel, error) {
 
 // dial connects to the broker, unless the last attempt failed less than
 // the backoff ago. Only the opening in progress dials.
-func (e *Executor) dial() (*amqp.Connection, error) {
+func (e *Executor) dial() (*amqp.Connection, *guardedConn, error) {
 	e.mu.Lock()
 	wait, lastErr := time.Until(e.nextDial), e.lastErr
 	e.mu.Unlock()
 	if wait > 0 {
-		return nil, fmt.Errorf("rabbitmq: broker unreachable, next connection attempt in %s: %w", wait.Round(time.Millisecond), lastErr)
+		return nil, nil, fmt.Errorf("rabbitmq: broker unreachable, next connection attempt in %s: %w", wait.Round(time.Millisecond), lastErr)
 	}
 	var wire *guardedConn
 	url, dial, err := e.dialer(&wire)
@@ -513,17 +528,17 @@ func (e *Executor) dial() (*amqp.Connection, error) {
 		e.nextDial = time.Now().Add(d)
 		e.lastErr = redactErr(err, e.cfg.URL)
 		e.logger.Warn("connecting to the broker failed", zap.Error(e.lastErr), zap.Int("failures", e.failures), zap.Duration("retry_in", d))
-		return nil, fmt.Errorf("rabbitmq: connect: %w", e.lastErr)
+		return nil, nil, fmt.Errorf("rabbitmq: connect: %w", e.lastErr)
 	}
 	if e.closed {
 		go func() { _ = conn.Close() }()
-		return nil, errors.New("rabbitmq: executor closed")
+		return nil, nil, errors.New("rabbitmq: executor closed")
 	}
 	if e.failures > 0 || e.conn != nil {
 		e.logger.Info("reconnected to the broker", zap.Int("failed_attempts", e.failures))
 	}
 	e.conn, e.wire, e.failures, e.idle = conn, wire, 0, nil
-	return conn, nil
+	return conn, wire, nil
 }
 
 func (e *Executor) release(ch *channel, reusable bool) {
