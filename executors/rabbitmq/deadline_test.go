@@ -147,3 +147,13 @@ func TestStalledBrokerPublishWrite(t *testing.T) {
 	require.ErrorContains(t, err, "the broker did not take the message before the job's deadline")
 	require.NotErrorAs(t, err, new(*executors.PermanentError), "the attempt retries")
 }
+
+// Close returns when the broker answers nothing, after the write bound.
+func TestStalledBrokerClose(t *testing.T) {
+	t.Parallel()
+	e, _ := stalledBroker(t, rabbitmq.Config{WriteTimeout: time.Second})
+	done := make(chan error, 1)
+	go func() { done <- e.Close() }()
+	err := returnsSoon(t, done, "Close")
+	require.ErrorContains(t, err, "the broker did not answer the close within 1s")
+}

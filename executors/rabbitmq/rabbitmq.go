@@ -567,16 +567,29 @@ func discard(ch *channel) {
 	go func() { _ = ch.ch.Close() }()
 }
 
-// Close closes the connection. Jobs executed after it fail.
+// Close closes the connection. Jobs executed after it fail. It waits for
+// the broker's close-ok at most WriteTimeout: a broker that reads nothing
+// (see acquire) never sends it, and its heartbeats keep the connection up.
 func (e *Executor) Close() error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	e.closed = true
 	e.idle = nil
-	if e.conn == nil || e.conn.IsClosed() {
+	conn, wire := e.conn, e.wire
+	e.mu.Unlock()
+	if conn == nil || conn.IsClosed() {
 		return nil
 	}
-	return e.conn.Close()
+	t := time.AfterFunc(e.cfg.WriteTimeout, func() {
+		wire.fail(fmt.Errorf("the broker did not answer the close within %s", e.cfg.WriteTimeout))
+	})
+	defer t.Stop()
+	if err := conn.Close(); err != nil {
+		if werr := wire.broken(); werr != nil {
+			return fmt.Errorf("rabbitmq: close: %w", werr)
+		}
+		return fmt.Errorf("rabbitmq: close: %w", err)
+	}
+	return nil
 }
 
 // redactErr keeps the broker's password out of an error that might quote
