@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
@@ -10,6 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/internal/testkit/amqptest"
 )
 
 func testFrame(typ byte, payload []byte) []byte {
@@ -128,4 +131,37 @@ func TestReturned(t *testing.T) {
 	require.Equal(t, "NO_ROUTE", r.ReplyText)
 	_, ok = search(returns, "8")
 	require.False(t, ok, "a closed channel holding no return")
+}
+
+// A channel goes back to the idle pool only while its connection is the
+// executor's: one whose connection the executor let go of (a write failed
+// on it, and amqp091-go may not have shut it down yet) is discarded, or the
+// next job's publish would fail on it.
+func TestPoolKeepsOnlyTheConnectionsChannels(t *testing.T) {
+	t.Parallel()
+	e, err := New(Config{URL: amqptest.URL(t)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	ch, err := e.acquire(ctx)
+	require.NoError(t, err)
+	e.release(ch, true)
+	e.mu.Lock()
+	require.Len(t, e.idle, 1, "a channel of the executor's connection is kept")
+	wire := e.wire
+	e.mu.Unlock()
+
+	ch, err = e.acquire(ctx)
+	require.NoError(t, err)
+	e.mu.Lock()
+	e.wire = &guardedConn{} // a connection dialed since
+	e.mu.Unlock()
+	e.release(ch, true)
+	e.mu.Lock()
+	require.Empty(t, e.idle, "a channel of a connection let go of is kept")
+	e.wire = wire
+	e.mu.Unlock()
+	require.Eventually(t, ch.ch.IsClosed, 30*time.Second, 10*time.Millisecond, "the channel was not closed")
+	require.NoError(t, e.Close())
 }

@@ -465,11 +465,7 @@ func (e *Executor) open(o *opening) {
 	if err != nil {
 		return
 	}
-	if e.closed {
-		discard(ch)
-		return
-	}
-	e.idle = append(e.idle, ch)
+	e.pool(ch)
 }
 
 func (e *Executor) openChannel() (*channel, error) {
@@ -548,7 +544,14 @@ func (e *Executor) release(ch *channel, reusable bool) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	e.pool(ch)
+}
+
+// pool puts ch in the idle pool, unless the executor is closed or has let
+// go of ch's connection (a write failed on it, and amqp091-go may not have
+// shut it down yet): then it discards ch. e.mu is held.
+func (e *Executor) pool(ch *channel) {
+	if e.closed || ch.wire != e.wire {
 		discard(ch)
 		return
 	}
