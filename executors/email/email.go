@@ -572,7 +572,10 @@ func (e *Executor) classify(ctx context.Context, err error, known *redact.Secret
 		}
 		return err
 	case errors.As(err, &sendErr):
-		if code := sendErr.ErrorCode(); code >= 500 || code == 0 && !sendErr.IsTemp() {
+		// A SendError without a code is no refusal: the connection failed
+		// (closed, timed out, a reply past MaxReplyBytes), or the server
+		// replied neither 4xx nor 5xx where another reply was due.
+		if sendErr.ErrorCode() >= 500 {
 			return executors.Permanent(err)
 		}
 		return err

@@ -1,0 +1,168 @@
+package email_test
+
+// SMTP servers that fail a session part of the way through, scripted by
+// the test over a real TCP listener: what becomes of the job depends on
+// what the server said, and when.
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/executors"
+	"github.com/pgdispatch/pgdispatch/executors/email"
+)
+
+// hangUp, as a script's reply, closes the connection instead of replying;
+// stall reads on, and replies to nothing more.
+const (
+	hangUp = ""
+	stall  = "\x00stall"
+)
+
+// script is a scripted server's replies by command verb (MAIL, RCPT,
+// DATA, RSET, NOOP, QUIT, ...); "." is the reply to the end of the data.
+// A verb it does not name gets a plain success, or 502 when the server
+// does not know it.
+type script map[string]string
+
+var defaultReplies = script{
+	"EHLO": "250-mx.example.test\r\n250-8BITMIME\r\n250 ENHANCEDSTATUSCODES",
+	"HELO": "250 mx.example.test",
+	"MAIL": "250 2.1.0 ok", "RCPT": "250 2.1.5 ok", "DATA": "354 go on", ".": "250 2.0.0 queued as 17",
+	"RSET": "250 2.0.0 ok", "NOOP": "250 2.0.0 ok", "QUIT": "221 2.0.0 bye",
+}
+
+// scripted is a server for one session, written with no SMTP library.
+type scripted struct{ port int }
+
+func startScripted(t *testing.T, replies script) *scripted {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	s := &scripted{port: ln.Addr().(*net.TCPAddr).Port}
+	done := make(chan struct{})
+	t.Cleanup(func() { _ = ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer func() { _ = c.Close() }()
+		s.serve(c, replies)
+	}()
+	return s
+}
+
+func (scripted) serve(c net.Conn, replies script) {
+	r := bufio.NewReader(c)
+	if _, err := c.Write([]byte("220 mx.example.test ESMTP\r\n")); err != nil {
+		return
+	}
+	inData := false
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		line = strings.TrimRight(line, "\r\n")
+		verb := "."
+		switch {
+		case inData && line != ".":
+			continue
+		case !inData:
+			verb, _, _ = strings.Cut(strings.ToUpper(line), " ")
+		}
+		reply, ok := replies[verb]
+		if !ok {
+			reply, ok = defaultReplies[verb]
+		}
+		if !ok {
+			reply = "502 5.5.2 unknown command"
+		}
+		switch reply {
+		case hangUp:
+			return
+		case stall:
+			_, _ = io.Copy(io.Discard, r)
+			return
+		}
+		if _, err := c.Write([]byte(reply + "\r\n")); err != nil {
+			return
+		}
+		inData = verb == "DATA" && strings.HasPrefix(reply, "354")
+		if verb == "QUIT" {
+			return
+		}
+	}
+}
+
+// config is the executor's config for s: plain SMTP, no AUTH.
+func (s *scripted) config() email.Config {
+	return email.Config{Host: "127.0.0.1", Port: s.port, TLS: email.TLSNone, From: "shop@example.test", Password: password}
+}
+
+// scriptedAttempt sends one message through s, and returns the result the
+// attempt recorded and its error.
+func scriptedAttempt(t *testing.T, s *scripted) (string, error) {
+	t.Helper()
+	return runAttempt(t, s.config(), map[string]any{"to": []string{"ann@example.test"}, "subject": "s", "text": "t"})
+}
+
+func isPermanent(err error) bool {
+	var p *executors.PermanentError
+	return errors.As(err, &p)
+}
+
+// A server that closes the connection part of the way through the
+// transaction, sends a reply past MaxReplyBytes, or a reply that is no
+// refusal (neither 4xx nor 5xx) where another was due, has not refused the
+// message: the job retries, as after a connection error at the greeting.
+func TestConnectionLostDuringTheTransactionRetries(t *testing.T) {
+	t.Parallel()
+	endless := "550-" + strings.Repeat("x", 500) + "\r\n"
+	for name, replies := range map[string]script{
+		"closed at NOOP":                 {"NOOP": hangUp},
+		"421 at NOOP":                    {"NOOP": "421 4.3.2 shutting down"},
+		"closed at MAIL FROM":            {"MAIL": hangUp},
+		"closed at RCPT TO":              {"RCPT": hangUp},
+		"closed at DATA":                 {"DATA": hangUp},
+		"closed before the data's reply": {".": hangUp},
+		"endless reply to RCPT TO":       {"RCPT": strings.Repeat(endless, 2*email.MaxReplyBytes/len(endless))},
+		"a 2xx that is not 250 to DATA":  {"DATA": "250 2.0.0 no data needed"},
+		"a 1xx reply to the end of data": {".": "150 hold on"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := startScripted(t, replies)
+			_, err := scriptedAttempt(t, s)
+			t.Log(err)
+			require.Error(t, err)
+			require.False(t, isPermanent(err), "nothing refused the message: the job retries")
+		})
+	}
+}
+
+// A server that does not reply within Config.Timeout during the
+// transaction has not refused the message: the job retries.
+func TestTimeoutDuringTheTransactionRetries(t *testing.T) {
+	t.Parallel()
+	for _, verb := range []string{"MAIL", "RCPT", "DATA", "."} {
+		t.Run(verb, func(t *testing.T) {
+			t.Parallel()
+			s := startScripted(t, script{verb: stall})
+			cfg := s.config()
+			cfg.Timeout = 100 * time.Millisecond // the job's own deadline is later
+			_, err := runAttempt(t, cfg, map[string]any{"to": []string{"ann@example.test"}, "subject": "s", "text": "t"})
+			require.ErrorContains(t, err, "i/o timeout")
+			require.False(t, isPermanent(err), "the server was slow: the job retries")
+		})
+	}
+}
