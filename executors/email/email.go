@@ -463,8 +463,13 @@ func serverReply(m *gomail.Msg, err error, recipients int, known *redact.Secrets
 		sendErr  *gomail.SendError
 		protoErr *textproto.Error
 	)
+	// go-mail joins to a failed message's SendError the failure of the QUIT
+	// that follows it, whose reply refused nothing.
 	switch {
-	case errors.As(err, &sendErr) && sendErr.ErrorCode() != 0:
+	case errors.As(err, &sendErr):
+		if sendErr.ErrorCode() == 0 {
+			return reply{}, false
+		}
 		return reply{
 			SMTPCode: sendErr.ErrorCode(), EnhancedStatus: sendErr.EnhancedStatusCode(),
 			Command: commands[sendErr.Reason], Reply: replyText(sendErrReply(sendErr), known),
@@ -556,7 +561,9 @@ func build(m *gomail.Msg, p *message, jobID int64) error {
 }
 
 // classify: a 4xx reply retries and a 5xx reply is permanent, whether it
-// came at AUTH, MAIL, RCPT or DATA; network errors retry.
+// came at AUTH, MAIL, RCPT or DATA; network errors retry. A failed message
+// is judged by its SendError alone: go-mail joins to it the failure of the
+// QUIT that follows, whose reply refused nothing.
 func (e *Executor) classify(ctx context.Context, err error, known *redact.Secrets) error {
 	err = maskReply(fmt.Errorf("email: %s:%d: %w", e.cfg.Host, e.cfg.Port, err), known)
 	var (
@@ -566,16 +573,16 @@ func (e *Executor) classify(ctx context.Context, err error, known *redact.Secret
 	switch {
 	case ctx.Err() != nil:
 		return err
-	case errors.As(err, &protoErr):
-		if protoErr.Code >= 500 {
-			return executors.Permanent(err)
-		}
-		return err
 	case errors.As(err, &sendErr):
 		// A SendError without a code is no refusal: the connection failed
 		// (closed, timed out, a reply past MaxReplyBytes), or the server
 		// replied neither 4xx nor 5xx where another reply was due.
 		if sendErr.ErrorCode() >= 500 {
+			return executors.Permanent(err)
+		}
+		return err
+	case errors.As(err, &protoErr):
+		if protoErr.Code >= 500 {
 			return executors.Permanent(err)
 		}
 		return err

@@ -166,3 +166,33 @@ func TestTimeoutDuringTheTransactionRetries(t *testing.T) {
 		})
 	}
 }
+
+// The reply that refused the message decides the job, and is the
+// attempt's result, whatever the server says to the QUIT that follows it.
+func TestTheRefusalDecidesNotTheReplyToQuit(t *testing.T) {
+	t.Parallel()
+	t.Run("550 then 421 to QUIT", func(t *testing.T) {
+		t.Parallel()
+		s := startScripted(t, script{"RCPT": "550 5.1.1 no such user", "QUIT": "421 4.7.0 too many errors"})
+		got, err := scriptedAttempt(t, s)
+		require.ErrorContains(t, err, "550")
+		require.True(t, isPermanent(err), "a 5xx is permanent")
+		require.JSONEq(t, `{"smtp_code": 550, "enhanced_status": "5.1.1", "command": "RCPT TO", "reply": "5.1.1 no such user"}`, got)
+	})
+	t.Run("451 then 554 to QUIT", func(t *testing.T) {
+		t.Parallel()
+		s := startScripted(t, script{"RCPT": "451 4.3.0 try later", "QUIT": "554 5.5.1 no"})
+		got, err := scriptedAttempt(t, s)
+		require.ErrorContains(t, err, "451")
+		require.False(t, isPermanent(err), "a 4xx retries")
+		require.JSONEq(t, `{"smtp_code": 451, "enhanced_status": "4.3.0", "command": "RCPT TO", "reply": "4.3.0 try later"}`, got)
+	})
+	t.Run("no refusal, then 421 to QUIT", func(t *testing.T) {
+		t.Parallel()
+		s := startScripted(t, script{"DATA": "250 2.0.0 no data needed", "QUIT": "421 4.7.0 bye"})
+		got, err := scriptedAttempt(t, s)
+		require.ErrorContains(t, err, "no data needed")
+		require.False(t, isPermanent(err))
+		require.Empty(t, got, "nothing refused the message")
+	})
+}
