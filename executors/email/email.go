@@ -12,9 +12,11 @@
 // with the field named.
 //
 // The Message-ID is derived from the job id, so a retried job keeps it and
-// receivers can deduplicate. An SMTP 4xx reply and connection errors retry;
-// a 5xx reply is permanent. The password is never sent over a connection
-// without TLS unless Config.AllowPlaintextAuth says so.
+// receivers can deduplicate. A job is done once the server accepted its
+// message (250 to its data), whatever fails after that. An SMTP 4xx reply
+// and connection errors retry; a 5xx reply is permanent. The password is
+// never sent over a connection without TLS unless Config.AllowPlaintextAuth
+// says so.
 //
 // The server may be hostile, or someone on the path before STARTTLS: the
 // executor reads at most MaxReplyBytes of one reply and 1 MiB over a
@@ -406,7 +408,9 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	if r, ok := serverReply(m, err, len(p.To)+len(p.Cc)+len(p.Bcc), known); ok {
 		_ = executors.RecordResult(ctx, r)
 	}
-	if err != nil {
+	// A message the server accepted is sent, whatever failed after it (the
+	// RSET and the QUIT that follow): a retry would send it again.
+	if err != nil && !m.IsDelivered() {
 		return e.classify(ctx, err, known)
 	}
 	return nil

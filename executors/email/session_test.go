@@ -196,3 +196,25 @@ func TestTheRefusalDecidesNotTheReplyToQuit(t *testing.T) {
 		require.Empty(t, got, "nothing refused the message")
 	})
 }
+
+// Once the server has replied 250 to the message's data, it has the
+// message: a session that fails after that (no reply to RSET or QUIT, or
+// a refusal of either) leaves the job done, so that a retry does not send
+// the message again.
+func TestAcceptedMessageIsDoneWhateverFollows(t *testing.T) {
+	t.Parallel()
+	for name, replies := range map[string]script{
+		"closed at RSET": {"RSET": hangUp},
+		"refused RSET":   {"RSET": "554 5.5.1 no"},
+		"closed at QUIT": {"QUIT": hangUp},
+		"421 to QUIT":    {"QUIT": "421 4.3.0 bye"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := startScripted(t, replies)
+			got, err := scriptedAttempt(t, s)
+			require.NoError(t, err, "the server accepted the message")
+			require.JSONEq(t, `{"smtp_code": 250, "reply": "2.0.0 queued as 17", "recipients": 1}`, got)
+		})
+	}
+}
