@@ -404,7 +404,7 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	defer func() { <-e.sessions }()
 	err = client.DialAndSendWithContext(ctx, m)
-	err = maskProtoError(err, known)
+	err = maskReplies(err, known)
 	if r, ok := serverReply(m, err, len(p.To)+len(p.Cc)+len(p.Bcc), known); ok {
 		_ = executors.RecordResult(ctx, r)
 	}
@@ -594,20 +594,27 @@ func (e *Executor) classify(ctx context.Context, err error, known *redact.Secret
 	return err // connection errors and timeouts retry
 }
 
-// maskProtoError masks the message of a server's reply that err holds
-// (see replyLines), in place and in the text of the errors that wrap it,
-// which go-mail formats as it wraps: textproto.Error writes the message
-// with %q, which escapes a quote or a backslash of a secret and would hide
-// it from a mask of the text.
-func maskProtoError(err error, known *redact.Secrets) error {
-	var protoErr *textproto.Error
-	if !errors.As(err, &protoErr) {
-		return err
-	}
-	quoted := protoErr.Error()
-	protoErr.Msg = replyLines(protoErr.Msg, known)
-	masked := protoErr.Error()
-	return executors.MaskError(err, func(s string) string { return strings.ReplaceAll(s, quoted, masked) })
+// quoted is a string as %q writes it, as textproto's errors write each
+// reply of the server (its code, then its text quoted) and each line they
+// could not read as one.
+var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+
+// maskReplies masks the server's replies that err quotes (see replyLines)
+// in its text, which go-mail formats as it wraps them, some in a SendError
+// that errors.As cannot look into: each reply is unquoted, masked and
+// quoted again. %q escapes a quote or a backslash of a secret, and writes
+// the line breaks of a multi-line reply as \n, which would hide the secret,
+// or the credentials wrapped over two lines, from a mask of the text.
+func maskReplies(err error, known *redact.Secrets) error {
+	return executors.MaskError(err, func(s string) string {
+		return quoted.ReplaceAllStringFunc(s, func(q string) string {
+			reply, err := strconv.Unquote(q)
+			if err != nil {
+				return q
+			}
+			return strconv.Quote(replyLines(reply, known))
+		})
+	})
 }
 
 // enhancedStatus is the RFC 3463 status that begins each line of a reply.

@@ -6,6 +6,7 @@ package email_test
 
 import (
 	"bufio"
+	"encoding/base64"
 	"errors"
 	"io"
 	"net"
@@ -216,5 +217,27 @@ func TestAcceptedMessageIsDoneWhateverFollows(t *testing.T) {
 			require.NoError(t, err, "the server accepted the message")
 			require.JSONEq(t, `{"smtp_code": 250, "reply": "2.0.0 queued as 17", "recipients": 1}`, got)
 		})
+	}
+}
+
+// A server that quotes AUTH PLAIN's credentials over two lines of its
+// refusal of a recipient gives none of them away: the refusal is masked
+// with its lines joined, in the error as in the result.
+func TestAuthEchoSplitInARefusalStaysSecret(t *testing.T) {
+	t.Parallel()
+	cred := base64.StdEncoding.EncodeToString([]byte("\x00" + user + "\x00" + password))
+	s := startScripted(t, script{
+		"EHLO": "250-mx.example.test\r\n250-ENHANCEDSTATUSCODES\r\n250 AUTH PLAIN",
+		"AUTH": "235 2.7.0 ok",
+		"RCPT": "550-5.7.1 relaying denied to AUTH PLAIN " + cred[:16] + "\r\n550 5.7.1 " + cred[16:],
+	})
+	cfg := s.config()
+	cfg.Username, cfg.AllowPlaintextAuth = user, true
+	got, err := runAttempt(t, cfg, map[string]any{"to": []string{"ann@example.test"}, "subject": "s", "text": "t"})
+	require.ErrorContains(t, err, "550")
+	for _, out := range []string{err.Error(), got} {
+		t.Log(out)
+		require.Contains(t, out, "relaying denied")
+		require.NotContains(t, out, cred[16:], "the tail of AUTH PLAIN: the password's last bytes")
 	}
 }
