@@ -599,12 +599,14 @@ func (e *Executor) classify(ctx context.Context, err error, known *redact.Secret
 // could not read as one.
 var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
 
-// maskReplies masks the server's replies that err quotes (see replyLines)
-// in its text, which go-mail formats as it wraps them, some in a SendError
-// that errors.As cannot look into: each reply is unquoted, masked and
-// quoted again. %q escapes a quote or a backslash of a secret, and writes
-// the line breaks of a multi-line reply as \n, which would hide the secret,
-// or the credentials wrapped over two lines, from a mask of the text.
+// maskReplies makes the server's replies that err quotes in its text
+// (which go-mail formats as it wraps them, some in a SendError that
+// errors.As cannot look into) what the result holds: each reply is
+// unquoted, and replaced, in quotes, by its text as replyText makes it,
+// masked and at most maxReply bytes. %q escapes a quote or a backslash of a
+// secret, and writes the line breaks of a multi-line reply as \n, which
+// would hide the secret, or the credentials wrapped over two lines, from a
+// mask of the text.
 func maskReplies(err error, known *redact.Secrets) error {
 	return executors.MaskError(err, func(s string) string {
 		return quoted.ReplaceAllStringFunc(s, func(q string) string {
@@ -612,7 +614,7 @@ func maskReplies(err error, known *redact.Secrets) error {
 			if err != nil {
 				return q
 			}
-			return strconv.Quote(replyLines(reply, known))
+			return `"` + replyText(reply, known) + `"`
 		})
 	})
 }
@@ -644,9 +646,16 @@ func replyLines(msg string, known *redact.Secrets) string {
 	return masked
 }
 
+// maxErrorText bounds the text of an error that quotes the server's
+// replies: a refusal of each of many recipients quotes each.
+const maxErrorText = 1 << 10
+
 // maskReply masks an error that may quote the server's reply: of the
 // password, the payload's secrets and what looks like a secret (see
-// redact.Reply), as the result's reply is.
+// redact.Reply), as the result's reply is. Its text is an excerpt (see
+// executors.Excerpt) of at most maxErrorText bytes.
 func maskReply(err error, known *redact.Secrets) error {
-	return executors.MaskError(err, func(s string) string { return redact.Reply(s, known) })
+	return executors.MaskError(err, func(s string) string {
+		return executors.Excerpt(redact.Reply(s, known), maxErrorText)
+	})
 }

@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -239,5 +240,37 @@ func TestAuthEchoSplitInARefusalStaysSecret(t *testing.T) {
 		t.Log(out)
 		require.Contains(t, out, "relaying denied")
 		require.NotContains(t, out, cred[16:], "the tail of AUTH PLAIN: the password's last bytes")
+	}
+}
+
+// A server's replies reach the error, and so last_error and the log
+// lines, only as excerpts, escaped: however long each reply, however many
+// recipients it refused, and whatever bytes it holds.
+func TestLongRefusalIsAnExcerptInTheError(t *testing.T) {
+	t.Parallel()
+	line := "\x1b[2J\u202e" + strings.Repeat("y", 480)
+	many := make([]string, email.DefaultMaxRecipients)
+	for i := range many {
+		many[i] = fmt.Sprintf("r%d@example.test", i)
+	}
+	for name, tc := range map[string]struct {
+		replies script
+		to      []string
+	}{
+		"a multi-line refusal":                 {script{"RCPT": strings.Repeat("550-5.1.1 "+line+"\r\n", 100) + "550 5.1.1 end"}, many[:1]},
+		"a malformed reply":                    {script{"MAIL": "550x" + strings.Repeat(line, 100)}, many[:1]},
+		"a refusal of each of many recipients": {script{"RCPT": "550 5.1.1 " + line}, many},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := startScripted(t, tc.replies)
+			got, err := runAttempt(t, s.config(), map[string]any{"to": tc.to, "subject": "s", "text": "t"})
+			require.Error(t, err)
+			t.Logf("%d bytes: %.300s", len(err.Error()), err)
+			require.Less(t, len(err.Error()), 2<<10, "excerpts of the replies")
+			require.NotContains(t, err.Error(), "\x1b")
+			require.NotContains(t, err.Error(), "\u202e")
+			require.LessOrEqual(t, len(got), 512)
+		})
 	}
 }
