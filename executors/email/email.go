@@ -397,6 +397,8 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	if err != nil {
 		return executors.Permanent(maskReply(fmt.Errorf("email: client: %w", err), known))
 	}
+	var refusals rcptRefusals
+	client.ErrorHandlerRegistry.RegisterHandler(e.cfg.Host, "rcpt", &refusals)
 	select {
 	case e.sessions <- struct{}{}:
 	case <-ctx.Done():
@@ -405,13 +407,13 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	defer func() { <-e.sessions }()
 	err = client.DialAndSendWithContext(ctx, m)
 	err = maskReplies(err, known)
-	if r, ok := serverReply(m, err, len(p.To)+len(p.Cc)+len(p.Bcc), known); ok {
+	if r, ok := serverReply(m, err, &refusals, len(p.To)+len(p.Cc)+len(p.Bcc), known); ok {
 		_ = executors.RecordResult(ctx, r)
 	}
 	// A message the server accepted is sent, whatever failed after it (the
 	// RSET and the QUIT that follow): a retry would send it again.
 	if err != nil && !m.IsDelivered() {
-		return e.classify(ctx, err, known)
+		return e.classify(ctx, err, &refusals, known)
 	}
 	return nil
 }
@@ -458,7 +460,7 @@ type reply struct {
 // reply to the message's data when the server accepted it (even if the
 // session failed after that), or else the reply that refused it. ok is
 // false when no reply is known, as after a connection error.
-func serverReply(m *gomail.Msg, err error, recipients int, known *redact.Secrets) (reply, bool) {
+func serverReply(m *gomail.Msg, err error, refusals *rcptRefusals, recipients int, known *redact.Secrets) (reply, bool) {
 	if m.IsDelivered() {
 		// go-mail accepts only 250 to the end of the data.
 		return reply{SMTPCode: 250, Reply: replyText(m.ServerResponse(), known), Recipients: recipients}, true
@@ -471,11 +473,12 @@ func serverReply(m *gomail.Msg, err error, recipients int, known *redact.Secrets
 	// that follows it, whose reply refused nothing.
 	switch {
 	case errors.As(err, &sendErr):
-		if sendErr.ErrorCode() == 0 {
+		code, status := refusals.refusal(sendErr)
+		if code == 0 {
 			return reply{}, false
 		}
 		return reply{
-			SMTPCode: sendErr.ErrorCode(), EnhancedStatus: sendErr.EnhancedStatusCode(),
+			SMTPCode: code, EnhancedStatus: status,
 			Command: commands[sendErr.Reason], Reply: replyText(sendErrReply(sendErr), known),
 		}, true
 	case errors.As(err, &protoErr): // before a message: the greeting, EHLO, STARTTLS or AUTH
@@ -492,6 +495,34 @@ var commands = map[gomail.SendErrReason]string{
 	gomail.ErrSMTPDataClose: "end of data",
 	gomail.ErrSMTPReset:     "RSET",
 	gomail.ErrConnCheck:     "NOOP",
+}
+
+// rcptRefusals sees the server's refusals of RCPT TO as go-mail reads
+// them, and keeps the worst: go-mail tries every recipient, and its
+// SendError has the last refusal's code, so that a 5xx for one recipient
+// and a 4xx for the next would read as a 4xx, and retry to meet the 5xx
+// again.
+type rcptRefusals struct{ worst *textproto.Error }
+
+// HandleError implements go-mail's smtp.ResponseErrorHandler: it returns
+// err as it is.
+func (r *rcptRefusals) HandleError(_, _ string, _ *textproto.Conn, err error) error {
+	var protoErr *textproto.Error
+	if errors.As(err, &protoErr) && (r.worst == nil || protoErr.Code/100 > r.worst.Code/100) {
+		r.worst = protoErr
+	}
+	return err
+}
+
+// refusal is the code and enhanced status of the reply that refused
+// sendErr's message: its own, or, at RCPT TO, the worst refusal of any
+// recipient.
+func (r *rcptRefusals) refusal(sendErr *gomail.SendError) (code int, status string) {
+	code, status = sendErr.ErrorCode(), sendErr.EnhancedStatusCode()
+	if w := r.worst; sendErr.Reason == gomail.ErrSMTPRcptTo && w != nil && w.Code/100 > code/100 {
+		return w.Code, strings.TrimSpace(enhancedStatus.FindString(w.Msg))
+	}
+	return code, status
 }
 
 // sendErrReply is the text of the replies a SendError holds. go-mail keeps
@@ -568,7 +599,7 @@ func build(m *gomail.Msg, p *message, jobID int64) error {
 // came at AUTH, MAIL, RCPT or DATA; network errors retry. A failed message
 // is judged by its SendError alone: go-mail joins to it the failure of the
 // QUIT that follows, whose reply refused nothing.
-func (e *Executor) classify(ctx context.Context, err error, known *redact.Secrets) error {
+func (e *Executor) classify(ctx context.Context, err error, refusals *rcptRefusals, known *redact.Secrets) error {
 	err = maskReply(fmt.Errorf("email: %s:%d: %w", e.cfg.Host, e.cfg.Port, err), known)
 	var (
 		sendErr  *gomail.SendError
@@ -581,7 +612,7 @@ func (e *Executor) classify(ctx context.Context, err error, known *redact.Secret
 		// A SendError without a code is no refusal: the connection failed
 		// (closed, timed out, a reply past MaxReplyBytes), or the server
 		// replied neither 4xx nor 5xx where another reply was due.
-		if sendErr.ErrorCode() >= 500 {
+		if code, _ := refusals.refusal(sendErr); code >= 500 {
 			return executors.Permanent(err)
 		}
 		return err
