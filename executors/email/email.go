@@ -237,9 +237,11 @@ type payload struct {
 	Timeout json.RawMessage            `json:"timeout"` // read by the claimer; checked here
 }
 
-// Headers the payload may not set: the executor writes them from its fields.
+// Headers the payload may not set: the executor writes them from its
+// fields, or they name a sender, as only the payload's from may.
 var managed = map[string]string{
 	"from": "from", "to": "to", "cc": "cc", "bcc": "bcc", "reply-to": "reply_to", "subject": "subject",
+	"sender": "from", "resent-from": "from", "resent-sender": "from",
 	"message-id": "", "date": "", "mime-version": "", "content-type": "", "content-transfer-encoding": "",
 }
 

@@ -245,6 +245,23 @@ func TestSenderAndRecipientsAreBoundedByDefault(t *testing.T) {
 	}
 }
 
+// A payload's headers cannot name a sender past the bounds from has: the
+// headers that name one, by any case, are refused as From is, and nothing
+// is sent.
+func TestHeadersNameNoSender(t *testing.T) {
+	t.Parallel()
+	s := smtptest.Start(t, user, password)
+	for _, name := range []string{"Sender", "resent-from", "Resent-Sender", "FROM"} {
+		_, err := runAttempt(t, config(s, password), map[string]any{
+			"to": []string{"ann@example.test"}, "subject": "s", "text": "t", "headers": map[string]string{name: "CEO <ceo@example.test>"},
+		})
+		require.ErrorContains(t, err, "payload.headers."+name+`: set it with the payload's "from" field`)
+		var p *executors.PermanentError
+		require.ErrorAs(t, err, &p)
+	}
+	require.Empty(t, s.Messages())
+}
+
 // Credentials over plain SMTP are an explicit choice: New refuses them
 // without AllowPlaintextAuth.
 func TestPlaintextAuthNeedsOptIn(t *testing.T) {
