@@ -12,9 +12,11 @@
 // with the field named.
 //
 // The Message-ID is derived from the job id, so a retried job keeps it and
-// receivers can deduplicate. An SMTP 4xx reply and connection errors retry;
-// a 5xx reply is permanent. The password is never sent over a connection
-// without TLS unless Config.AllowPlaintextAuth says so.
+// receivers can deduplicate. A job is done once the server accepted its
+// message (250 to its data), whatever fails after that. An SMTP 4xx reply
+// and connection errors retry; a 5xx reply is permanent. The password is
+// never sent over a connection without TLS unless Config.AllowPlaintextAuth
+// says so.
 //
 // The server may be hostile, or someone on the path before STARTTLS: the
 // executor reads at most MaxReplyBytes of one reply and 1 MiB over a
@@ -235,9 +237,11 @@ type payload struct {
 	Timeout json.RawMessage            `json:"timeout"` // read by the claimer; checked here
 }
 
-// Headers the payload may not set: the executor writes them from its fields.
+// Headers the payload may not set: the executor writes them from its
+// fields, or they name a sender, as only the payload's from may.
 var managed = map[string]string{
 	"from": "from", "to": "to", "cc": "cc", "bcc": "bcc", "reply-to": "reply_to", "subject": "subject",
+	"sender": "from", "resent-from": "from", "resent-sender": "from",
 	"message-id": "", "date": "", "mime-version": "", "content-type": "", "content-transfer-encoding": "",
 }
 
@@ -395,6 +399,8 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	if err != nil {
 		return executors.Permanent(maskReply(fmt.Errorf("email: client: %w", err), known))
 	}
+	var refusals rcptRefusals
+	client.ErrorHandlerRegistry.RegisterHandler(e.cfg.Host, "rcpt", &refusals)
 	select {
 	case e.sessions <- struct{}{}:
 	case <-ctx.Done():
@@ -402,12 +408,14 @@ func (e *Executor) Execute(ctx context.Context, job *executors.Job) (err error) 
 	}
 	defer func() { <-e.sessions }()
 	err = client.DialAndSendWithContext(ctx, m)
-	err = maskProtoError(err, known)
-	if r, ok := serverReply(m, err, len(p.To)+len(p.Cc)+len(p.Bcc), known); ok {
+	err = maskReplies(err, known)
+	if r, ok := serverReply(m, err, &refusals, len(p.To)+len(p.Cc)+len(p.Bcc), known); ok {
 		_ = executors.RecordResult(ctx, r)
 	}
-	if err != nil {
-		return e.classify(ctx, err, known)
+	// A message the server accepted is sent, whatever failed after it (the
+	// RSET and the QUIT that follow): a retry would send it again.
+	if err != nil && !m.IsDelivered() {
+		return e.classify(ctx, err, &refusals, known)
 	}
 	return nil
 }
@@ -454,7 +462,7 @@ type reply struct {
 // reply to the message's data when the server accepted it (even if the
 // session failed after that), or else the reply that refused it. ok is
 // false when no reply is known, as after a connection error.
-func serverReply(m *gomail.Msg, err error, recipients int, known *redact.Secrets) (reply, bool) {
+func serverReply(m *gomail.Msg, err error, refusals *rcptRefusals, recipients int, known *redact.Secrets) (reply, bool) {
 	if m.IsDelivered() {
 		// go-mail accepts only 250 to the end of the data.
 		return reply{SMTPCode: 250, Reply: replyText(m.ServerResponse(), known), Recipients: recipients}, true
@@ -463,10 +471,16 @@ func serverReply(m *gomail.Msg, err error, recipients int, known *redact.Secrets
 		sendErr  *gomail.SendError
 		protoErr *textproto.Error
 	)
+	// go-mail joins to a failed message's SendError the failure of the QUIT
+	// that follows it, whose reply refused nothing.
 	switch {
-	case errors.As(err, &sendErr) && sendErr.ErrorCode() != 0:
+	case errors.As(err, &sendErr):
+		code, status := refusals.refusal(sendErr)
+		if code == 0 {
+			return reply{}, false
+		}
 		return reply{
-			SMTPCode: sendErr.ErrorCode(), EnhancedStatus: sendErr.EnhancedStatusCode(),
+			SMTPCode: code, EnhancedStatus: status,
 			Command: commands[sendErr.Reason], Reply: replyText(sendErrReply(sendErr), known),
 		}, true
 	case errors.As(err, &protoErr): // before a message: the greeting, EHLO, STARTTLS or AUTH
@@ -483,6 +497,34 @@ var commands = map[gomail.SendErrReason]string{
 	gomail.ErrSMTPDataClose: "end of data",
 	gomail.ErrSMTPReset:     "RSET",
 	gomail.ErrConnCheck:     "NOOP",
+}
+
+// rcptRefusals sees the server's refusals of RCPT TO as go-mail reads
+// them, and keeps the worst: go-mail tries every recipient, and its
+// SendError has the last refusal's code, so that a 5xx for one recipient
+// and a 4xx for the next would read as a 4xx, and retry to meet the 5xx
+// again.
+type rcptRefusals struct{ worst *textproto.Error }
+
+// HandleError implements go-mail's smtp.ResponseErrorHandler: it returns
+// err as it is.
+func (r *rcptRefusals) HandleError(_, _ string, _ *textproto.Conn, err error) error {
+	var protoErr *textproto.Error
+	if errors.As(err, &protoErr) && (r.worst == nil || protoErr.Code/100 > r.worst.Code/100) {
+		r.worst = protoErr
+	}
+	return err
+}
+
+// refusal is the code and enhanced status of the reply that refused
+// sendErr's message: its own, or, at RCPT TO, the worst refusal of any
+// recipient.
+func (r *rcptRefusals) refusal(sendErr *gomail.SendError) (code int, status string) {
+	code, status = sendErr.ErrorCode(), sendErr.EnhancedStatusCode()
+	if w := r.worst; sendErr.Reason == gomail.ErrSMTPRcptTo && w != nil && w.Code/100 > code/100 {
+		return w.Code, strings.TrimSpace(enhancedStatus.FindString(w.Msg))
+	}
+	return code, status
 }
 
 // sendErrReply is the text of the replies a SendError holds. go-mail keeps
@@ -556,8 +598,10 @@ func build(m *gomail.Msg, p *message, jobID int64) error {
 }
 
 // classify: a 4xx reply retries and a 5xx reply is permanent, whether it
-// came at AUTH, MAIL, RCPT or DATA; network errors retry.
-func (e *Executor) classify(ctx context.Context, err error, known *redact.Secrets) error {
+// came at AUTH, MAIL, RCPT or DATA; network errors retry. A failed message
+// is judged by its SendError alone: go-mail joins to it the failure of the
+// QUIT that follows, whose reply refused nothing.
+func (e *Executor) classify(ctx context.Context, err error, refusals *rcptRefusals, known *redact.Secrets) error {
 	err = maskReply(fmt.Errorf("email: %s:%d: %w", e.cfg.Host, e.cfg.Port, err), known)
 	var (
 		sendErr  *gomail.SendError
@@ -566,13 +610,16 @@ func (e *Executor) classify(ctx context.Context, err error, known *redact.Secret
 	switch {
 	case ctx.Err() != nil:
 		return err
-	case errors.As(err, &protoErr):
-		if protoErr.Code >= 500 {
+	case errors.As(err, &sendErr):
+		// A SendError without a code is no refusal: the connection failed
+		// (closed, timed out, a reply past MaxReplyBytes), or the server
+		// replied neither 4xx nor 5xx where another reply was due.
+		if code, _ := refusals.refusal(sendErr); code >= 500 {
 			return executors.Permanent(err)
 		}
 		return err
-	case errors.As(err, &sendErr):
-		if code := sendErr.ErrorCode(); code >= 500 || code == 0 && !sendErr.IsTemp() {
+	case errors.As(err, &protoErr):
+		if protoErr.Code >= 500 {
 			return executors.Permanent(err)
 		}
 		return err
@@ -580,20 +627,29 @@ func (e *Executor) classify(ctx context.Context, err error, known *redact.Secret
 	return err // connection errors and timeouts retry
 }
 
-// maskProtoError masks the message of a server's reply that err holds
-// (see replyLines), in place and in the text of the errors that wrap it,
-// which go-mail formats as it wraps: textproto.Error writes the message
-// with %q, which escapes a quote or a backslash of a secret and would hide
-// it from a mask of the text.
-func maskProtoError(err error, known *redact.Secrets) error {
-	var protoErr *textproto.Error
-	if !errors.As(err, &protoErr) {
-		return err
-	}
-	quoted := protoErr.Error()
-	protoErr.Msg = replyLines(protoErr.Msg, known)
-	masked := protoErr.Error()
-	return executors.MaskError(err, func(s string) string { return strings.ReplaceAll(s, quoted, masked) })
+// quoted is a string as %q writes it, as textproto's errors write each
+// reply of the server (its code, then its text quoted) and each line they
+// could not read as one.
+var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+
+// maskReplies makes the server's replies that err quotes in its text
+// (which go-mail formats as it wraps them, some in a SendError that
+// errors.As cannot look into) what the result holds: each reply is
+// unquoted, and replaced, in quotes, by its text as replyText makes it,
+// masked and at most maxReply bytes. %q escapes a quote or a backslash of a
+// secret, and writes the line breaks of a multi-line reply as \n, which
+// would hide the secret, or the credentials wrapped over two lines, from a
+// mask of the text.
+func maskReplies(err error, known *redact.Secrets) error {
+	return executors.MaskError(err, func(s string) string {
+		return quoted.ReplaceAllStringFunc(s, func(q string) string {
+			reply, err := strconv.Unquote(q)
+			if err != nil {
+				return q
+			}
+			return `"` + replyText(reply, known) + `"`
+		})
+	})
 }
 
 // enhancedStatus is the RFC 3463 status that begins each line of a reply.
@@ -623,9 +679,16 @@ func replyLines(msg string, known *redact.Secrets) string {
 	return masked
 }
 
+// maxErrorText bounds the text of an error that quotes the server's
+// replies: a refusal of each of many recipients quotes each.
+const maxErrorText = 1 << 10
+
 // maskReply masks an error that may quote the server's reply: of the
 // password, the payload's secrets and what looks like a secret (see
-// redact.Reply), as the result's reply is.
+// redact.Reply), as the result's reply is. Its text is an excerpt (see
+// executors.Excerpt) of at most maxErrorText bytes.
 func maskReply(err error, known *redact.Secrets) error {
-	return executors.MaskError(err, func(s string) string { return redact.Reply(s, known) })
+	return executors.MaskError(err, func(s string) string {
+		return executors.Excerpt(redact.Reply(s, known), maxErrorText)
+	})
 }

@@ -102,6 +102,33 @@ func TestReplyCodes(t *testing.T) {
 	require.Contains(t, *st.Error, "550")
 }
 
+// A message whose recipients the server refused, one with a 5xx and
+// another with a 4xx, is dead whatever their order: a retry would meet the
+// 5xx again. The refusal with the 5xx is the result.
+func TestAnyRecipientRefusedFor5xxIsPermanent(t *testing.T) {
+	t.Parallel()
+	s := smtptest.Start(t, user, password)
+	for _, to := range [][]string{
+		{"reject@example.test", "temp@example.test"},
+		{"temp@example.test", "reject@example.test"},
+	} {
+		got, err := runAttempt(t, config(s, password), map[string]any{"to": to, "subject": "s", "text": "t"})
+		require.ErrorContains(t, err, "550", to)
+		var p *executors.PermanentError
+		require.ErrorAs(t, err, &p, to)
+		var r struct {
+			SMTPCode       int    `json:"smtp_code"`
+			EnhancedStatus string `json:"enhanced_status"`
+			Command        string `json:"command"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(got), &r))
+		require.Equal(t, 550, r.SMTPCode, got)
+		require.Equal(t, "5.1.1", r.EnhancedStatus, got)
+		require.Equal(t, "RCPT TO", r.Command, got)
+	}
+	require.Empty(t, s.Messages())
+}
+
 func TestWrongPasswordStaysSecret(t *testing.T) {
 	t.Parallel()
 	s := smtptest.Start(t, user, password)
@@ -216,6 +243,23 @@ func TestSenderAndRecipientsAreBoundedByDefault(t *testing.T) {
 		require.Equal(t, 1, final[id].Attempts)
 		require.Contains(t, *final[id].Error, msg)
 	}
+}
+
+// A payload's headers cannot name a sender past the bounds from has: the
+// headers that name one, by any case, are refused as From is, and nothing
+// is sent.
+func TestHeadersNameNoSender(t *testing.T) {
+	t.Parallel()
+	s := smtptest.Start(t, user, password)
+	for _, name := range []string{"Sender", "resent-from", "Resent-Sender", "FROM"} {
+		_, err := runAttempt(t, config(s, password), map[string]any{
+			"to": []string{"ann@example.test"}, "subject": "s", "text": "t", "headers": map[string]string{name: "CEO <ceo@example.test>"},
+		})
+		require.ErrorContains(t, err, "payload.headers."+name+`: set it with the payload's "from" field`)
+		var p *executors.PermanentError
+		require.ErrorAs(t, err, &p)
+	}
+	require.Empty(t, s.Messages())
 }
 
 // Credentials over plain SMTP are an explicit choice: New refuses them

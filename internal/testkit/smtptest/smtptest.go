@@ -79,7 +79,9 @@ func start(t testing.TB, user, password string, tlsConfig *tls.Config, implicit 
 	s.Port, _ = strconv.Atoi(port)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(l) }()
-	t.Cleanup(func() { _ = srv.Close(); <-done })
+	// Close closes the listeners Serve has taken: the listener is closed
+	// here too, for a test that ends before Serve took it.
+	t.Cleanup(func() { _ = srv.Close(); _ = l.Close(); <-done })
 	return s
 }
 
