@@ -346,7 +346,7 @@ func (e *Executor) publish(ctx context.Context, ch *channel, m *message) error {
 	// writing at the job's deadline (the broker takes none of it, or too
 	// little) fails the connection, as a write past WriteTimeout does.
 	stop := context.AfterFunc(ctx, func() {
-		ch.wire.fail(fmt.Errorf("the broker did not take the message before the job's deadline: %w", context.Cause(ctx)))
+		_ = ch.wire.fail(fmt.Errorf("the broker did not take the message before the job's deadline: %w", context.Cause(ctx)))
 	})
 	dc, err := ch.ch.PublishWithDeferredConfirmWithContext(ctx, m.exchange, m.key, true, false, m.publishing)
 	stop()
@@ -583,7 +583,7 @@ func (e *Executor) Close() error {
 		return nil
 	}
 	t := time.AfterFunc(e.cfg.WriteTimeout, func() {
-		wire.fail(fmt.Errorf("the broker did not answer the close within %s", e.cfg.WriteTimeout))
+		_ = wire.fail(fmt.Errorf("the broker did not answer the close within %s", e.cfg.WriteTimeout))
 	})
 	defer t.Stop()
 	if err := conn.Close(); err != nil {
