@@ -171,6 +171,9 @@ func New(cfg Config) (*Executor, error) {
 		return nil, errors.New("email: Host is required")
 	}
 	cfg.TLS = strings.ToLower(cmp.Or(cfg.TLS, TLSStartTLS))
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("email: Timeout %s: must not be negative", cfg.Timeout)
+	}
 	cfg.Timeout = cmp.Or(cfg.Timeout, 30*time.Second)
 	if cfg.MaxConnections < 0 {
 		return nil, fmt.Errorf("email: MaxConnections %d: must not be negative", cfg.MaxConnections)

@@ -163,6 +163,8 @@ func TestConfig(t *testing.T) {
 	require.ErrorContains(t, err, "Host is required")
 	_, err = email.New(email.Config{Host: "h", From: "not an address"})
 	require.ErrorContains(t, err, "not an email address")
+	_, err = email.New(email.Config{Host: "h", From: "a@example.test", Timeout: -time.Second})
+	require.ErrorContains(t, err, "Timeout -1s: must not be negative")
 }
 
 // However many email jobs run at once, the executor opens at most
