@@ -121,16 +121,18 @@ func visible(s string) string {
 	return b.String()
 }
 
-// pretty indents a JSON document; what is not one is shown as it is.
+// pretty indents a JSON document; what is not one is shown as it is. The
+// characters a browser would hide or act on are written as visible writes
+// them: within a JSON string, \u202e is the character's own escape.
 func pretty(raw json.RawMessage) string {
 	if len(raw) == 0 {
 		return ""
 	}
 	var b bytes.Buffer
 	if err := json.Indent(&b, raw, "", "  "); err != nil {
-		return string(raw)
+		return visible(string(raw))
 	}
-	return b.String()
+	return visible(b.String())
 }
 
 func parsePages() (map[string]*template.Template, error) {

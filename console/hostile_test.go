@@ -1,0 +1,36 @@
+package console
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The characters a browser hides or acts on (bidirectional overrides,
+// zero-width and other format characters) in a job's payload and results
+// show as escapes, as in its other fields: a writer cannot make the payload
+// read other than it is (a URL whose end shows reversed).
+func TestJobDocumentsShowHiddenCharacters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.exec(t, `INSERT INTO {jobs} (queue, kind, status, finished_at, payload, result, errors)
+		VALUES ('q', 'k', 'done', now(), '{"url": "https://example.com/\u202egnp.exe", "to": "a\u200bb"}',
+		'{"body": "\u2066ok\u2069"}',
+		jsonb_build_array(jsonb_build_object('attempt', 1, 'worker', 'w', 'error', 'e', 'result', '{"body": "\u202dx"}'::jsonb)))`)
+	hidden := "\u202e\u200b\u2066\u2069\u202d"
+	check := func(what string, code int, body string) {
+		t.Helper()
+		require.Equal(t, http.StatusOK, code, what)
+		require.False(t, strings.ContainsAny(body, hidden), "%s shows a hidden character as it is", what)
+		for _, esc := range []string{`\u202egnp.exe`, `a\u200bb`, `\u2066ok\u2069`, `\u202dx`} {
+			require.Contains(t, body, esc, what)
+		}
+	}
+	code, body := b.request(t, "GET", "/jobs/1", "vic", viewerToken, nil, nil)
+	check("the masked page", code, body)
+	code, body = b.request(t, "POST", "/jobs/1/reveal", "ann", operatorToken,
+		map[string][]string{"csrf": {b.srv.csrfToken(user{Name: "ann", role: operator})}}, nil)
+	check("the page revealed", code, body)
+}
