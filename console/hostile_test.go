@@ -34,3 +34,21 @@ func TestJobDocumentsShowHiddenCharacters(t *testing.T) {
 		map[string][]string{"csrf": {b.srv.csrfToken(user{Name: "ann", role: operator})}}, nil)
 	check("the page revealed", code, body)
 }
+
+// The overview lists the first queues by name, as the live state does, and
+// counts the others: a writer who makes a queue of each job cannot make the
+// page as large as the table.
+func TestOverviewBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	b.srv.hub.mu.Lock()
+	b.srv.hub.maxQueues = 2
+	b.srv.hub.mu.Unlock()
+	b.exec(t, `INSERT INTO {jobs} (queue, kind) SELECT 'q' || i, 'k' FROM generate_series(1, 5) i`)
+	code, body := b.request(t, "GET", "/", "vic", viewerToken, nil, nil)
+	require.Equal(t, http.StatusOK, code)
+	require.Equal(t, 2, strings.Count(body, "<tr data-queue="), body)
+	require.Contains(t, body, `data-queue="q1"`)
+	require.Contains(t, body, `data-queue="q2"`)
+	require.Contains(t, body, `<p class="note" id="more-queues">3 more queues follow`)
+}

@@ -228,17 +228,26 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		row.Chart = drawn[row.Queue]
 	}
 	slices.SortFunc(rows, func(a, b *queueRow) int { return strings.Compare(a.Queue, b.Queue) })
+	// The first queues by name, as many as the live state lists.
+	s.hub.mu.Lock()
+	maxQueues := s.hub.maxQueues
+	s.hub.mu.Unlock()
+	more := max(len(rows)-maxQueues, 0)
+	rows = rows[:len(rows)-more]
 	endpoints, err := s.admin.EndpointCounts(r.Context())
 	if err != nil && p.Error == "" {
 		p.Error = s.dbError("count the endpoints", err)
 	}
 	p.Data = struct {
-		Queues  []*queueRow
-		Workers []admin.Worker
-		Counted bool
+		Queues []*queueRow
+		// MoreQueues is how many queues past the first maxQueues are left
+		// out.
+		MoreQueues int
+		Workers    []admin.Worker
+		Counted    bool
 		// Endpoints counts the endpoints disabled, open and half-open.
 		Endpoints admin.EndpointCount
-	}{rows, live.Workers, counted, endpoints}
+	}{rows, more, live.Workers, counted, endpoints}
 	s.render(w, r, "overview", "layout.html", p)
 }
 
