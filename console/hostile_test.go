@@ -1,7 +1,9 @@
 package console
 
 import (
+	"html"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -51,4 +53,21 @@ func TestOverviewBounded(t *testing.T) {
 	require.Contains(t, body, `data-queue="q1"`)
 	require.Contains(t, body, `data-queue="q2"`)
 	require.Contains(t, body, `<p class="note" id="more-queues">3 more queues follow`)
+}
+
+// A host may hold what a shell acts on ($, ( and ;, which url.Parse
+// accepts in a name, and check_endpoint too): the commands the console
+// gives to copy, on a job's page and after an enable, quote it, so that
+// pasting one runs pgdispatch and nothing else.
+func TestEndpointCommandsQuoteTheHost(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	const ep = "https://x$(id);y:443"
+	b.exec(t, `SELECT {schema}.disable_endpoint($1)`, ep)
+	b.exec(t, `INSERT INTO {jobs} (queue, kind, payload) VALUES ('q', 'http_callback', $1)`, `{"url": "https://x$(id);y/hook"}`)
+	_, body := b.request(t, "GET", "/jobs/1", "ann", operatorToken, nil, nil)
+	require.Contains(t, body, "<code>pgdispatch endpoints enable "+html.EscapeString(`'https://x$(id);y:443'`)+"</code>")
+
+	_, msg := b.post(t, "/actions/endpoints", url.Values{"action": {"enable"}, "endpoint": {ep}})
+	require.Contains(t, msg, `'pgdispatch jobs retry --all-dead --host 'x$(id);y:443'' counts them`)
 }

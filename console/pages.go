@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/internal/redact"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
@@ -68,6 +69,8 @@ var funcs = template.FuncMap{
 	"count":  func(n *int64) string { return countText(n) },
 	"pretty": pretty,
 	"vis":    visible,
+	// shell writes an endpoint as a word of a shell command.
+	"shell": endpoints.ShellArg,
 	// state writes an endpoint's state as words: half_open is half-open.
 	"state": func(state string) string { return strings.ReplaceAll(state, "_", "-") },
 	"deref": func(n *int64) int64 {
