@@ -30,8 +30,8 @@ type hub struct {
 	s *Server
 	// The limits of the event streams: how many at once in all and per
 	// user, how long an event may take to write, how often a quiet stream
-	// sends a heartbeat, and how many queues the state lists. Tests lower
-	// them.
+	// sends a heartbeat, and how many queues the state and the overview
+	// list. Tests lower them.
 	maxStreams, maxPerUser int
 	writeTimeout           time.Duration
 	heartbeat              time.Duration

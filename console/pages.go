@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgdispatch/pgdispatch/admin"
+	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/internal/redact"
 	"github.com/pgdispatch/pgdispatch/triggers"
 )
@@ -68,6 +69,8 @@ var funcs = template.FuncMap{
 	"count":  func(n *int64) string { return countText(n) },
 	"pretty": pretty,
 	"vis":    visible,
+	// shell writes an endpoint as a word of a shell command.
+	"shell": endpoints.ShellArg,
 	// state writes an endpoint's state as words: half_open is half-open.
 	"state": func(state string) string { return strings.ReplaceAll(state, "_", "-") },
 	"deref": func(n *int64) int64 {
@@ -121,16 +124,18 @@ func visible(s string) string {
 	return b.String()
 }
 
-// pretty indents a JSON document; what is not one is shown as it is.
+// pretty indents a JSON document; what is not one is shown as it is. The
+// characters a browser would hide or act on are written as visible writes
+// them: within a JSON string, \u202e is the character's own escape.
 func pretty(raw json.RawMessage) string {
 	if len(raw) == 0 {
 		return ""
 	}
 	var b bytes.Buffer
 	if err := json.Indent(&b, raw, "", "  "); err != nil {
-		return string(raw)
+		return visible(string(raw))
 	}
-	return b.String()
+	return visible(b.String())
 }
 
 func parsePages() (map[string]*template.Template, error) {
@@ -226,17 +231,26 @@ func (s *Server) overview(w http.ResponseWriter, r *http.Request) {
 		row.Chart = drawn[row.Queue]
 	}
 	slices.SortFunc(rows, func(a, b *queueRow) int { return strings.Compare(a.Queue, b.Queue) })
+	// The first queues by name, as many as the live state lists.
+	s.hub.mu.Lock()
+	maxQueues := s.hub.maxQueues
+	s.hub.mu.Unlock()
+	more := max(len(rows)-maxQueues, 0)
+	rows = rows[:len(rows)-more]
 	endpoints, err := s.admin.EndpointCounts(r.Context())
 	if err != nil && p.Error == "" {
 		p.Error = s.dbError("count the endpoints", err)
 	}
 	p.Data = struct {
-		Queues  []*queueRow
-		Workers []admin.Worker
-		Counted bool
+		Queues []*queueRow
+		// MoreQueues is how many queues past the first maxQueues are left
+		// out.
+		MoreQueues int
+		Workers    []admin.Worker
+		Counted    bool
 		// Endpoints counts the endpoints disabled, open and half-open.
 		Endpoints admin.EndpointCount
-	}{rows, live.Workers, counted, endpoints}
+	}{rows, more, live.Workers, counted, endpoints}
 	s.render(w, r, "overview", "layout.html", p)
 }
 

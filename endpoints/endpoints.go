@@ -318,9 +318,17 @@ func RetryCommand(endpoint string) string {
 
 // ShellArg is an endpoint, or its host:port, as a word of a shell
 // command: an IPv6 address's brackets, which a shell reads as a glob (zsh
-// refuses one that matches no file), in double quotes.
+// refuses one that matches no file), in double quotes; and a host that
+// holds anything else a shell acts on ($, ;, ( and ' among them, which a
+// URL's host may hold), in single quotes, each ' written '\''.
 func ShellArg(s string) string {
-	if strings.ContainsAny(s, "[]") {
+	plain := func(r rune) bool {
+		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:/+-[]", r)
+	}
+	switch {
+	case strings.ContainsFunc(s, func(r rune) bool { return !plain(r) }):
+		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	case strings.ContainsAny(s, "[]"):
 		return `"` + s + `"`
 	}
 	return s
