@@ -320,7 +320,10 @@ func RetryCommand(endpoint string) string {
 // command: an IPv6 address's brackets, which a shell reads as a glob (zsh
 // refuses one that matches no file), in double quotes; and a host that
 // holds anything else a shell acts on ($, ;, ( and ' among them, which a
-// URL's host may hold), in single quotes, each ' written '\”.
+// URL's host may hold), in single quotes, where a single quote is closed,
+// escaped and opened again:
+//
+//	a'b → 'a'\''b'
 func ShellArg(s string) string {
 	plain := func(r rune) bool {
 		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:/+-[]", r)
