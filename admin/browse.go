@@ -153,8 +153,16 @@ func (f JobFilter) where() (string, []any, error) {
 
 var likeEscaper = strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`)
 
+// pageColumns are jobColumns without the ones a page of jobs does not
+// show, errors and result (NULL in their place), which a writer may fill
+// with up to a page's worth of bytes a row. The payload stays: a job's
+// endpoint and the secrets that mask its last_error are read from it.
+const pageColumns = `id, queue, kind, payload, priority, run_at, status, attempts, max_attempts, dedup_key, flow_key,
+       last_error, locked_by, locked_until, created_at, updated_at, finished_at, NULL::jsonb AS errors, NULL::jsonb AS result`
+
 // Page returns a page of the jobs f selects, in f's order, and the cursor
-// of the next page (nil on the last). Keyset pagination: each page is read
+// of the next page (nil on the last). Its jobs have no Errors nor Result
+// (pageColumns): Get has them. Keyset pagination: each page is read
 // from the sort's index where the previous one ended. Sorting by run_at
 // lists pending jobs (jobs_claim_idx, a queue and priority at a time,
 // merged; of a kind, jobs_kind_idx, a queue at a time, merged); by
@@ -229,7 +237,7 @@ func (f JobFilter) page() (string, []any, error) {
 	limit := cmp.Or(f.Limit, DefaultLimit)
 	args = append(args, limit+1)
 	limitArg := " LIMIT $" + strconv.Itoa(len(args))
-	stmt := `SELECT ` + jobColumns + ` FROM {jobs} WHERE ` + where + ` ORDER BY ` + order + limitArg
+	stmt := `SELECT ` + pageColumns + ` FROM {jobs} WHERE ` + where + ` ORDER BY ` + order + limitArg
 	if sort == "run_at" && len(branches) == 1 {
 		stmt, args := f.pendingByRunAt(where, order, limitArg, args)
 		return stmt, args, nil
@@ -242,11 +250,11 @@ func (f JobFilter) page() (string, []any, error) {
 			// A literal of this package's, not input: a partial index
 			// serves a generic plan only when the query repeats its
 			// predicate.
-			parts = append(parts, `(SELECT `+jobColumns+` FROM {jobs} WHERE `+where+` AND status = '`+st+`'`+
+			parts = append(parts, `(SELECT `+pageColumns+` FROM {jobs} WHERE `+where+` AND status = '`+st+`'`+
 				` ORDER BY `+order+limitArg+`)`)
 		}
 		if len(parts) == 0 {
-			parts = []string{`(SELECT ` + jobColumns + ` FROM {jobs} WHERE false)`}
+			parts = []string{`(SELECT ` + pageColumns + ` FROM {jobs} WHERE false)`}
 		}
 		stmt = `SELECT * FROM (` + strings.Join(parts, " UNION ALL ") + `) b ORDER BY ` + order + limitArg
 	}
@@ -264,7 +272,7 @@ func (f JobFilter) pendingByRunAt(where, order, limit string, args []any) (strin
 	switch {
 	case f.Kind != "" && f.Queue != "":
 		// One range of jobs_kind_idx, read in order.
-		return `SELECT ` + jobColumns + ` FROM {jobs} WHERE ` + where + ` AND status = 'pending' ORDER BY ` + order + limit, args
+		return `SELECT ` + pageColumns + ` FROM {jobs} WHERE ` + where + ` AND status = 'pending' ORDER BY ` + order + limit, args
 	case f.Kind != "":
 		// A skip scan finds the kind's queues in jobs_kind_idx, an index
 		// probe each; a page of each queue is read from it where the
@@ -283,7 +291,7 @@ func (f JobFilter) pendingByRunAt(where, order, limit string, args []any) (strin
 		    ) n
 		)
 		SELECT p.* FROM lanes CROSS JOIN LATERAL (
-		    SELECT ` + jobColumns + ` FROM {jobs}
+		    SELECT ` + pageColumns + ` FROM {jobs}
 		    WHERE queue = lanes.queue AND ` + where + ` AND status = 'pending'
 		    ORDER BY ` + order + limit + `
 		) p ORDER BY ` + order + limit, args
@@ -292,7 +300,7 @@ func (f JobFilter) pendingByRunAt(where, order, limit string, args []any) (strin
 		// lacks it read to its end, in the index's order: every pending
 		// job is read once instead, in the table's order (a bitmap scan),
 		// and the page is the first of their ids sorted.
-		return `SELECT ` + jobColumns + ` FROM {jobs} WHERE id = ANY(ARRAY(
+		return `SELECT ` + pageColumns + ` FROM {jobs} WHERE id = ANY(ARRAY(
 		    SELECT id FROM {jobs} WHERE ` + where + ` AND status = 'pending' ORDER BY ` + order + limit + `
 		)) ORDER BY ` + order, args
 	}
@@ -309,7 +317,7 @@ func (f JobFilter) pendingByRunAt(where, order, limit string, args []any) (strin
 	    ) n
 	)
 	SELECT p.* FROM lanes CROSS JOIN LATERAL (
-	    SELECT ` + jobColumns + ` FROM {jobs}
+	    SELECT ` + pageColumns + ` FROM {jobs}
 	    WHERE queue = lanes.queue AND priority = lanes.priority AND ` + where + ` AND status = 'pending'
 	    ORDER BY ` + order + limit + `
 	) p ORDER BY ` + order + limit, args

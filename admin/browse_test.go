@@ -225,3 +225,28 @@ func TestLive(t *testing.T) {
 	}
 	require.Equal(t, [2]int64{2, 1}, [2]int64{done, dead})
 }
+
+// A page's jobs carry no errors nor result, which a page does not show and
+// a writer may fill with up to a megabyte a row; the payload and last_error
+// are there. Get has them all.
+func TestPagesReadNoHistory(t *testing.T) {
+	t.Parallel()
+	a, _, exec := setup(t)
+	exec(`INSERT INTO {jobs} (queue, kind, status, payload, run_at, finished_at, last_error, errors, result)
+		VALUES ('q', 'k', 'pending', '{"n": 1}', now(), NULL, 'boom', '[{"attempt": 1, "error": "boom"}]', NULL),
+		       ('q', 'k', 'done', '{"n": 2}', now(), now(), NULL, '[{"attempt": 1, "error": "boom"}]', '{"ok": true}')`)
+	for _, f := range []admin.JobFilter{{}, {Sort: "run_at"}, {Sort: "run_at", Kind: "k"}, {Sort: "run_at", Kind: "k", Queue: "q"},
+		{Sort: "run_at", ErrorText: "boom"}, {Sort: "finished_at"}} {
+		jobs, _, err := a.Page(context.Background(), f)
+		require.NoError(t, err, "%+v", f)
+		require.NotEmpty(t, jobs, "%+v", f)
+		for _, j := range jobs {
+			require.NotEmpty(t, j.Payload, "%+v: job %d", f, j.ID)
+			require.Nil(t, j.Errors, "%+v: job %d", f, j.ID)
+			require.Nil(t, j.Result, "%+v: job %d", f, j.ID)
+			full, err := a.Get(context.Background(), j.ID)
+			require.NoError(t, err)
+			require.NotNil(t, full.Errors, "Get: job %d", j.ID)
+		}
+	}
+}
