@@ -235,8 +235,11 @@ func TestPagesReadNoHistory(t *testing.T) {
 	exec(`INSERT INTO {jobs} (queue, kind, status, payload, run_at, finished_at, last_error, errors, result)
 		VALUES ('q', 'k', 'pending', '{"n": 1}', now(), NULL, 'boom', '[{"attempt": 1, "error": "boom"}]', NULL),
 		       ('q', 'k', 'done', '{"n": 2}', now(), now(), NULL, '[{"attempt": 1, "error": "boom"}]', '{"ok": true}')`)
-	for _, f := range []admin.JobFilter{{}, {Sort: "run_at"}, {Sort: "run_at", Kind: "k"}, {Sort: "run_at", Kind: "k", Queue: "q"},
-		{Sort: "run_at", ErrorText: "boom"}, {Sort: "finished_at"}} {
+	filters := []admin.JobFilter{
+		{}, {Sort: "run_at"}, {Sort: "run_at", Kind: "k"}, {Sort: "run_at", Kind: "k", Queue: "q"},
+		{Sort: "run_at", ErrorText: "boom"}, {Sort: "finished_at"},
+	}
+	for _, f := range filters {
 		jobs, _, err := a.Page(context.Background(), f)
 		require.NoError(t, err, "%+v", f)
 		require.NotEmpty(t, jobs, "%+v", f)
