@@ -236,8 +236,12 @@ func TestPagesReadNoHistory(t *testing.T) {
 		VALUES ('q', 'k', 'pending', '{"n": 1}', now(), NULL, 'boom', '[{"attempt": 1, "error": "boom"}]', NULL),
 		       ('q', 'k', 'done', '{"n": 2}', now(), now(), NULL, '[{"attempt": 1, "error": "boom"}]', '{"ok": true}')`)
 	filters := []admin.JobFilter{
-		{}, {Sort: "run_at"}, {Sort: "run_at", Kind: "k"}, {Sort: "run_at", Kind: "k", Queue: "q"},
-		{Sort: "run_at", ErrorText: "boom"}, {Sort: "finished_at"},
+		{},
+		{Sort: "run_at"},
+		{Sort: "run_at", Kind: "k"},
+		{Sort: "run_at", Kind: "k", Queue: "q"},
+		{Sort: "run_at", ErrorText: "boom"},
+		{Sort: "finished_at"},
 	}
 	for _, f := range filters {
 		jobs, _, err := a.Page(context.Background(), f)
