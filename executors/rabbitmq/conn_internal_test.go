@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -163,5 +164,20 @@ func TestPoolKeepsOnlyTheConnectionsChannels(t *testing.T) {
 	e.wire = wire
 	e.mu.Unlock()
 	require.Eventually(t, ch.ch.IsClosed, 30*time.Second, 10*time.Millisecond, "the channel was not closed")
+
+	// A write failed on the connection: the executor lets go of it before
+	// amqp091-go has shut it down, and its channel is kept out of the pool.
+	ch, err = e.acquire(ctx)
+	require.NoError(t, err)
+	e.mu.Lock()
+	e.wire.mu.Lock()
+	e.wire.werr = errors.New("a write failed")
+	e.wire.mu.Unlock()
+	e.dropBrokenLocked()
+	e.mu.Unlock()
+	e.release(ch, true)
+	e.mu.Lock()
+	require.Empty(t, e.idle, "a channel of the connection let go of after a failed write is kept")
+	e.mu.Unlock()
 	require.NoError(t, e.Close())
 }

@@ -444,12 +444,13 @@ func (e *Executor) acquire(ctx context.Context) (*channel, error) {
 }
 
 // dropBrokenLocked lets go of a connection that failed a write: amqp091-go
-// shuts it down in the background, and may not have yet.
+// shuts it down in the background, and may not have yet, so that its
+// channels, still open, are kept out of the pool (see pool).
 func (e *Executor) dropBrokenLocked() {
 	if e.conn != nil && !e.conn.IsClosed() && e.wire.broken() != nil {
 		e.logger.Warn("the broker connection failed a write", zap.Error(e.wire.broken()))
 		go func(c *amqp.Connection) { _ = c.Close() }(e.conn)
-		e.conn, e.idle = nil, nil
+		e.conn, e.wire, e.idle = nil, nil, nil
 	}
 }
 
