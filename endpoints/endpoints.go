@@ -41,6 +41,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -316,25 +317,25 @@ func RetryCommand(endpoint string) string {
 	return "pgdispatch jobs retry --all-dead --host " + ShellArg(host)
 }
 
-// ShellArg is an endpoint, or its host:port, as a word of a shell
-// command: an IPv6 address's brackets, which a shell reads as a glob (zsh
-// refuses one that matches no file), in double quotes; and a host that
-// holds anything else a shell acts on ($, ;, ( and ' among them, which a
-// URL's host may hold), in single quotes, where a single quote is closed,
-// escaped and opened again:
+// shellPlain is a word a POSIX shell reads as it is.
+var shellPlain = regexp.MustCompile(`^[A-Za-z0-9._:@%+=,/-]+$`)
+
+// ShellArg is a word of a shell command, an endpoint or its host:port
+// among others: as it is when a shell reads it so; an IPv6 address's
+// brackets, which a shell reads as a glob (zsh refuses one that matches no
+// file), in double quotes; and anything else a shell acts on ($, ;, ( and
+// ' among them, which a URL's host may hold) in single quotes, where a
+// single quote is closed, escaped and opened again:
 //
 //	a'b → 'a'\''b'
 func ShellArg(s string) string {
-	plain := func(r rune) bool {
-		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:/+-[]", r)
-	}
 	switch {
-	case strings.ContainsFunc(s, func(r rune) bool { return !plain(r) }):
-		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-	case strings.ContainsAny(s, "[]"):
+	case shellPlain.MatchString(s):
+		return s
+	case shellPlain.MatchString(strings.NewReplacer("[", "", "]", "").Replace(s)):
 		return `"` + s + `"`
 	}
-	return s
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // Admit says whether a request to endpoint may go. A request to a closed

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/pgdispatch/pgdispatch/admin"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/settings"
 	"github.com/pgdispatch/pgdispatch/cmd/pgdispatch/internal/termsafe"
+	"github.com/pgdispatch/pgdispatch/endpoints"
 	"github.com/pgdispatch/pgdispatch/executors/httpcallback"
 )
 
@@ -108,7 +108,7 @@ func retryCommand(f admin.DeadFilter) string {
 	cmd := []string{"pgdispatch", "jobs", "retry", "--all-dead"}
 	for _, o := range []struct{ flag, value string }{{"queue", f.Queue}, {"kind", f.Kind}, {"host", f.Host}} {
 		if o.value != "" {
-			cmd = append(cmd, "--"+o.flag, shellQuote(o.value))
+			cmd = append(cmd, "--"+o.flag, endpoints.ShellArg(o.value))
 		}
 	}
 	if !f.Since.IsZero() {
@@ -128,14 +128,4 @@ func stampOr(t *time.Time) string {
 		return "-"
 	}
 	return stamp(*t)
-}
-
-var shellPlain = regexp.MustCompile(`^[A-Za-z0-9._:@%+=,/-]+$`)
-
-// shellQuote quotes s for a POSIX shell when it needs it.
-func shellQuote(s string) string {
-	if shellPlain.MatchString(s) {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
