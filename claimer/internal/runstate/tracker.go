@@ -227,7 +227,12 @@ func (t *Tracker) Written(n int) {
 	for _, o := range t.unwritten[:n] {
 		delete(t.inflight, o.Run)
 	}
-	t.unwritten = t.unwritten[n:]
+	// The outcomes left move to the front, so that the array is used
+	// again rather than grown anew behind them. The n written are the
+	// writer's no longer: it calls Written once done with them.
+	left := copy(t.unwritten, t.unwritten[n:])
+	clear(t.unwritten[left:])
+	t.unwritten = t.unwritten[:left]
 	t.mu.Unlock()
 	Signal(t.slotFreed) // a claim held back by unwritten outcomes may grow
 }

@@ -71,6 +71,35 @@ func TestTrackerStop(t *testing.T) {
 	require.Equal(t, []*Run{done}, tr.Inflight(), "dropped runs are forgotten")
 }
 
+// Outcomes reported while a batch is written do not touch the batch the
+// writer holds, and wait, in the order reported, for the next, once the
+// written ones are let go of.
+func TestTrackerUnwrittenWhileWriting(t *testing.T) {
+	t.Parallel()
+	tr := New(10, 10)
+	runs := []*Run{newRun(1), newRun(2), newRun(3), newRun(4), newRun(5), newRun(6)}
+	tr.Add(runs)
+	for _, r := range runs[:3] {
+		_, _ = tr.Report(r, Outcome{Run: r, Verdict: Done})
+	}
+	batch := tr.Unwritten(2)
+	for _, r := range runs[3:] {
+		_, _ = tr.Report(r, Outcome{Run: r, Verdict: Retry})
+	}
+	require.Equal(t, []Outcome{{Run: runs[0], Verdict: Done}, {Run: runs[1], Verdict: Done}}, batch)
+	tr.Written(len(batch))
+	require.Equal(t, []Outcome{
+		{Run: runs[2], Verdict: Done}, {Run: runs[3], Verdict: Retry},
+		{Run: runs[4], Verdict: Retry}, {Run: runs[5], Verdict: Retry},
+	}, tr.Unwritten(10))
+	require.Equal(t, runs[2:], tr.Inflight())
+	r := newRun(7)
+	tr.Add([]*Run{r})
+	_, _ = tr.Report(r, Outcome{Run: r, Verdict: Dead})
+	tr.Written(4)
+	require.Equal(t, []Outcome{{Run: r, Verdict: Dead}}, tr.Unwritten(10))
+}
+
 // Outcomes waiting past the bound shrink the claims, so that claiming
 // never outruns recording.
 func TestTrackerFreeCountsUnwritten(t *testing.T) {
