@@ -65,7 +65,29 @@ import (
 // in a server crash leaves its jobs pending, and they run again. The UPDATE
 // finds its rows by the ctids c locked rather than by joining c, whose
 // generic plan, blind to LIMIT $2, was a hash join over the whole table.
-var claimSQL = `
+var claimSQL = claimStatement(false)
+
+// leanClaimSQL is claimSQL for a claim a notification starts: it takes jobs
+// of the first 16 priorities only (not the scan past them) and reads
+// neither next_in nor stranded, which a claim that takes a job does not
+// tell anyway (Untold). Their plan nodes, started at every claim though
+// the claim runs neither, were 0.05 of a lone job's 0.77 ms claim round
+// trip. A lean claim that takes nothing is followed at once by the full
+// one (claimOnce).
+var leanClaimSQL = claimStatement(true)
+
+// claimStatement is claimSQL, or leanClaimSQL when lean.
+func claimStatement(lean bool) string {
+	past, told := claimPastWalked, claimTold
+	if lean {
+		past, told = "", "    SELECT NULL::float8 AS next_in, NULL::bool AS stranded,\n"
+	}
+	return claimFront + past + claimUpdate + told + claimEnd
+}
+
+// The parts of claimStatement.
+var (
+	claimFront = `
 WITH RECURSIVE p AS (
     SELECT coalesce(bool_or(paused_at IS NOT NULL), false) AS paused, coalesce(bool_or(limited), false) AS limited
     FROM {queues} WHERE name = $1
@@ -81,7 +103,8 @@ WITH RECURSIVE p AS (
             ORDER BY run_at, id
             LIMIT $2
             FOR UPDATE SKIP LOCKED) w
-      UNION ALL
+`
+	claimPastWalked = `      UNION ALL
         SELECT r.* FROM (
             SELECT ctid, priority, run_at, id,
                    CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
@@ -91,7 +114,8 @@ WITH RECURSIVE p AS (
             ORDER BY priority, run_at, id
             LIMIT $2
             FOR UPDATE SKIP LOCKED) r
-    ) d
+`
+	claimUpdate = `    ) d
     LIMIT $2
 ), u AS (
     UPDATE {jobs} j
@@ -110,7 +134,8 @@ WITH RECURSIVE p AS (
 ), k AS (
     SELECT count(*) AS claimed FROM u
 ), n AS (
-    SELECT CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
+`
+	claimTold = `    SELECT CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
                (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
                 WHERE status = 'pending' AND queue = $1 AND run_at > now())
            END AS next_in,
@@ -126,7 +151,8 @@ WITH RECURSIVE p AS (
                               ORDER BY priority, run_at, id
                               LIMIT 1) r)
            END AS stranded,
-           p.paused AND NOT p.limited AS paused, p.limited
+`
+	claimEnd = `           p.paused AND NOT p.limited AS paused, p.limited
     FROM k, p
 )
 SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at, u.created_at,
@@ -134,6 +160,7 @@ SELECT u.id, u.kind, u.payload, u.priority, u.attempts, u.max_attempts, u.run_at
        extract(epoch FROM clock_timestamp() - statement_timestamp())::float8, u.traceparent, u.tracestate,
        n.limited, false, NULL::text, false
 FROM n LEFT JOIN u ON true`
+)
 
 // flowSQL claims a queue with flow limits: claim_flow (migration 017)
 // takes the claim's arguments, where its walk over the keys starts and
@@ -165,7 +192,8 @@ type flowState struct {
 // tracked, for the caller to start (start). It claims from the cursor or
 // from the front (internal/cursor), or, while the queue has flow limits,
 // with claim_flow. A claim that finds the queue's limits declared or gone
-// claims nothing: the other statement claims again at once.
+// claims nothing: the other statement claims again at once. A claim from
+// the front that a notification starts (woken) is lean (leanClaimSQL).
 func (c *Claimer) claim(ctx context.Context, limit int) (machine.Result, []*runstate.Run) {
 	r, runs, switched := c.claimOnce(ctx, limit)
 	if switched {
@@ -182,7 +210,8 @@ func start(jobs *runners.Runners, runs []*runstate.Run) {
 }
 
 // claimOnce is one claim statement. switched: the statement found the
-// queue's flow limits declared or gone, and claimed nothing.
+// queue's flow limits declared or gone, or it was lean and took nothing,
+// and claimed nothing.
 func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*runstate.Run, bool) {
 	r := machine.Result{Limit: limit}
 	if c.lost.Pending() {
@@ -204,7 +233,7 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*
 		sent = time.Now()
 	}
 	sql, args := c.claimSQL, []any{c.cfg.Queue, limit, c.cfg.WorkerID, c.cfg.Lease.Seconds(), c.cfg.MaxAttempts, c.cfg.ClaimBytes}
-	flow, front, lookUnkeyed := c.flow.limited, true, false
+	flow, front, lookUnkeyed, lean := c.flow.limited, true, false, false
 	switch {
 	case flow:
 		lookUnkeyed = !c.flow.freed || c.flow.found || time.Since(c.flow.looked) >= unkeyedEvery
@@ -215,6 +244,9 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*
 		}
 		if front = c.cursor.FromFront(); front {
 			c.fronts.Add(1)
+			if c.woken {
+				sql, lean = c.leanClaimSQL, true
+			}
 		} else {
 			sql, args = c.claimCursorSQL, append(args, c.cursor.Priority, c.cursor.RunAt, c.cursor.ID)
 		}
@@ -255,6 +287,12 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*
 		c.flow = flowState{limited: fs.limited, freed: c.flow.freed}
 		c.limited.Store(fs.limited)
 		c.cursor.Reset()
+		return r, nil, true
+	}
+	if lean && len(runs) == 0 && !r.Paused {
+		// It tells neither when the next job is due nor whether it skipped
+		// locked ones: the full claim does, at once.
+		c.woken = false
 		return r, nil, true
 	}
 	switch {

@@ -166,6 +166,10 @@ type Claimer struct {
 	// ended; cursor is that place (internal/cursor). Only the claim loop uses them.
 	claimCursorSQL string
 	cursor         cursor.Cursor
+	// leanClaimSQL is claimSQL for the claims a notification starts, which
+	// the loop says with woken.
+	leanClaimSQL string
+	woken        bool
 	// flowSQL claims the queue while it has flow limits, and flow says
 	// whether it has and where the next claim_flow starts. Only the claim
 	// loop uses them.
@@ -217,6 +221,7 @@ func New(cfg Config) (*Claimer, error) {
 		limited: limited,
 		cfg:     cfg, logger: logger, claimSQL: pinned.WithSchema(claimSQL, cfg.Schema),
 		claimCursorSQL: pinned.WithSchema(cursor.SQL(claimSQL), cfg.Schema),
+		leanClaimSQL:   pinned.WithSchema(leanClaimSQL, cfg.Schema),
 		flowSQL:        pinned.WithSchema(flowSQL, cfg.Schema),
 		wakeSQL:        pinned.WithSchema("SELECT {wake}($1)", cfg.Schema),
 		poolSize:       poolSize, runs: runs,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -200,6 +201,73 @@ func TestClaimReportsNextAndStranded(t *testing.T) {
 	require.Nil(t, r.Next)
 	require.False(t, r.Stranded)
 	require.False(t, r.Untold)
+}
+
+// A claim a notification starts is lean: it reads neither the next run_at
+// nor the skipped rows, nor past the 16th priority. One that takes nothing
+// is followed by the full claim, so that the claimer still learns them.
+func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	woken := func(limit int) ([]*runstate.Run, machine.Result) {
+		t.Helper()
+		c.woken = true
+		return claimNow(ctx, t, c, limit)
+	}
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() + interval '1 hour')")
+	require.NoError(t, err)
+	runs, r := woken(5)
+	require.Empty(t, runs)
+	require.NotNil(t, r.Next, "the full claim followed, and said when the job is due")
+	require.InDelta(t, time.Hour.Seconds(), r.Next.Seconds(), 5)
+	require.False(t, r.Untold)
+
+	ids := insertJobs(ctx, t, pool, jobs, 2)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", ids[0])
+	require.NoError(t, err)
+	runs, r = woken(5)
+	require.Len(t, runs, 1)
+	require.Equal(t, ids[1], runs[0].Job.ID)
+	require.True(t, r.Untold, "a claim that took a job reads neither")
+	runs, r = woken(5)
+	require.Empty(t, runs)
+	require.True(t, r.Stranded, "the locked job was skipped")
+	require.NotNil(t, r.Next)
+	require.NoError(t, tx.Rollback(ctx))
+	runs, _ = woken(5)
+	require.Len(t, runs, 1)
+
+	// Due jobs at 17 priorities: the lean claim takes the first 16, and the
+	// next claim the 17th, in order.
+	_, err = pool.Exec(ctx, "DELETE FROM "+jobs+" WHERE status = 'pending'")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, priority) SELECT 'noop', p FROM generate_series(1, 17) p")
+	require.NoError(t, err)
+	runs, r = woken(100)
+	require.Len(t, runs, 16)
+	require.True(t, r.Untold, "the look that follows finds the rest")
+	var priorities []int
+	for _, run := range runs { // in the order they ran
+		priorities = append(priorities, int(run.Job.Priority))
+	}
+	slices.Sort(priorities)
+	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, priorities)
+	runs, _ = woken(100)
+	require.Len(t, runs, 1)
+	require.Equal(t, int16(17), runs[0].Job.Priority)
+
+	// Not due at the first 16 priorities, due at the 17th.
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, priority, run_at)
+		SELECT 'noop', p, CASE WHEN p < 17 THEN now() + interval '1 hour' ELSE now() END FROM generate_series(1, 17) p`)
+	require.NoError(t, err)
+	runs, _ = woken(100)
+	require.Len(t, runs, 1)
+	require.Equal(t, int16(17), runs[0].Job.Priority)
 }
 
 // A claim stops adding jobs once their payloads pass ClaimBytes, and takes

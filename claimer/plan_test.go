@@ -91,7 +91,8 @@ func checkPlans(t *testing.T, setup []string) {
 	}
 	idArray := "'{" + strings.Join(ids, ",") + "}'"
 	statements := map[string]struct{ sql, types, args, settings string }{
-		"claim": {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000", pinned.ClaimPlanSQL},
+		"claim":      {claimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000", pinned.ClaimPlanSQL},
+		"claim_lean": {leanClaimSQL, "text, int, text, float8, int, bigint", "'default', 1000, 'w', 30, 5, 16000000", pinned.ClaimPlanSQL},
 		"claim_cursor": {
 			cursor.SQL(claimSQL), "text, int, text, float8, int, bigint, smallint, timestamptz, bigint",
 			"'default', 1000, 'w', 30, 5, 16000000, 0, now() - interval '1 minute', 100", pinned.ClaimPlanSQL,
@@ -128,7 +129,7 @@ func checkPlans(t *testing.T, setup []string) {
 			require.NotContains(t, plan, bad, "%s plan:\n%s", name, plan)
 		}
 		switch name {
-		case "claim", "claim_cursor":
+		case "claim", "claim_cursor", "claim_lean":
 			require.Contains(t, plan, "Tid Scan on jobs", "%s plan:\n%s", name, plan)
 			// Each priority's due jobs, from its first pending job (or, from
 			// the cursor, the first after it) to its first job not due.
@@ -257,6 +258,7 @@ func claimPages(t *testing.T, fill string, bound int) {
 	statements := []struct{ name, sql, types, args string }{
 		{"claim", claimSQL, "text, int, text, float8, int, bigint", "'default', 100, 'w', 30, 5, 16000000"},
 		{"claim_none_due", claimSQL, "text, int, text, float8, int, bigint", "'later', 100, 'w', 30, 5, 16000000"},
+		{"claim_lean", leanClaimSQL, "text, int, text, float8, int, bigint", "'default', 100, 'w', 30, 5, 16000000"},
 		{
 			"claim_cursor", cursor.SQL(claimSQL), "text, int, text, float8, int, bigint, smallint, timestamptz, bigint",
 			"'default', 100, 'w', 30, 5, 16000000, 2, now() - interval '30 minutes', 0",
