@@ -204,8 +204,9 @@ func TestClaimReportsNextAndStranded(t *testing.T) {
 }
 
 // A claim a notification starts is lean: it reads neither the next run_at
-// nor the skipped rows, nor past the 16th priority. One that takes nothing
-// is followed by the full claim, so that the claimer still learns them.
+// nor the skipped rows, and takes the jobs of the first priority only. One
+// that takes nothing is followed by the full claim, so that the claimer
+// still learns them and takes the jobs due at later priorities.
 func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -242,32 +243,35 @@ func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	runs, _ = woken(5)
 	require.Len(t, runs, 1)
 
-	// Due jobs at 17 priorities: the lean claim takes the first 16, and the
-	// next claim the 17th, in order.
+	// Due jobs at 3 priorities: the lean claim takes the first priority's,
+	// and the look that follows the rest, in order.
 	_, err = pool.Exec(ctx, "DELETE FROM "+jobs+" WHERE status = 'pending'")
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, priority) SELECT 'noop', p FROM generate_series(1, 17) p")
+	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, priority) SELECT 'noop', p FROM generate_series(1, 3) p, generate_series(1, 2)")
 	require.NoError(t, err)
 	runs, r = woken(100)
-	require.Len(t, runs, 16)
+	require.Len(t, runs, 2)
 	require.True(t, r.Untold, "the look that follows finds the rest")
+	for _, run := range runs {
+		require.Equal(t, int16(1), run.Job.Priority)
+	}
+	c.woken = false
+	runs, _ = claimNow(ctx, t, c, 100)
 	var priorities []int
 	for _, run := range runs { // in the order they ran
 		priorities = append(priorities, int(run.Job.Priority))
 	}
 	slices.Sort(priorities)
-	require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, priorities)
-	runs, _ = woken(100)
-	require.Len(t, runs, 1)
-	require.Equal(t, int16(17), runs[0].Job.Priority)
+	require.Equal(t, []int{2, 2, 3, 3}, priorities)
 
-	// Not due at the first 16 priorities, due at the 17th.
-	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, priority, run_at)
-		SELECT 'noop', p, CASE WHEN p < 17 THEN now() + interval '1 hour' ELSE now() END FROM generate_series(1, 17) p`)
+	// Not due at the first priority, due at the next.
+	_, err = pool.Exec(ctx, `INSERT INTO `+jobs+` (kind, priority, run_at) VALUES
+		('noop', 1, now() + interval '1 hour'), ('noop', 2, now())`)
 	require.NoError(t, err)
-	runs, _ = woken(100)
-	require.Len(t, runs, 1)
-	require.Equal(t, int16(17), runs[0].Job.Priority)
+	runs, r = woken(100)
+	require.Len(t, runs, 1, "the full claim followed the lean one, which took nothing")
+	require.Equal(t, int16(2), runs[0].Job.Priority)
+	require.True(t, r.Untold)
 }
 
 // A claim stops adding jobs once their payloads pass ClaimBytes, and takes

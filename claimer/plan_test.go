@@ -133,8 +133,9 @@ func checkPlans(t *testing.T, setup []string) {
 			require.Contains(t, plan, "Tid Scan on jobs", "%s plan:\n%s", name, plan)
 			// Each priority's due jobs, from its first pending job (or, from
 			// the cursor, the first after it) to its first job not due.
-			require.Regexp(t, `Index Scan using jobs_claim_idx on jobs[^\n]*\n\s+Index Cond: \(\(queue = \$1\) AND \(priority = pr\S*\.priority\) `+
-				`AND \(ROW\(run_at, id\) >= ROW\(pr\S*\.run_at, pr\S*\.id\)\) AND \(run_at <= now\(\)\)\)`, plan, "%s plan:\n%s", name, plan)
+			// The lean claim's one walked job is inlined: a scan of jobs.
+			require.Regexp(t, `Index Scan using jobs_claim_idx on jobs[^\n]*\n\s+Index Cond: \(\(queue = \$1\) AND \(priority = (pr\S*|jobs)\.priority\) `+
+				`AND \(ROW\(run_at, id\) >= ROW\((pr\S*|jobs)\.run_at, (pr\S*|jobs)\.id\)\) AND \(run_at <= now\(\)\)\)`, plan, "%s plan:\n%s", name, plan)
 		case "look":
 			// The claim's scan, in the claim index: the first due row is
 			// the first the index gives, with no sort.
