@@ -372,9 +372,11 @@ func (c *Claimer) readClaim(results pgx.BatchResults, r *machine.Result) ([]*run
 	}
 	// One destination list for every row: a list built at each Scan went
 	// to the heap at each row (320 bytes a job in a drain, pprof).
-	dest := []any{&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
+	dest := []any{
+		&id, &kind, &payload, &priority, &attempt, &maxAttempts, &runAt, &createdAt,
 		&claimedAt, &nextIn, &stranded, &paused, &at, &took,
-		traceDest[0], traceDest[1], &limited, &held, &fs.after, &fs.unkeyed}
+		traceDest[0], traceDest[1], &limited, &held, &fs.after, &fs.unkeyed,
+	}
 	// The claim's own columns are the same in every row: read from the
 	// first.
 	first := true

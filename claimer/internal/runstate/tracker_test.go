@@ -89,8 +89,10 @@ func TestTrackerUnwrittenWhileWriting(t *testing.T) {
 	require.Equal(t, []Outcome{{Run: runs[0], Verdict: Done}, {Run: runs[1], Verdict: Done}}, batch)
 	tr.Written(len(batch))
 	require.Equal(t, []Outcome{
-		{Run: runs[2], Verdict: Done}, {Run: runs[3], Verdict: Retry},
-		{Run: runs[4], Verdict: Retry}, {Run: runs[5], Verdict: Retry},
+		{Run: runs[2], Verdict: Done},
+		{Run: runs[3], Verdict: Retry},
+		{Run: runs[4], Verdict: Retry},
+		{Run: runs[5], Verdict: Retry},
 	}, tr.Unwritten(10))
 	require.Equal(t, runs[2:], tr.Inflight())
 	r := newRun(7)
