@@ -291,6 +291,11 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*
 		c.flow = flowState{limited: fs.limited, freed: c.flow.freed}
 		c.limited.Store(fs.limited)
 		c.cursor.Reset()
+		// The claim that follows is the last claim() makes: a lean one
+		// that took nothing would tell neither when the next job is due
+		// nor whether locked ones were skipped, and the loop would sleep
+		// without its timer.
+		c.woken = false
 		return r, nil, true
 	}
 	if lean && len(runs) == 0 && !r.Paused {

@@ -705,3 +705,49 @@ func TestLostClaimKeepsItsOutcomeApart(t *testing.T) {
 	require.NoError(t, pool.QueryRow(ctx, "SELECT status FROM "+jobs+" WHERE id = $1", id).Scan(&status))
 	require.Equal(t, "done", status)
 }
+
+// A notification that finds the queue's flow limits gone switches to the
+// plain claim, which is lean: when it takes nothing, the full claim must
+// still follow, so that the claimer learns when the next job is due and
+// whether it skipped locked ones, rather than sleeping until the tick.
+func TestWokenClaimAfterFlowLimitsEndTellsAsTheFullClaim(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	setLimit(ctx, t, c, pool, "a", 1, false, 0, 0)
+	runs, _ := claimNow(ctx, t, c, 10)
+	require.Empty(t, runs)
+	require.True(t, c.flow.limited)
+	_, err := pool.Exec(ctx, "SELECT "+pgx.Identifier{c.cfg.Schema, "clear_flow_limit"}.Sanitize()+"($1, $2)", c.cfg.Queue, "a")
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() + interval '1 hour')")
+	require.NoError(t, err)
+	c.woken = true
+	runs, r := claimNow(ctx, t, c, 5)
+	require.Empty(t, runs)
+	require.False(t, c.flow.limited)
+	require.NotNil(t, r.Next, "the full claim followed, and said when the job is due")
+	require.InDelta(t, time.Hour.Seconds(), r.Next.Seconds(), 5)
+
+	// The same with a due job another transaction holds locked: stranded.
+	ids := insertJobs(ctx, t, pool, jobs, 1)
+	setLimit(ctx, t, c, pool, "a", 1, false, 0, 0)
+	c.woken = false
+	_, _ = claimNow(ctx, t, c, 1) // takes the job: claimed without limits
+	require.True(t, c.flow.limited)
+	_, err = pool.Exec(ctx, "UPDATE "+jobs+" SET status = 'pending' WHERE id = $1", ids[0])
+	require.NoError(t, err)
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", ids[0])
+	require.NoError(t, err)
+	_, err = pool.Exec(ctx, "SELECT "+pgx.Identifier{c.cfg.Schema, "clear_flow_limit"}.Sanitize()+"($1, $2)", c.cfg.Queue, "a")
+	require.NoError(t, err)
+	c.woken = true
+	runs, r = claimNow(ctx, t, c, 5)
+	require.Empty(t, runs)
+	require.False(t, c.flow.limited)
+	require.True(t, r.Stranded, "the locked job was skipped")
+}

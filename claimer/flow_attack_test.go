@@ -522,3 +522,30 @@ func flowClaimGrowth(t *testing.T, due bool) {
 		require.InDelta(t, 86400, *nextIn, 60, "it says when the first job is due")
 	}
 }
+
+// A claimer asleep on a limited queue, its timer set for a job due later,
+// is woken by the clearing of the queue's last limit: the claim that
+// follows must still tell when the job is due, and the job runs then, not
+// at the fallback tick.
+func TestFlowLimitsClearedWhileAsleepKeepTheTimer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ran := make(chan int64, 1)
+	registry := executors.NewRegistry()
+	registry.Register("noop", executors.Func(func(_ context.Context, job *executors.Job) error { ran <- job.ID; return nil }))
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Registry: registry, Options: Options{PollInterval: time.Hour}})
+	setLimit(ctx, t, c, pool, "a", 1, false, 0, 0)
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() + interval '3 seconds') RETURNING id").Scan(&id))
+	heldAndAsleep(ctx, t, c)
+	require.True(t, c.limited.Load(), "the claimer claims under the limits")
+	_, err := pool.Exec(ctx, "SELECT "+pgx.Identifier{c.cfg.Schema, "clear_flow_limit"}.Sanitize()+"($1, $2)", c.cfg.Queue, "a")
+	require.NoError(t, err)
+	select {
+	case got := <-ran:
+		require.Equal(t, id, got)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the job due in 3 s did not run: the claimer's timer was lost")
+	}
+}
