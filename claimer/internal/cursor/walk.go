@@ -34,13 +34,6 @@ func Walk(first string) string {
 )`
 }
 
-// First is Walk's first job alone: pr holds queue $1's first pending job,
-// whose WHERE also has first, and the first priority is the only one
-// walked.
-func First(first string) string {
-	return "pr(priority, run_at, id, depth) AS (\n    " + strings.Replace(walkFirst, "{first}", first, 1) + ")"
-}
-
 // OnePriority is a scan's condition for the due jobs of the walk's
 // priority pr, from its first pending job (read in run_at, id order, it
 // ends at the first not due).
