@@ -213,8 +213,12 @@ type flowState struct {
 // the front that a notification starts (woken) is lean (leanClaimSQL).
 func (c *Claimer) claim(ctx context.Context, limit int) (machine.Result, []*runstate.Run) {
 	r, runs, switched := c.claimOnce(ctx, limit)
-	if switched {
-		r, runs, _ = c.claimOnce(ctx, limit)
+	// A lean claim that took nothing is followed by the full claim, and
+	// that by claim_flow when the queue's limits began meanwhile: three
+	// statements at most. A claim that found the limits changed sets woken
+	// false, so it is never followed by a lean one.
+	for i := 0; switched && i < 2; i++ {
+		r, runs, switched = c.claimOnce(ctx, limit)
 	}
 	return r, runs
 }

@@ -274,6 +274,31 @@ func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	require.True(t, r.Untold)
 }
 
+// Flow limits declared between a lean claim that took nothing and the full
+// claim after it: the full claim finds them and claim_flow claims, so that
+// the claimer still learns when the next job is due.
+func TestWokenClaimWhileFlowLimitsBeginTellsAsTheFlowClaim(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at, flow_key) VALUES ('noop', now() + interval '1 hour', 'a')")
+	require.NoError(t, err)
+	sent := 0
+	c.claimSent = func(string) {
+		if sent++; sent == 1 { // the lean claim is on its way: the limits begin
+			setLimit(ctx, t, c, pool, "a", 1, false, 0, 0)
+		}
+	}
+	c.woken = true
+	runs, r := claimNow(ctx, t, c, 5)
+	require.Empty(t, runs)
+	require.Equal(t, 3, sent, "the lean claim, the full one, then claim_flow")
+	require.True(t, c.flow.limited)
+	require.NotNil(t, r.Next, "claim_flow said when the job is due")
+	require.InDelta(t, time.Hour.Seconds(), r.Next.Seconds(), 5)
+}
+
 // A claim stops adding jobs once their payloads pass ClaimBytes, and takes
 // one at least, however large.
 func TestClaimBytesBoundAClaim(t *testing.T) {
