@@ -74,9 +74,10 @@ var claimSQL = claimStatement(false)
 // stranded, which a claim that takes a job does not tell anyway (Untold).
 // The walk's plan nodes and theirs, started at every claim though most run
 // no row, were 0.09 ms of a lone job's claim round trip (0.77 ms, 20 ms
-// apart); the lean claim's is 5414c9d's, whose claim walked nothing. A lean claim that takes
-// nothing is followed at once by the full one (claimOnce); one that takes
-// fewer than asked, by the look 1 ms after it (machine: lingering).
+// apart); the lean claim's is 5414c9d's, whose claim walked nothing. A
+// lean claim that takes nothing is followed at once by the full one
+// (claimOnce); one that takes fewer than asked, by the look 1 ms after it
+// (machine: lingering).
 var leanClaimSQL = claimStatement(true)
 
 // claimStatement is claimSQL, or leanClaimSQL when lean.
