@@ -73,6 +73,18 @@ func insertJobs(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs stri
 	return ids
 }
 
+// lockJob holds job id locked, FOR UPDATE, in a transaction of pool's
+// until the returned transaction ends (at the test's end at the latest).
+func lockJob(ctx context.Context, t *testing.T, pool *pgxpool.Pool, jobs string, id int64) pgx.Tx {
+	t.Helper()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.WithoutCancel(ctx)) })
+	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", id)
+	require.NoError(t, err)
+	return tx
+}
+
 // runClaimer runs c until the returned stop is called, or the test ends;
 // stop returns Run's error.
 func runClaimer(ctx context.Context, t *testing.T, c *Claimer) (stop func() error) {
@@ -164,11 +176,7 @@ func TestClaimReportsNextAndStranded(t *testing.T) {
 	ids := insertJobs(ctx, t, pool, jobs, 2)
 	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() + interval '1 hour')")
 	require.NoError(t, err)
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", ids[0])
-	require.NoError(t, err)
+	tx := lockJob(ctx, t, pool, jobs, ids[0])
 
 	runs, r := claimNow(ctx, t, c, 5)
 	require.Len(t, runs, 1)
@@ -226,11 +234,7 @@ func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	require.False(t, r.Untold)
 
 	ids := insertJobs(ctx, t, pool, jobs, 2)
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", ids[0])
-	require.NoError(t, err)
+	tx := lockJob(ctx, t, pool, jobs, ids[0])
 	runs, r = woken(5)
 	require.Len(t, runs, 1)
 	require.Equal(t, ids[1], runs[0].Job.ID)
@@ -763,11 +767,7 @@ func TestWokenClaimAfterFlowLimitsEndTellsAsTheFullClaim(t *testing.T) {
 	require.True(t, c.flow.limited)
 	_, err = pool.Exec(ctx, "UPDATE "+jobs+" SET status = 'pending' WHERE id = $1", ids[0])
 	require.NoError(t, err)
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", ids[0])
-	require.NoError(t, err)
+	lockJob(ctx, t, pool, jobs, ids[0])
 	_, err = pool.Exec(ctx, "SELECT "+pgx.Identifier{c.cfg.Schema, "clear_flow_limit"}.Sanitize()+"($1, $2)", c.cfg.Queue, "a")
 	require.NoError(t, err)
 	c.woken = true

@@ -535,11 +535,7 @@ func TestCursorLockedRowBehindTheCursorRunsOnceUnlocked(t *testing.T) {
 	var first, locked int64
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 5) RETURNING id").Scan(&first))
 	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', 0) RETURNING id").Scan(&locked))
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer tx.Rollback(ctx) //nolint:errcheck
-	_, err = tx.Exec(ctx, "SELECT FROM "+jobs+" WHERE id = $1 FOR UPDATE", locked)
-	require.NoError(t, err)
+	tx := lockJob(ctx, t, pool, jobs, locked)
 	runClaimer(testhook.With(ctx, hooks), t, c)
 	require.Equal(t, first, receive(ctx, t, ran))
 	select {
