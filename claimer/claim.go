@@ -67,23 +67,25 @@ import (
 // generic plan, blind to LIMIT $2, was a hash join over the whole table.
 var claimSQL = claimStatement(false)
 
-// leanClaimSQL is claimSQL for a claim a notification starts: it takes the
-// due jobs of the queue's first priority only (the priority of its first
-// pending job, due or not) in one scan, with no walk to the next
-// priorities nor the scan past the 16th, and reads neither next_in nor
-// stranded, which a claim that takes a job does not tell anyway (Untold).
-// The walk's plan nodes and theirs, started at every claim though most run
-// no row, were 0.09 ms of a lone job's claim round trip (0.77 ms, 20 ms
-// apart); the lean claim's is 5414c9d's, whose claim walked nothing. A
-// lean claim that takes nothing is followed at once by the full one
-// (claimOnce); one that takes fewer than asked, by the look 1 ms after it
-// (machine: lingering).
+// leanClaimSQL is claimSQL for a claim that expects few jobs or none (a
+// notification starts it, or the claim before it came up short:
+// machine.Lean): it takes the due jobs of the queue's first priority only
+// (the priority of its first pending job, due or not) in one scan, with
+// no walk to the next priorities nor the scan past the 16th, and, when it
+// takes nothing, reads the queue's first run_at in jobs_schedule_idx
+// instead of next_in and stranded. The walk's plan nodes and theirs,
+// started at every claim though most run no row, were 0.09 ms of a lone
+// job's claim round trip (0.77 ms, 20 ms apart). A lean claim that takes
+// nothing while that run_at is due (a due job it did not take: at a later
+// priority, or locked) is followed at once by the full claim (claimOnce);
+// one that takes fewer than asked, by the look 1 ms after it (machine:
+// lingering).
 var leanClaimSQL = claimStatement(true)
 
 // claimStatement is claimSQL, or leanClaimSQL when lean.
 func claimStatement(lean bool) string {
 	if lean {
-		return claimHead + leanScan + claimUpdate + "    SELECT NULL::float8 AS next_in, NULL::bool AS stranded,\n" + claimEnd
+		return claimHead + leanScan + claimUpdate + leanTold + claimEnd
 	}
 	return claimHead + ", " + cursor.Walk(cursor.Unpaused) + claimScan + claimPastWalked + claimScanEnd + claimUpdate + claimTold + claimEnd
 }
@@ -170,6 +172,11 @@ WITH RECURSIVE p AS (
                               LIMIT 1) r)
            END AS stranded,
 `
+	leanTold = `    SELECT CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
+               (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
+                WHERE status = 'pending' AND queue = $1)
+           END AS next_in, NULL::bool AS stranded,
+`
 	claimEnd = `           p.paused AND NOT p.limited AS paused, p.limited
     FROM k, p
 )
@@ -211,13 +218,13 @@ type flowState struct {
 // from the front (internal/cursor), or, while the queue has flow limits,
 // with claim_flow. A claim that finds the queue's limits declared or gone
 // claims nothing: the other statement claims again at once. A claim from
-// the front that a notification starts (woken) is lean (leanClaimSQL).
+// the front that expects few jobs (quiet) is lean (leanClaimSQL).
 func (c *Claimer) claim(ctx context.Context, limit int) (machine.Result, []*runstate.Run) {
 	r, runs, switched := c.claimOnce(ctx, limit)
-	// A lean claim that took nothing is followed by the full claim, and
-	// that by claim_flow when the queue's limits began meanwhile: three
-	// statements at most. A claim that found the limits changed sets woken
-	// false, so it is never followed by a lean one.
+	// A lean claim that took nothing while a job was due is followed by
+	// the full claim, and that by claim_flow when the queue's limits began
+	// meanwhile: three statements at most. A claim that found the limits
+	// changed sets quiet false, so it is never followed by a lean one.
 	for i := 0; switched && i < 2; i++ {
 		r, runs, switched = c.claimOnce(ctx, limit)
 	}
@@ -232,8 +239,8 @@ func start(jobs *runners.Runners, runs []*runstate.Run) {
 }
 
 // claimOnce is one claim statement. switched: the statement found the
-// queue's flow limits declared or gone, or it was lean and took nothing,
-// and claimed nothing.
+// queue's flow limits declared or gone, or it was lean and took nothing
+// while a job was due, and claimed nothing.
 func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*runstate.Run, bool) {
 	r := machine.Result{Limit: limit}
 	if c.lost.Pending() {
@@ -266,7 +273,7 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*
 		}
 		if front = c.cursor.FromFront(); front {
 			c.fronts.Add(1)
-			if c.woken {
+			if c.quiet {
 				sql, lean = c.leanClaimSQL, true
 			}
 		} else {
@@ -310,16 +317,16 @@ func (c *Claimer) claimOnce(ctx context.Context, limit int) (machine.Result, []*
 		c.limited.Store(fs.limited)
 		c.cursor.Reset()
 		// The claim that follows is the last claim() makes: a lean one
-		// that took nothing would tell neither when the next job is due
-		// nor whether locked ones were skipped, and the loop would sleep
-		// without its timer.
-		c.woken = false
+		// that took nothing while a job is due would not say whether it
+		// skipped locked ones, and the loop would sleep without looking
+		// again.
+		c.quiet = false
 		return r, nil, true
 	}
-	if lean && len(runs) == 0 && !r.Paused {
-		// It tells neither when the next job is due nor whether it skipped
-		// locked ones: the full claim does, at once.
-		c.woken = false
+	if lean && len(runs) == 0 && !r.Paused && r.Next != nil && *r.Next <= 0 {
+		// A due job it did not take: the full claim takes it, or says it
+		// skipped locked ones, at once.
+		c.quiet = false
 		return r, nil, true
 	}
 	switch {

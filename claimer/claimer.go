@@ -166,10 +166,10 @@ type Claimer struct {
 	// ended; cursor is that place (internal/cursor). Only the claim loop uses them.
 	claimCursorSQL string
 	cursor         cursor.Cursor
-	// leanClaimSQL is claimSQL for the claims a notification starts, which
-	// the loop says with woken.
+	// leanClaimSQL is claimSQL for the claims that expect few jobs, which
+	// the loop says with quiet (machine.Lean).
 	leanClaimSQL string
-	woken        bool
+	quiet        bool
 	// flowSQL claims the queue while it has flow limits, and flow says
 	// whether it has and where the next claim_flow starts. Only the claim
 	// loop uses them.

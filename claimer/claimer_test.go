@@ -211,27 +211,38 @@ func TestClaimReportsNextAndStranded(t *testing.T) {
 	require.False(t, r.Untold)
 }
 
-// A claim a notification starts is lean: it reads neither the next run_at
-// nor the skipped rows, and takes the jobs of the first priority only. One
-// that takes nothing is followed by the full claim, so that the claimer
-// still learns them and takes the jobs due at later priorities.
+// A claim that expects few jobs (a notification starts it, or the claim
+// before came up short) is lean: it takes the jobs of the first priority
+// only, and when it takes nothing, it says when the next job is due, in the
+// one statement, unless a job is due: then the full claim follows, so that
+// the claimer still takes the jobs due at later priorities and learns
+// whether it skipped locked ones.
 func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	sent := 0
+	c.claimSent = func(string) { sent++ }
 	woken := func(limit int) ([]*runstate.Run, machine.Result) {
 		t.Helper()
-		c.woken = true
+		c.quiet, sent = true, 0
 		return claimNow(ctx, t, c, limit)
 	}
-	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() + interval '1 hour')")
-	require.NoError(t, err)
 	runs, r := woken(5)
 	require.Empty(t, runs)
-	require.NotNil(t, r.Next, "the full claim followed, and said when the job is due")
+	require.Nil(t, r.Next, "an empty queue")
+	require.False(t, r.Stranded)
+	require.Equal(t, 1, sent, "the lean claim alone")
+	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() + interval '1 hour')")
+	require.NoError(t, err)
+	runs, r = woken(5)
+	require.Empty(t, runs)
+	require.NotNil(t, r.Next, "the lean claim said when the job is due")
 	require.InDelta(t, time.Hour.Seconds(), r.Next.Seconds(), 5)
 	require.False(t, r.Untold)
+	require.False(t, r.Stranded)
+	require.Equal(t, 1, sent, "the lean claim alone")
 
 	ids := insertJobs(ctx, t, pool, jobs, 2)
 	tx := lockJob(ctx, t, pool, jobs, ids[0])
@@ -243,6 +254,7 @@ func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	require.Empty(t, runs)
 	require.True(t, r.Stranded, "the locked job was skipped")
 	require.NotNil(t, r.Next)
+	require.Equal(t, 2, sent, "the full claim followed the lean one")
 	require.NoError(t, tx.Rollback(ctx))
 	runs, _ = woken(5)
 	require.Len(t, runs, 1)
@@ -259,7 +271,7 @@ func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	for _, run := range runs {
 		require.Equal(t, int16(1), run.Job.Priority)
 	}
-	c.woken = false
+	c.quiet = false
 	runs, _ = claimNow(ctx, t, c, 100)
 	var priorities []int
 	for _, run := range runs { // in the order they ran
@@ -276,16 +288,21 @@ func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	require.Len(t, runs, 1, "the full claim followed the lean one, which took nothing")
 	require.Equal(t, int16(2), runs[0].Job.Priority)
 	require.True(t, r.Untold)
+	require.Equal(t, 2, sent)
 }
 
-// Flow limits declared between a lean claim that took nothing and the full
-// claim after it: the full claim finds them and claim_flow claims, so that
-// the claimer still learns when the next job is due.
+// Flow limits declared between a lean claim that took nothing while a job
+// was due (locked by another transaction) and the full claim after it: the
+// full claim finds them and claim_flow claims, so that the claimer still
+// learns when the next job is due.
 func TestWokenClaimWhileFlowLimitsBeginTellsAsTheFlowClaim(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, pool, jobs := newTestClaimer(ctx, t, Config{})
+	var id int64
+	require.NoError(t, pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, flow_key) VALUES ('noop', 'a') RETURNING id").Scan(&id))
+	lockJob(ctx, t, pool, jobs, id)
 	_, err := pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at, flow_key) VALUES ('noop', now() + interval '1 hour', 'a')")
 	require.NoError(t, err)
 	sent := 0
@@ -294,7 +311,7 @@ func TestWokenClaimWhileFlowLimitsBeginTellsAsTheFlowClaim(t *testing.T) {
 			setLimit(ctx, t, c, pool, "a", 1, false, 0, 0)
 		}
 	}
-	c.woken = true
+	c.quiet = true
 	runs, r := claimNow(ctx, t, c, 5)
 	require.Empty(t, runs)
 	require.Equal(t, 3, sent, "the lean claim, the full one, then claim_flow")
@@ -752,7 +769,7 @@ func TestWokenClaimAfterFlowLimitsEndTellsAsTheFullClaim(t *testing.T) {
 	require.NoError(t, err)
 	_, err = pool.Exec(ctx, "INSERT INTO "+jobs+" (kind, run_at) VALUES ('noop', now() + interval '1 hour')")
 	require.NoError(t, err)
-	c.woken = true
+	c.quiet = true
 	runs, r := claimNow(ctx, t, c, 5)
 	require.Empty(t, runs)
 	require.False(t, c.flow.limited)
@@ -762,7 +779,7 @@ func TestWokenClaimAfterFlowLimitsEndTellsAsTheFullClaim(t *testing.T) {
 	// The same with a due job another transaction holds locked: stranded.
 	ids := insertJobs(ctx, t, pool, jobs, 1)
 	setLimit(ctx, t, c, pool, "a", 1, false, 0, 0)
-	c.woken = false
+	c.quiet = false
 	_, _ = claimNow(ctx, t, c, 1) // takes the job: claimed without limits
 	require.True(t, c.flow.limited)
 	_, err = pool.Exec(ctx, "UPDATE "+jobs+" SET status = 'pending' WHERE id = $1", ids[0])
@@ -770,7 +787,7 @@ func TestWokenClaimAfterFlowLimitsEndTellsAsTheFullClaim(t *testing.T) {
 	lockJob(ctx, t, pool, jobs, ids[0])
 	_, err = pool.Exec(ctx, "SELECT "+pgx.Identifier{c.cfg.Schema, "clear_flow_limit"}.Sanitize()+"($1, $2)", c.cfg.Queue, "a")
 	require.NoError(t, err)
-	c.woken = true
+	c.quiet = true
 	runs, r = claimNow(ctx, t, c, 5)
 	require.Empty(t, runs)
 	require.False(t, c.flow.limited)

@@ -55,7 +55,7 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners.Runners) {
 			// Not cut short by ctx: a claim the server committed must reach
 			// its jobs, which then go through the shutdown as running ones.
 			c.flow.freed = ev == machine.EventSlotFreed
-			c.woken = ev == machine.EventWake
+			c.quiet = machine.Lean(from, ev)
 			var r machine.Result
 			r, runs = c.claim(context.WithoutCancel(ctx), free)
 			r.At = time.Now()

@@ -190,6 +190,20 @@ func (m *Machine) Claimed(ev Event, r Result) {
 	m.soon(min(max(r.At.Sub(m.stranded), strandedMin), strandedMax))
 }
 
+// Lean reports whether the claim that ev starts in state from expects few
+// jobs or none: a notification starts it (most often of a lone job), or
+// the claim before it came up short (the looks while lingering, at the
+// sleep key's grant, and while asleep). Such a claim may take only the
+// due jobs of the queue's first priority, if it says when it takes nothing
+// while others are due.
+func Lean(from State, ev Event) bool {
+	switch from {
+	case StateLingering, StateDrowsy, StateAsleep:
+		return true
+	}
+	return ev == EventWake
+}
+
 // soon makes the timer fire within d.
 func (m *Machine) soon(d time.Duration) {
 	if m.Timer == NoTimer || d < m.Timer {

@@ -200,3 +200,31 @@ func TestMachineHeldClaimsOnFreedSlots(t *testing.T) {
 	m.Claimed(EventWake, Result{Limit: 3, Held: true, Paused: true})
 	require.False(t, m.Event(EventSlotFreed, 3, concurrency))
 }
+
+// A claim is lean when it expects few jobs: a notification starts it, or
+// the claim before came up short. The claims of a saturated loop, the
+// first claim, and the retries after a failure are full.
+func TestLeanClaims(t *testing.T) {
+	t.Parallel()
+	all := []Event{EventWake, EventTimer, EventTick, EventSlotFreed, EventKeyGranted, EventKeyLost}
+	for _, s := range []State{StateAwake, StateSaturated, StateLingering, StateDrowsy, StateAsleep, StateBackoff, StatePaused} {
+		for _, ev := range all {
+			short := s == StateLingering || s == StateDrowsy || s == StateAsleep
+			require.Equal(t, short || ev == EventWake, Lean(s, ev), "%s on event %d", s, ev)
+		}
+	}
+	// A lone job's round: woken asleep, it lingers, grows drowsy and
+	// sleeps again, every claim lean.
+	m := &Machine{State: StateAsleep, Timer: NoTimer}
+	for _, ev := range []Event{EventWake, EventTimer, EventTimer, EventTimer, EventKeyGranted} {
+		from := m.State
+		require.True(t, m.Event(ev, 9, 10), "%s on event %d", from, ev)
+		require.True(t, Lean(from, ev), "%s on event %d", from, ev)
+		claimed := 0
+		if ev == EventWake {
+			claimed = 1
+		}
+		m.Claimed(ev, Result{Claimed: claimed, Limit: 9})
+	}
+	require.Equal(t, StateAsleep, m.State)
+}
