@@ -97,15 +97,16 @@ WITH RECURSIVE p AS (
     SELECT coalesce(bool_or(paused_at IS NOT NULL), false) AS paused, coalesce(bool_or(limited), false) AS limited
     FROM {queues} WHERE name = $1
 )`
-	leanScan = `, c AS (
+	leanScan = `, f AS (
+    SELECT priority, run_at FROM {jobs}
+    WHERE status = 'pending' AND queue = $1` + cursor.Unpaused + `
+    ORDER BY priority, run_at, id LIMIT 1
+), c AS (
     SELECT ctid, priority, run_at, id,
            CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
                 ELSE pg_column_size(payload || '{}'::jsonb) END AS size
     FROM {jobs}
-    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
-      AND priority = (SELECT priority FROM {jobs}
-                      WHERE status = 'pending' AND queue = $1` + cursor.Unpaused + `
-                      ORDER BY priority, run_at, id LIMIT 1)
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND priority = (SELECT priority FROM f)
     ORDER BY run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -173,8 +174,13 @@ WITH RECURSIVE p AS (
            END AS stranded,
 `
 	leanTold = `    SELECT CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
-               (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
-                WHERE status = 'pending' AND queue = $1)
+               CASE WHEN NOT EXISTS (SELECT FROM f) THEN NULL
+                    WHEN (SELECT run_at FROM f) <= now()
+                      OR (SELECT min(run_at) FROM {jobs} WHERE status = 'pending' AND queue = $1 AND run_at <= now())
+                         IS NOT NULL THEN 0
+                    ELSE (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
+                          WHERE status = 'pending' AND queue = $1 AND run_at > now())
+               END
            END AS next_in, NULL::bool AS stranded,
 `
 	claimEnd = `           p.paused AND NOT p.limited AS paused, p.limited
