@@ -97,16 +97,15 @@ WITH RECURSIVE p AS (
     SELECT coalesce(bool_or(paused_at IS NOT NULL), false) AS paused, coalesce(bool_or(limited), false) AS limited
     FROM {queues} WHERE name = $1
 )`
-	leanScan = `, f AS (
-    SELECT priority, run_at FROM {jobs}
-    WHERE status = 'pending' AND queue = $1` + cursor.Unpaused + `
-    ORDER BY priority, run_at, id LIMIT 1
-), c AS (
+	leanScan = `, c AS (
     SELECT ctid, priority, run_at, id,
            CASE WHEN pg_column_compression(payload) IS NULL THEN pg_column_size(payload)
                 ELSE pg_column_size(payload || '{}'::jsonb) END AS size
     FROM {jobs}
-    WHERE status = 'pending' AND queue = $1 AND run_at <= now() AND priority = (SELECT priority FROM f)
+    WHERE status = 'pending' AND queue = $1 AND run_at <= now()
+      AND priority = (SELECT priority FROM {jobs}
+                      WHERE status = 'pending' AND queue = $1` + cursor.Unpaused + `
+                      ORDER BY priority, run_at, id LIMIT 1)
     ORDER BY run_at, id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -174,13 +173,8 @@ WITH RECURSIVE p AS (
            END AS stranded,
 `
 	leanTold = `    SELECT CASE WHEN k.claimed = 0 AND NOT p.paused AND NOT p.limited THEN
-               CASE WHEN NOT EXISTS (SELECT FROM f) THEN NULL
-                    WHEN (SELECT run_at FROM f) <= now()
-                      OR (SELECT min(run_at) FROM {jobs} WHERE status = 'pending' AND queue = $1 AND run_at <= now())
-                         IS NOT NULL THEN 0
-                    ELSE (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
-                          WHERE status = 'pending' AND queue = $1 AND run_at > now())
-               END
+               (SELECT extract(epoch FROM min(run_at) - now())::float8 FROM {jobs}
+                WHERE status = 'pending' AND queue = $1)
            END AS next_in, NULL::bool AS stranded,
 `
 	claimEnd = `           p.paused AND NOT p.limited AS paused, p.limited
