@@ -291,6 +291,58 @@ func TestWokenClaimTellsAsTheFullClaim(t *testing.T) {
 	require.Equal(t, 2, sent)
 }
 
+// A stream of jobs at the first priority, each claim finding another, does
+// not keep a due job of a later priority waiting while slots are free: the
+// claim after one that took jobs is full, and takes it.
+func TestStreamAtFirstPriorityLetsLaterPrioritiesRun(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, pool, jobs := newTestClaimer(ctx, t, Config{Options: Options{Concurrency: 10}})
+	insert := func(priority int) int64 {
+		var id int64
+		if err := pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', $1) RETURNING id", priority).Scan(&id); err != nil {
+			t.Error(err)
+		}
+		return id
+	}
+	const stream = 40
+	var (
+		claims, inserted int
+		later            int64
+		tookAt           atomic.Int32
+	)
+	took := make(chan struct{})
+	insert(1)
+	hooks := &testhook.Hooks{
+		ClaimSent: func(string) { claims++ },
+		// On the claim loop, before the next claim is sent: each job taken
+		// is followed by another at the first priority, so that every
+		// claim finds one, and the first by a job at the second.
+		ClaimReturned: func(_ string, id int64) {
+			if id == later {
+				tookAt.Store(int32(claims))
+				close(took)
+			}
+			if later == 0 {
+				later = insert(2)
+			}
+			if inserted < stream {
+				inserted++
+				insert(1)
+			}
+		},
+	}
+	stop := runClaimer(testhook.With(ctx, hooks), t, c)
+	select {
+	case <-took:
+	case <-ctx.Done():
+		t.Fatal("the second priority's job was not taken")
+	}
+	require.NoError(t, stop())
+	require.LessOrEqual(t, tookAt.Load(), int32(3), "taken by the claim after the first, or the one after it, while the stream went on")
+}
+
 // Flow limits declared between a lean claim that took nothing while a job
 // was due (locked by another transaction) and the full claim after it: the
 // full claim finds them and claim_flow claims, so that the claimer still

@@ -48,14 +48,14 @@ func (c *Claimer) claimLoop(ctx context.Context, jobs *runners.Runners) {
 		case <-c.runs.SlotFreed():
 			ev = machine.EventSlotFreed
 		}
-		from := m.State
+		from, lean := m.State, m.Lean(ev)
 		free := c.runs.Free()
 		var runs []*runstate.Run
 		if m.Event(ev, free, c.cfg.Concurrency) {
 			// Not cut short by ctx: a claim the server committed must reach
 			// its jobs, which then go through the shutdown as running ones.
 			c.flow.freed = ev == machine.EventSlotFreed
-			c.quiet = machine.Lean(from, ev)
+			c.quiet = lean
 			var r machine.Result
 			r, runs = c.claim(context.WithoutCancel(ctx), free)
 			r.At = time.Now()

@@ -98,6 +98,8 @@ type Machine struct {
 	// held: the last claim left due jobs held back by flow limits, so a
 	// freed slot makes the loop claim whatever the state.
 	held bool
+	// took: the last claim took jobs (Lean).
+	took bool
 	// stranded is when the claims began to skip locked due rows, zero while
 	// they skip none. The next look comes as long after as that began, from
 	// strandedMin to strandedMax: the looks back off with time, however
@@ -142,6 +144,7 @@ func (m *Machine) Event(ev Event, free, concurrency int) bool {
 // Claimed moves the machine on after a claim that ev started.
 func (m *Machine) Claimed(ev Event, r Result) {
 	m.gather, m.Rearm, m.held = false, true, r.Held && r.Err == nil && !r.Paused
+	m.took = r.Err == nil && r.Claimed > 0
 	switch {
 	case r.Err != nil:
 		m.State, m.Timer, m.looks = StateBackoff, r.Delay, 0
@@ -190,14 +193,20 @@ func (m *Machine) Claimed(ev Event, r Result) {
 	m.soon(min(max(r.At.Sub(m.stranded), strandedMin), strandedMax))
 }
 
-// Lean reports whether the claim that ev starts in state from expects few
-// jobs or none: a notification starts it (most often of a lone job), or
-// the claim before it came up short (the looks while lingering, at the
-// sleep key's grant, and while asleep). Such a claim may take only the
-// due jobs of the queue's first priority, if it says when it takes nothing
-// while others are due.
-func Lean(from State, ev Event) bool {
-	switch from {
+// Lean reports whether the claim that ev would start now expects few jobs
+// or none: the claim before it took none, and a notification starts it
+// (most often of a lone job) or the claim before came up short (the looks
+// while lingering, at the sleep key's grant, and while asleep). Such a
+// claim may take only the due jobs of the queue's first priority, if it
+// says when it takes nothing while others are due. The claim after one
+// that took jobs is not lean: it takes the due jobs of the next
+// priorities, which a stream of jobs at the first would otherwise keep
+// waiting, free slots or not.
+func (m *Machine) Lean(ev Event) bool {
+	if m.took {
+		return false
+	}
+	switch m.State {
 	case StateLingering, StateDrowsy, StateAsleep:
 		return true
 	}
