@@ -78,8 +78,9 @@ var claimSQL = claimStatement(false)
 // job's claim round trip (0.77 ms, 20 ms apart). A lean claim that takes
 // nothing while that run_at is due (a due job it did not take: at a later
 // priority, or locked) is followed at once by the full claim (claimOnce);
-// one that takes fewer than asked, by the look 0.5 ms after it, which is
-// full (machine: lingering, Lean).
+// one that takes fewer than asked, by the look 0.5 ms after it (machine:
+// lingering). After two claims in a row that took jobs, the claim is full
+// (machine.Lean).
 var leanClaimSQL = claimStatement(true)
 
 // claimStatement is claimSQL, or leanClaimSQL when lean.

@@ -98,8 +98,8 @@ type Machine struct {
 	// held: the last claim left due jobs held back by flow limits, so a
 	// freed slot makes the loop claim whatever the state.
 	held bool
-	// took: the last claim took jobs (Lean).
-	took bool
+	// taking counts the last claims in a row that took jobs (Lean).
+	taking int
 	// stranded is when the claims began to skip locked due rows, zero while
 	// they skip none. The next look comes as long after as that began, from
 	// strandedMin to strandedMax: the looks back off with time, however
@@ -144,7 +144,11 @@ func (m *Machine) Event(ev Event, free, concurrency int) bool {
 // Claimed moves the machine on after a claim that ev started.
 func (m *Machine) Claimed(ev Event, r Result) {
 	m.gather, m.Rearm, m.held = false, true, r.Held && r.Err == nil && !r.Paused
-	m.took = r.Err == nil && r.Claimed > 0
+	if r.Err == nil && r.Claimed > 0 {
+		m.taking = min(m.taking+1, 2)
+	} else {
+		m.taking = 0
+	}
 	switch {
 	case r.Err != nil:
 		m.State, m.Timer, m.looks = StateBackoff, r.Delay, 0
@@ -194,16 +198,17 @@ func (m *Machine) Claimed(ev Event, r Result) {
 }
 
 // Lean reports whether the claim that ev would start now expects few jobs
-// or none: the claim before it took none, and a notification starts it
-// (most often of a lone job) or the claim before came up short (the looks
-// while lingering, at the sleep key's grant, and while asleep). Such a
-// claim may take only the due jobs of the queue's first priority, if it
-// says when it takes nothing while others are due. The claim after one
-// that took jobs is not lean: it takes the due jobs of the next
-// priorities, which a stream of jobs at the first would otherwise keep
-// waiting, free slots or not.
+// or none: a notification starts it (most often of a lone job) or the
+// claim before came up short (the looks while lingering, at the sleep
+// key's grant, and while asleep). Such a claim may take only the due jobs
+// of the queue's first priority, if it says when it takes nothing while
+// others are due. After two claims in a row that took jobs the claim is
+// full, and takes the due jobs of the next priorities too: a stream of
+// jobs at the first priority, each claim finding one, would otherwise keep
+// them waiting, free slots or not. A lone job's claim and the looks after
+// it stay lean.
 func (m *Machine) Lean(ev Event) bool {
-	if m.took {
+	if m.taking >= 2 {
 		return false
 	}
 	switch m.State {

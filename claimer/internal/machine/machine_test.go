@@ -201,10 +201,10 @@ func TestMachineHeldClaimsOnFreedSlots(t *testing.T) {
 	require.False(t, m.Event(EventSlotFreed, 3, concurrency))
 }
 
-// A claim is lean when it expects few jobs: the claim before took none,
-// and a notification starts it or the claim before came up short. The
-// claims of a saturated loop, the first claim, the retries after a
-// failure, and the claim after one that took jobs are full.
+// A claim is lean when it expects few jobs: a notification starts it or
+// the claim before came up short, and the two claims before did not both
+// take jobs. The claims of a saturated loop, the first claim, and the
+// retries after a failure are full.
 func TestLeanClaims(t *testing.T) {
 	t.Parallel()
 	all := []Event{EventWake, EventTimer, EventTick, EventSlotFreed, EventKeyGranted, EventKeyLost}
@@ -213,13 +213,14 @@ func TestLeanClaims(t *testing.T) {
 			short := s == StateLingering || s == StateDrowsy || s == StateAsleep
 			m := &Machine{State: s, Timer: NoTimer}
 			require.Equal(t, short || ev == EventWake, m.Lean(ev), "%s on event %d", s, ev)
-			m.took = true
-			require.False(t, m.Lean(ev), "%s on event %d after a claim that took jobs", s, ev)
+			m.taking = 1
+			require.Equal(t, short || ev == EventWake, m.Lean(ev), "%s on event %d after a claim that took jobs", s, ev)
+			m.taking = 2
+			require.False(t, m.Lean(ev), "%s on event %d after two claims that took jobs", s, ev)
 		}
 	}
 	// A lone job's round: woken asleep, it lingers, grows drowsy and
-	// sleeps again, every claim lean but the look after the one that took
-	// the job.
+	// sleeps again, every claim lean.
 	m := &Machine{State: StateAsleep, Timer: NoTimer}
 	var lean []bool
 	for _, ev := range []Event{EventWake, EventTimer, EventTimer, EventTimer, EventKeyGranted} {
@@ -232,20 +233,23 @@ func TestLeanClaims(t *testing.T) {
 		}
 		m.Claimed(ev, Result{Claimed: claimed, Limit: 9})
 	}
-	require.Equal(t, []bool{true, false, true, true, true}, lean)
+	require.Equal(t, []bool{true, true, true, true, true}, lean)
 	require.Equal(t, StateAsleep, m.State)
-	// Jobs at the first priority in a stream, each claim taking some:
-	// every claim after the first is full, and takes the later priorities'
-	// due jobs too.
+	// Jobs at the first priority in a stream, each claim taking some: the
+	// third claim and every one after it are full, and take the later
+	// priorities' due jobs too.
 	m = &Machine{State: StateLingering, Timer: NoTimer}
 	lean = lean[:0]
-	for _, ev := range []Event{EventWake, EventWake, EventTimer, EventWake} {
+	for _, ev := range []Event{EventWake, EventTimer, EventTimer, EventWake} {
 		lean = append(lean, m.Lean(ev))
 		require.True(t, m.Event(ev, 9, 10))
 		m.Claimed(ev, Result{Claimed: 1, Limit: 9, Untold: true})
 	}
-	require.Equal(t, []bool{true, false, false, false}, lean)
-	// A failed claim took nothing.
+	require.Equal(t, []bool{true, true, false, false}, lean)
+	// A claim that takes nothing, or fails, ends the run.
+	m.Claimed(EventTimer, Result{Limit: 9})
+	require.True(t, m.Lean(EventTimer))
+	m.taking = 2
 	m.Claimed(EventTimer, Result{Limit: 9, Err: errors.New("down")})
 	m.State = StateLingering
 	require.True(t, m.Lean(EventTimer))
