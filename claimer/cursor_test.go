@@ -129,6 +129,10 @@ func TestCursorLooksFindJobsBehindItWhileTheClaimerRuns(t *testing.T) {
 		jobs   string
 		found  = make(chan struct{})
 		once   sync.Once
+		// looked holds the ids the looks found, so that a look that finds
+		// the urgent job before its insert has returned its id counts.
+		lookMu sync.Mutex
+		looked = map[int64]bool{}
 	)
 	reg := executors.NewRegistry()
 	reg.Register("noop", executors.Func(func(ctx context.Context, job *executors.Job) error {
@@ -142,7 +146,12 @@ func TestCursorLooksFindJobsBehindItWhileTheClaimerRuns(t *testing.T) {
 			if err := pool.QueryRow(ctx, "INSERT INTO "+jobs+" (kind, priority) VALUES ('noop', -1) RETURNING id").Scan(&id); err != nil {
 				return err
 			}
+			lookMu.Lock()
 			urgent.Store(id)
+			if looked[id] {
+				once.Do(func() { close(found) })
+			}
+			lookMu.Unlock()
 		case 3: // claimed after the insert: the look it asked for finds the job
 			select {
 			case <-found:
@@ -156,6 +165,9 @@ func TestCursorLooksFindJobsBehindItWhileTheClaimerRuns(t *testing.T) {
 	c.cursor.Slow = -1
 	c.looker.Every = time.Millisecond
 	hooks := &testhook.Hooks{Looked: func(_ string, id int64) {
+		lookMu.Lock()
+		defer lookMu.Unlock()
+		looked[id] = true
 		if id != 0 && id == urgent.Load() {
 			once.Do(func() { close(found) })
 		}
