@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgdispatch/pgdispatch/claimer/internal/machine"
 )
 
 // A lean claim takes jobs the full claim would take, and when it takes
@@ -47,22 +49,20 @@ func TestLeanClaimTakesWhatTheFullClaimWould(t *testing.T) {
 			require.NoError(t, err)
 		}
 		limit := 1 + rng.Intn(4)
-		c.cursor.Reset()
-		c.quiet = true
-		leanRuns, leanR := claimNow(ctx, t, c, limit)
-		var leanIDs []int64
-		for _, r := range leanRuns {
-			leanIDs = append(leanIDs, r.Job.ID)
+		claim := func(lean bool) ([]int64, machine.Result) {
+			c.cursor.Reset()
+			c.quiet = lean
+			runs, r := claimNow(ctx, t, c, limit)
+			var ids []int64
+			for _, run := range runs {
+				ids = append(ids, run.Job.ID)
+			}
+			return ids, r
 		}
+		leanIDs, leanR := claim(true)
 		_, err = pool.Exec(ctx, "UPDATE "+jobs+" SET status = 'pending', attempts = 0, locked_by = NULL, locked_until = NULL WHERE id = ANY($1)", leanIDs)
 		require.NoError(t, err)
-		c.cursor.Reset()
-		c.quiet = false
-		fullRuns, fullR := claimNow(ctx, t, c, limit)
-		var fullIDs []int64
-		for _, r := range fullRuns {
-			fullIDs = append(fullIDs, r.Job.ID)
-		}
+		fullIDs, fullR := claim(false)
 		if tx != nil {
 			require.NoError(t, tx.Rollback(ctx))
 		}
