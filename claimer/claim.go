@@ -457,10 +457,15 @@ const maxClaimedCap = 1024
 // wait, capped at machine.MaxScheduleWait: a job due in the year 9999 is further
 // away than a time.Duration reaches, and the conversion would overflow to a
 // negative wait, a claim every millisecond. The fallback tick comes sooner
-// than the cap anyway.
+// than the cap anyway. A run_at due already (the lean claim's first run_at)
+// is a wait of 0, however far back: the year 1 is past what a
+// time.Duration holds too.
 func scheduleWait(seconds float64) time.Duration {
 	if !(seconds < machine.MaxScheduleWait.Seconds()) { // also NaN
 		return machine.MaxScheduleWait
+	}
+	if seconds <= 0 {
+		return 0
 	}
 	return time.Duration(seconds * float64(time.Second))
 }

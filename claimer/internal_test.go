@@ -27,4 +27,9 @@ func TestScheduleWait(t *testing.T) {
 	require.Equal(t, machine.MaxScheduleWait, scheduleWait(2.5e11))
 	require.Equal(t, machine.MaxScheduleWait, scheduleWait(math.Inf(1)))
 	require.Equal(t, machine.MaxScheduleWait, scheduleWait(math.NaN()))
+	// A lean claim tells a due first run_at as seconds at or below 0; the
+	// year 1 is about 6.4e10 s back, past what a Duration holds too.
+	require.Equal(t, time.Duration(0), scheduleWait(-6.4e10))
+	require.Equal(t, time.Duration(0), scheduleWait(-0.5))
+	require.Equal(t, time.Duration(0), scheduleWait(math.Inf(-1)))
 }
